@@ -1,0 +1,269 @@
+"""Python API: :class:`Sow` — publish, delta_publish, sow (query), sow_delete, subscribe.
+
+``Sow("redis://host:port/0")`` talks to a Redis server on which ``sow-redis worker``
+processes apply the transaction log. ``Sow("memory://")`` runs in process on fakeredis with the
+same Lua scripts and applies every publish before returning (for notebooks and quick trials).
+
+Example::
+
+    sow = Sow("memory://")
+    sow.apply_config('[[topic]]\\nname = "orders"\\nkey = ["/orderId"]\\n')
+    sow.publish("orders", [{"orderId": 1, "price": 120}])
+    sow.delta_publish("orders", {"orderId": 1, "price": 95})
+    [r.obj() for r in sow.sow("orders", "/price < 100")]   # [{'orderId': 1, 'price': 95}]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from . import keys
+from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
+from .jobs import drain_partition, ensure_jobs
+from .publisher import (
+    PublishResult,
+    append,
+    append_delete_all_partitions,
+    delete_counts,
+    touch,
+    wait_applied,
+)
+from .query import query
+from .records import Record
+from .settings import Settings
+
+_memory_servers: dict[str, Any] = {}
+
+
+def connect(url: str) -> Any:
+    """A redis-py client (bytes responses) for ``redis://…`` / ``rediss://…`` / ``unix://…``,
+    or a fakeredis client for ``memory://[name]`` (clients of one name share one server)."""
+    if url.startswith("memory://"):
+        import fakeredis
+
+        name = url[len("memory://"):] or "default"
+        server = _memory_servers.setdefault(name, fakeredis.FakeServer())
+        return fakeredis.FakeRedis(server=server)
+    from redis import Redis
+
+    return Redis.from_url(url)
+
+
+def _to_bytes(msg: Any) -> bytes:
+    if isinstance(msg, bytes):
+        return msg
+    if isinstance(msg, str):
+        return msg.encode()
+    return orjson.dumps(msg)
+
+
+class Sow:
+    """A connection to one SOW (one Redis server or cluster, or an in-memory one).
+
+    Args:
+        url: ``redis://host:port/db`` or ``memory://[name]``; default from ``SOW_REDIS_URL``.
+        settings: overrides for timing knobs (see :class:`~sow_redis.settings.Settings`).
+    """
+
+    def __init__(self, url: str | None = None, settings: Settings | None = None,
+                 client: Any = None):
+        self.settings = settings or Settings.from_env(redis_url=url)
+        self.url = self.settings.redis_url
+        self.r = client if client is not None else connect(self.url)
+        self.memory = type(self.r).__module__.startswith("fakeredis")
+
+    # configuration -------------------------------------------------------------------
+    def apply_config(self, source: str | list[TopicConfig]) -> list[TopicConfig]:
+        """Store topic definitions in the registry.
+
+        Args:
+            source: TOML text, a path to a TOML file, or parsed topics.
+
+        Raises:
+            ConfigError: one line per problem; nothing is stored.
+        """
+        if isinstance(source, str):
+            topics = parse_topics(source) if "[[topic]]" in source else load_file(source)
+        else:
+            topics = source
+        apply_topics(self.r, topics)
+        return topics
+
+    def topic(self, name: str) -> TopicConfig:
+        """A topic's definition. Raises UnknownTopicError."""
+        return get_topic(self.r, name)
+
+    # publishing ----------------------------------------------------------------------
+    def _publish(self, cmd: str, topic: str, messages: Any, sow_key: str | None, wait: bool,
+                 timeout: float, expiration: float | None) -> PublishResult:
+        t = self.topic(topic)
+        if isinstance(messages, (dict, bytes, str)):
+            messages = [messages]
+        result = append(self.r, t, ((cmd, _to_bytes(m), sow_key, expiration) for m in messages))
+        self._after_append(t, result.last_ids, wait, timeout)
+        return result
+
+    def _after_append(self, t: TopicConfig, last_ids: dict[int, str], wait: bool,
+                      timeout: float) -> None:
+        if not last_ids:
+            return
+        if self.memory:
+            for p in last_ids:
+                while not drain_partition(self.r, t, p, self.settings, budget_s=3600,
+                                         linger_ms=0)[1]:
+                    pass
+            return
+        ensure_jobs(self.r, t.name, list(last_ids), self.settings)
+        if wait:
+            wait_applied(self.r, t, last_ids, timeout)
+
+    def publish(self, topic: str, messages: Any, sow_key: str | None = None, wait: bool = False,
+                timeout: float = 60.0, expiration: float | None = None) -> PublishResult:
+        """Publish messages: each replaces the whole record of its SOW key (seeds/004).
+
+        Args:
+            messages: one message or an iterable; a message is a dict, JSON text or bytes.
+            sow_key: the SOW key for topics without key fields (Base64 characters only).
+            expiration: message lifetime in seconds (overrides the topic default under policy
+                "override"; ``0`` = never expire); every publish resets the lifetime.
+            wait: return only after the workers applied every message (read-your-writes).
+            timeout: seconds to wait at most with ``wait``.
+
+        Returns:
+            Counts and per-message rejections (bad JSON, missing key field, too large, …).
+
+        Raises:
+            UnknownTopicError, WaitTimeout.
+        """
+        return self._publish("publish", topic, messages, sow_key, wait, timeout, expiration)
+
+    def delta_publish(self, topic: str, messages: Any, sow_key: str | None = None,
+                      wait: bool = False, timeout: float = 60.0,
+                      expiration: float | None = None) -> PublishResult:
+        """Merge messages into their stored records (AMPS delta_publish: fields in the update
+        replace those fields, nested objects merge, other fields stay). Same arguments and
+        errors as :meth:`publish`."""
+        return self._publish("delta_publish", topic, messages, sow_key, wait, timeout, expiration)
+
+    # reading -------------------------------------------------------------------------
+    def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
+            top_n: int | None = None, order_by: str | None = None) -> list[Record]:
+        """SOW query (seeds/004 "Queries"): records matching an AMPS content filter.
+
+        Raises:
+            UnknownTopicError, FilterSyntaxError.
+        """
+        t = self.topic(topic)
+        if t.idle_ms:
+            touch(self.r, t.name)
+        return query(self.r, t, filter, keys, top_n, order_by)
+
+    # deleting ------------------------------------------------------------------------
+    def sow_delete(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
+                   data: Any = None, sow_key: str | None = None, timeout: float = 60.0) -> int:
+        """Remove records (seeds/004 "Removing SOW Records") by content filter (``1=1`` removes
+        all), by SOW keys, or by message data (the record a publish of that data would update).
+        Waits until the workers applied the delete.
+
+        Returns:
+            The number of records removed.
+
+        Raises:
+            ValueError (not exactly one of filter / keys / data), FilterSyntaxError,
+            MessageError (bad data), WaitTimeout.
+        """
+        if sum(x is not None for x in (filter, keys, data)) != 1:
+            raise ValueError("give exactly one of filter, keys or data")
+        t = self.topic(topic)
+        if filter is not None:
+            from .filter import compile_filter
+
+            compile_filter(filter)  # a syntax error is the caller's, before anything is logged
+            ids = append_delete_all_partitions(self.r, t, {"filter": filter})
+        elif keys is not None:
+            ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})
+        else:
+            res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)])
+            if res.rejected:
+                from .errors import MessageError
+
+                rej = res.rejected[0]
+                raise MessageError(rej.reason, rej.detail)
+            ids = res.last_ids
+        self._after_append(t, ids, True, timeout)
+        return delete_counts(self.r, t, ids)
+
+    # live events ---------------------------------------------------------------------
+    def subscribe(self, topic: str, filter: str | None = None) -> Subscription:
+        """Live change events of a topic (Redis pub/sub channel ``sow:<topic>``).
+
+        Each event is a dict: ``topic``, ``op`` (publish | delta_publish | sow_delete),
+        ``sow_key``, ``seq``, ``id`` (log stream id), ``data`` and, for deletes, ``reason``.
+        With a filter, only events whose record data match are delivered.
+        """
+        self.topic(topic)
+        return Subscription(self.r, topic, filter)
+
+    def errors(self, topic: str, count: int = 100) -> list[dict[str, Any]]:
+        """The newest entries of the topic's error stream (rejected log entries), oldest first."""
+        out = []
+        for sid, fields in reversed(self.r.xrevrange(keys.errors(topic), count=count)):
+            e = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
+            e["error_id"] = sid.decode()
+            out.append(e)
+        return out
+
+
+class Subscription:
+    """An open subscription; iterate for events, or :meth:`get` with a timeout (seconds)."""
+
+    def __init__(self, r: Any, topic: str, filter: str | None):
+        from .filter import compile_filter
+
+        self.pred = compile_filter(filter) if filter else None
+        self.pubsub = r.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(keys.channel(topic))
+
+    def _match(self, raw: bytes) -> dict[str, Any] | None:
+        ev = orjson.loads(raw)
+        if self.pred is None or self.pred(ev.get("data") or {}):
+            return ev
+        return None
+
+    def get(self, timeout: float = 1.0) -> dict[str, Any] | None:
+        """The next matching event, or None after ``timeout`` seconds without one."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            msg = self.pubsub.get_message(timeout=left)
+            if msg is None or msg.get("type") != "message":
+                continue
+            ev = self._match(msg["data"])
+            if ev is not None:
+                return ev
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for msg in self.pubsub.listen():
+            if msg.get("type") == "message":
+                ev = self._match(msg["data"])
+                if ev is not None:
+                    yield ev
+
+    def close(self) -> None:
+        self.pubsub.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Sow", "Subscription", "connect"]

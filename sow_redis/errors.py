@@ -1,0 +1,72 @@
+"""One exception tree, rooted at :class:`SowError`.
+
+Lua scripts report expected outcomes as error replies of the form
+``SOW_<CODE> detail``; :func:`from_script_error` maps them onto these classes.
+"""
+
+from __future__ import annotations
+
+
+class SowError(Exception):
+    """Base of every error sow_redis raises on purpose."""
+
+
+class ConfigError(SowError):
+    """A topic configuration is invalid. ``problems`` lists one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class UnknownTopicError(SowError):
+    """The topic is not defined in the registry (run ``sow-redis config apply``)."""
+
+
+class MessageError(SowError):
+    """A message cannot be accepted: bad JSON, not an object, missing key field, too large,
+    bad SOW key. ``reason`` is a short machine-readable code, the message text says why."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}")
+
+
+class FilterSyntaxError(SowError):
+    """A content filter does not parse; the message names the position (1-based column)."""
+
+
+class FencedError(SowError):
+    """A worker's fencing token is stale: another worker took over the partition lease."""
+
+
+class ConflictError(SowError):
+    """A record changed between a worker reading it and applying a batch (retry the batch)."""
+
+
+class WaitTimeout(SowError):
+    """``--wait`` gave up before the workers applied every published message."""
+
+
+class ScriptArgsError(SowError):
+    """A Lua script was called with malformed arguments (a client/script version mismatch)."""
+
+
+_SCRIPT_ERRORS: dict[str, type[SowError]] = {
+    "SOW_BADARGS": ScriptArgsError,
+    "SOW_FENCED": FencedError,
+    "SOW_CONFLICT": ConflictError,
+}
+
+
+def from_script_error(exc: Exception) -> Exception:
+    """Map a Lua error reply ``SOW_<CODE> …`` to its :class:`SowError` class.
+
+    Returns the original exception when the reply is not one of ours.
+    """
+    text = str(exc)
+    for code, cls in _SCRIPT_ERRORS.items():
+        if code in text:
+            return cls(text[text.index(code):])
+    return exc

@@ -1,0 +1,223 @@
+"""The expirer: SOW message expiration, dead letters and idle topics (ARCHITECTURE §5).
+
+For every topic whose expiration is enabled (a duration or ``"enabled"``; seeds/004 "SOW
+Message Expiration"), each pass calls ``expire.lua`` on every partition in one pipeline: due
+records are removed with delete processing and a ``sow_delete`` event with reason ``expired``.
+The pass then sleeps until the earliest next due time (Redis server clock), at most
+``POLL_MAX_S``, so new short lifetimes are seen quickly. Any number of expirers may run: each
+``expire.lua`` call is atomic. Records overdue at startup expire on the first pass (seeds/000,
+"Recovery and Expiration"); a topic with expiration disabled is never processed.
+
+Expired records of a topic with ``dead_letter`` are queued in the partition's outbox by the same
+Lua call and forwarded here to the dead-letter topic as
+``{"sow_key", "topic", "expiry_ms", "reason": "expired", "data"}`` (RabbitMQ dead-letter
+exchange, seeds/001). A topic with ``idle_expiration`` that had no publish, query or subscriber
+for that long is removed with all its records (RabbitMQ queue TTL ``x-expires``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from . import keys
+from .config import TopicCache, TopicConfig
+from .scripts import Scripts
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+POLL_MAX_S = 0.01
+"""Longest sleep in seconds between two passes. Between passes the expirer sleeps until the
+earliest known due time, so this only bounds the lag of a record published during the sleep
+with a lifetime shorter than the sleep; it also sets the idle cost (100 pipelined passes/s)."""
+
+BATCH = 1000
+"""Most records one expire.lua call removes in a partition."""
+
+IDLE_CHECK_S = 1.0
+"""Seconds between two idle-topic checks."""
+
+BACKOFF_MAX_S = 10.0
+"""Longest pause in seconds while Redis does not answer."""
+
+
+def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig) -> tuple[int, int, int]:
+    """One expire.lua call per partition, pipelined.
+
+    Returns:
+        ``(records expired, earliest next due ms or -1, server now ms)``.
+    """
+    n_idx = len(topic.hash_index)
+    dl = "1" if topic.dead_letter else "0"
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        scripts.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
+                      [keys.channel(topic.name), topic.name, n_idx, dl, BATCH])
+    expired, next_due, now = 0, -1, 0
+    for n, nd, t in scripts.execute(pipe):
+        expired += n
+        now = max(now, t)
+        if nd >= 0 and (next_due < 0 or nd < next_due):
+            next_due = nd
+    if expired and topic.dead_letter:
+        forward_dead_letters(r, topic)
+    return expired, next_due, now
+
+
+def forward_dead_letters(r: Any, topic: TopicConfig) -> int:
+    """Publish the outbox entries of every partition to the dead-letter topic, then drop them.
+
+    A crash between the two steps publishes an entry twice, which leaves the dead-letter SOW
+    unchanged (same SOW key, same data). While the dead-letter topic is not defined, the
+    entries stay in the outbox. Returns the number forwarded.
+    """
+    from .client import Sow
+    from .errors import UnknownTopicError
+    from .publisher import append
+
+    sow = Sow(client=r)
+    try:
+        dl = sow.topic(topic.dead_letter)
+    except UnknownTopicError:
+        # nothing is lost: the copies wait in the outbox until the topic is defined
+        log.warning("topic %s: dead_letter topic %s is not defined; expired copies kept in "
+                    "the outbox", topic.name, topic.dead_letter)
+        return 0
+    total = 0
+    for p in range(topic.partitions):
+        outbox = keys.dead_letters(topic.name, p)
+        entries = r.xrange(outbox, count=BATCH)
+        if not entries:
+            continue
+        msgs = []
+        for _sid, f in entries:
+            body = (b'{"sow_key":"%s","topic":"%s","expiry_ms":%s,"reason":"expired","data":%s}'
+                    % (f[b"sow_key"], f[b"topic"], f[b"expiry_ms"], f[b"data"]))
+            msgs.append(("publish", body, f[b"sow_key"].decode() if dl.publisher_keys else None))
+        res = append(r, dl, msgs)
+        sow._after_append(dl, res.last_ids, False, 0)
+        for rej in res.rejected:
+            r.xadd(keys.errors(topic.dead_letter), {"reason": rej.reason, "detail": rej.detail,
+                                                   "data": msgs[rej.position - 1][1]})
+        r.xdel(outbox, *[sid for sid, _f in entries])
+        total += len(entries)
+    return total
+
+
+def idle_topics(r: Any, topics: dict[str, TopicConfig]) -> list[str]:
+    """Topics with ``idle_expiration`` unused for longer than that (no publish, query, config
+    apply, or pub/sub subscriber)."""
+    candidates = [t for t in topics.values() if t.idle_ms]
+    if not candidates:
+        return []
+    from .query import server_ms
+
+    now = server_ms(r)
+    last = r.hmget(keys.LAST_USED, [t.name for t in candidates])
+    subs = dict(r.pubsub_numsub(*[keys.channel(t.name) for t in candidates]))
+    out = []
+    for t, used in zip(candidates, last):
+        if subs.get(keys.channel(t.name).encode(), 0) > 0:
+            r.hset(keys.LAST_USED, t.name, now)
+            continue
+        if used is None:
+            r.hset(keys.LAST_USED, t.name, now)
+            continue
+        if now - int(used) > t.idle_ms:  # type: ignore[operator]
+            out.append(t.name)
+    return out
+
+
+def remove_topic(r: Any, topic: TopicConfig) -> None:
+    """Delete a topic: its definition and every key it owns (records, logs, indexes, errors)."""
+    pipe = r.pipeline(transaction=False)
+    pipe.hdel(keys.REGISTRY, topic.name)
+    pipe.hdel(keys.LAST_USED, topic.name)
+    pipe.incr(keys.REGISTRY_VERSION)
+    for k in keys.all_partition_keys(topic.name, topic.partitions, len(topic.hash_index)):
+        pipe.delete(k)
+    pipe.execute()
+    r.publish(keys.channel(topic.name), orjson.dumps(
+        {"topic": topic.name, "op": "topic_removed", "reason": "idle_expiration"}))
+
+
+class Expirer:
+    """``loop()`` does one pass over the topics; ``run()`` repeats it until :meth:`stop`.
+
+    Args:
+        topics: names of the topics this expirer serves (default: every topic in the
+            registry). Operators can dedicate expirers to busy topics this way.
+    """
+
+    def __init__(self, r: Any, settings: Settings | None = None,
+                 topics: Iterable[str] | None = None):
+        self.r = r
+        self.settings = settings or Settings.from_env()
+        self.only = frozenset(topics) if topics else None
+        self.scripts = Scripts(r)
+        self.cache = TopicCache(r)
+        self._stop = threading.Event()
+        self._next_idle_check = 0.0
+
+    def loop(self) -> tuple[int, float]:
+        """One pass. Returns ``(records expired, seconds until the next due record)``."""
+        topics = self.cache.all()
+        if self.only is not None:
+            topics = {n: t for n, t in topics.items() if n in self.only}
+        expired, wait_s = 0, POLL_MAX_S
+        for t in topics.values():
+            if not t.expiration_enabled:
+                continue
+            n, next_due, now = expire_topic(self.r, self.scripts, t)
+            expired += n
+            if next_due >= 0:
+                wait_s = min(wait_s, max(0.0, (next_due - now) / 1000))
+        if time.monotonic() >= self._next_idle_check:
+            self._next_idle_check = time.monotonic() + IDLE_CHECK_S
+            for name in idle_topics(self.r, topics):
+                log.warning("topic %s idle for longer than idle_expiration: removed", name)
+                remove_topic(self.r, topics[name])
+        return expired, (0.0 if expired else wait_s)
+
+    def run(self, burst: bool = False) -> int:
+        """Run passes until stopped (``burst``: until nothing is due now). Returns expired."""
+        total, pause = 0, 0.0
+        while not self._stop.is_set():
+            try:
+                n, wait_s = self.loop()
+                total += n
+                if burst and n == 0:
+                    break
+                pause = 0.0
+                if wait_s > 0:
+                    self._stop.wait(wait_s)
+            except RedisConnectionError as exc:
+                pause = min(BACKOFF_MAX_S, max(0.1, pause * 2))
+                log.warning("expirer: redis unreachable (%s); retry in %.1f s", exc, pause)
+                self._stop.wait(pause)
+        return total
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def run_expirer(settings: Settings, burst: bool = False,
+                topics: Iterable[str] | None = None) -> int:
+    """The ``sow-redis expirer`` process (``topics``: serve only these); stops on SIGINT/SIGTERM.
+
+    Returns the number of records expired."""
+    import signal
+
+    from .client import connect
+
+    exp = Expirer(connect(settings.redis_url), settings, topics)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_a: exp.stop())
+    return exp.run(burst=burst)

@@ -1,0 +1,193 @@
+"""Per-partition ingest jobs on rq (ARCHITECTURE §3).
+
+At most one job per partition is outstanding: a marker key ``{sow:T:p}:job`` (SET NX PX) is
+set when a job is enqueued and removed when the job finds the partition drained. A job takes
+the partition lease (fencing token), applies batches for up to ``job_budget_s`` seconds, then
+re-enqueues itself while the log has more. Publishers enqueue on publish; every worker also
+sweeps all partitions every ``sweep_interval_s`` seconds, so entries written by any Redis
+client, or left by a dead worker, are picked up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+from . import keys
+from .apply import apply_batch, read_cursor
+from .config import TopicCache, TopicConfig
+from .errors import FencedError, UnknownTopicError
+from .scripts import Scripts, attached
+from .settings import QUEUE_NAME, Settings
+
+log = logging.getLogger(__name__)
+
+JOB_FUNC = "sow_redis.jobs.ingest_job"
+JOB_TIMEOUT_S = 600
+"""rq job timeout in seconds (a job normally returns after ``job_budget_s``)."""
+
+OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+"""This process's lease owner id."""
+
+def _tools(r: Any) -> tuple[Scripts, TopicCache]:
+    """The scripts and registry cache of client ``r`` (made once per client)."""
+    return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
+
+
+def _enqueue(r: Any, topic: str, p: int) -> None:
+    from rq import Queue
+
+    Queue(QUEUE_NAME, connection=r).enqueue(
+        JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
+        description=f"ingest {topic}[{p}]",
+    )
+
+
+def ensure_jobs(r: Any, topic: str, partitions: list[int], settings: Settings) -> int:
+    """Enqueue an ingest job for each partition that has none outstanding.
+
+    Returns:
+        The number of jobs enqueued.
+    """
+    pipe = r.pipeline(transaction=False)
+    for p in partitions:
+        pipe.set(keys.job_marker(topic, p), OWNER, nx=True, px=settings.marker_ttl_ms)
+    n = 0
+    for p, ok in zip(partitions, pipe.execute()):
+        if ok:
+            _enqueue(r, topic, p)
+            n += 1
+    return n
+
+
+def lagging_partitions(r: Any, topic: TopicConfig) -> list[int]:
+    """Partitions whose log has entries after the applied cursor."""
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        pipe.xrevrange(keys.log(topic.name, p), count=1)
+        pipe.hget(keys.state(topic.name, p), "cursor")
+    res = pipe.execute()
+    out = []
+    for p in range(topic.partitions):
+        last, cursor = res[2 * p], res[2 * p + 1]
+        if last and _tuple(last[0][0]) > _tuple(cursor or b"0-0"):
+            out.append(p)
+    return out
+
+
+def _tuple(sid: bytes) -> tuple[int, int]:
+    a, _, b = sid.partition(b"-")
+    return int(a), int(b or 0)
+
+
+def sweep(r: Any, settings: Settings) -> int:
+    """Enqueue jobs for every lagging partition of every topic. Returns jobs enqueued."""
+    _scripts, cache = _tools(r)
+    n = 0
+    for topic in cache.all().values():
+        lag = lagging_partitions(r, topic)
+        if lag:
+            n += ensure_jobs(r, topic.name, lag, settings)
+    return n
+
+
+def drain_partition(r: Any, topic: TopicConfig, p: int, settings: Settings,
+                    budget_s: float | None = None, owner: str = OWNER,
+                    linger_ms: int | None = None) -> tuple[int, bool]:
+    """Apply partition ``p`` under its lease for up to ``budget_s`` seconds (default
+    ``job_budget_s``), waiting up to ``linger_ms`` (default ``settings.linger_ms``) for new
+    entries once drained.
+
+    Returns:
+        ``(entries consumed, drained)``; ``drained`` is False when the budget ran out or the
+        lease belongs to another worker.
+    """
+    scripts, _cache_ = _tools(r)
+    lease_key, state_key = keys.lease(topic.name, p), keys.state(topic.name, p)
+    fence = scripts.lease_acquire(lease_key, state_key, owner, settings.lease_ms)
+    if fence is None:
+        return 0, False
+    done = 0
+    now = time.monotonic()
+    deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
+    renew_every = settings.lease_ms / 3000  # seconds
+    renewed = now
+    drained = False
+    cursor = None
+    try:
+        while True:
+            n, cursor = apply_batch(r, scripts, topic, p, fence, settings.batch_size, cursor)
+            done += n
+            now = time.monotonic()
+            if n == 0:
+                # linger briefly for more: a live publisher keeps one job busy instead of
+                # paying for a new rq job per burst
+                wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
+                              int((deadline - now) * 1000))
+                if wait_ms <= 0 or not r.xread({keys.log(topic.name, p): cursor}, count=1,
+                                                 block=wait_ms):
+                    drained = True
+                    break
+                continue
+            if now >= deadline:
+                break
+            if now - renewed >= renew_every:
+                if scripts.lease_acquire(lease_key, state_key, owner, settings.lease_ms) != fence:
+                    raise FencedError(f"lost the lease of {topic.name}[{p}]")
+                renewed = now
+        _trim(r, topic, p, settings)
+    finally:
+        scripts.lease_release(lease_key, owner)
+    return done, drained
+
+
+def _trim(r: Any, topic: TopicConfig, p: int, settings: Settings) -> None:
+    """Drop applied log entries once the stream is longer than ``log_max_len``."""
+    log_key = keys.log(topic.name, p)
+    if r.xlen(log_key) > settings.log_max_len:
+        # LIMIT 0: no cap on the entries one call removes (Redis caps "~" trims otherwise)
+        r.xtrim(log_key, minid=read_cursor(r, topic.name, p), approximate=True, limit=0)
+
+
+def ingest_job(topic: str, partition: int) -> int:
+    """rq job: apply one partition for a bounded time, then re-enqueue or retire.
+
+    Returns:
+        Log entries consumed by this job.
+    """
+    from rq import get_current_job
+
+    job = get_current_job()
+    assert job is not None
+    r = job.connection
+    settings = Settings.from_env()
+    _scripts, cache = _tools(r)
+    try:
+        t = cache.get(topic)
+    except UnknownTopicError:
+        r.delete(keys.job_marker(topic, partition))
+        log.warning("topic %s no longer defined; job dropped", topic)
+        return 0
+    marker = keys.job_marker(topic, partition)
+    r.pexpire(marker, settings.marker_ttl_ms)
+    try:
+        done, drained = drain_partition(r, t, partition, settings)
+    except FencedError:
+        log.warning("%s[%d]: lease taken over by another worker", topic, partition)
+        return 0
+    if done == 0 and not drained:
+        # another worker holds the lease: it re-enqueues or retires the partition itself
+        return 0
+    if drained:
+        r.delete(marker)
+        # entries appended after our last read but before the marker went away
+        if partition in lagging_partitions(r, t):
+            ensure_jobs(r, topic, [partition], settings)
+    else:
+        r.pexpire(marker, settings.marker_ttl_ms)
+        _enqueue(r, topic, partition)
+    return done

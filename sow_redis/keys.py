@@ -1,0 +1,105 @@
+"""Every Redis key and channel name sow_redis uses, built here and nowhere else.
+
+All keys of one partition share the hash tag ``{sow:<topic>:<p>}`` so one Lua call can
+touch them on a Redis Cluster (ARCHITECTURE §2). Lua scripts never build key names.
+"""
+
+from __future__ import annotations
+
+REGISTRY = "sow:registry"
+"""HASH topic name → topic definition (JSON), written by ``config apply``."""
+
+REGISTRY_VERSION = "sow:registry:version"
+"""Counter bumped on every registry change."""
+
+REGISTRY_CHANNEL = "sow:registry:changed"
+"""Pub/sub channel announcing a registry change (payload: the new version)."""
+
+LAST_USED = "sow:last_used"
+"""HASH topic name → last publish / query / config time (ms, Redis server clock), for
+``idle_expiration``."""
+
+
+def _tag(topic: str, p: int) -> str:
+    return "{sow:%s:%d}" % (topic, p)
+
+
+def log(topic: str, p: int) -> str:
+    """STREAM: the partition's transaction log (publish / delta_publish / sow_delete)."""
+    return _tag(topic, p) + ":log"
+
+
+def records(topic: str, p: int) -> str:
+    """HASH SOW key → ``<seq>:<expiry ms>:<stream id>\\n<message bytes>``."""
+    return _tag(topic, p) + ":rec"
+
+
+def expiry(topic: str, p: int) -> str:
+    """ZSET SOW key → expiry time (ms since epoch, Redis server clock)."""
+    return _tag(topic, p) + ":exp"
+
+
+def state(topic: str, p: int) -> str:
+    """HASH with ``cursor`` (last applied stream id), ``seq`` (change sequence), ``fence``."""
+    return _tag(topic, p) + ":state"
+
+
+def lease(topic: str, p: int) -> str:
+    """STRING owner id of the partition, with a PX lifetime."""
+    return _tag(topic, p) + ":lease"
+
+
+def job_marker(topic: str, p: int) -> str:
+    """STRING set while an ingest job for the partition is queued or running."""
+    return _tag(topic, p) + ":job"
+
+
+def acks(topic: str, p: int) -> str:
+    """HASH stream id of a sow_delete → number of records it removed in this partition."""
+    return _tag(topic, p) + ":acks"
+
+
+def index_members(topic: str, p: int) -> str:
+    """HASH SOW key → its current hash-index members, comma-separated, one per index."""
+    return _tag(topic, p) + ":ixm"
+
+
+def dead_letters(topic: str, p: int) -> str:
+    """STREAM outbox of expired records waiting to be published to the dead_letter topic."""
+    return _tag(topic, p) + ":dead"
+
+
+def index(topic: str, p: int, n: int) -> str:
+    """ZSET (all scores 0) of ``<value hash>:<SOW key>`` members for hash index ``n``."""
+    return _tag(topic, p) + ":idx:%d" % n
+
+
+def errors(topic: str) -> str:
+    """STREAM: messages a worker could not apply, with reason and original bytes."""
+    return "{sow:%s}:errors" % topic
+
+
+def channel(topic: str) -> str:
+    """Pub/sub channel of the topic's live change events."""
+    return "sow:%s" % topic
+
+
+def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
+    """The KEYS of ``apply.lua`` and ``expire.lua`` for one partition, in the scripts' order."""
+    return [
+        records(topic, p),
+        state(topic, p),
+        expiry(topic, p),
+        acks(topic, p),
+        index_members(topic, p),
+        dead_letters(topic, p),
+    ] + [index(topic, p, n) for n in range(n_indexes)]
+
+
+def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]:
+    """Every key a topic owns (for removal of a topic)."""
+    out = [errors(topic)]
+    for p in range(partitions):
+        out += partition_keys(topic, p, n_indexes)
+        out += [log(topic, p), lease(topic, p), job_marker(topic, p)]
+    return out

@@ -1,0 +1,185 @@
+"""Publish side: validate messages, append them to their partition's transaction log.
+
+``publish`` / ``delta_publish`` / ``sow_delete`` are appended to ``{sow:T:p}:log`` with
+pipelining (AMPS User Guide ch. 7; ARCHITECTURE §3). The returned stream ids are the
+publisher's consistency token: :func:`wait_applied` blocks until the workers applied them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import keys
+from .config import TopicConfig
+from .errors import MessageError, WaitTimeout
+from .messages import check_expiration, parse, unwrap
+
+CHUNK = 1000
+"""Messages sent per pipeline round trip."""
+
+
+@dataclass
+class Rejected:
+    """A message the publisher refused: its position (1-based line or item), reason, detail."""
+
+    position: int
+    reason: str
+    detail: str
+
+
+@dataclass
+class PublishResult:
+    """Outcome of a publish call.
+
+    Attributes:
+        published: messages appended to the log.
+        rejected: messages refused before reaching the log, with reasons.
+        last_ids: partition → last stream id appended (the consistency token for ``wait``).
+    """
+
+    published: int = 0
+    rejected: list[Rejected] = field(default_factory=list)
+    last_ids: dict[int, str] = field(default_factory=dict)
+
+    def merge(self, other: PublishResult) -> None:
+        self.published += other.published
+        self.rejected += other.rejected
+        self.last_ids.update(other.last_ids)
+
+
+Item = tuple[str, bytes, "str | None"] | tuple[str, bytes, "str | None", "float | None"]
+
+
+def _entry(cmd: str, data: bytes, sow_key: str | None,
+           expiration: float | None) -> dict[str, bytes | str]:
+    e: dict[str, bytes | str] = {"cmd": cmd, "data": data}
+    if sow_key:
+        e["sow_key"] = sow_key
+    if expiration is not None:
+        e["expiration"] = repr(expiration)
+    return e
+
+
+def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
+           on_chunk: Callable[[int], None] | None = None) -> PublishResult:
+    """Validate and append messages to the log.
+
+    Args:
+        items: ``(cmd, message bytes, publisher SOW key or None[, expiration seconds or None])``;
+            cmd is ``publish``, ``delta_publish`` or ``sow_delete`` (delete the record this data
+            would update). A message may be an envelope line (see :func:`messages.unwrap`)
+            whose options override the item's.
+        start: position number of the first item (for error reports: line numbers).
+        on_chunk: called with the number of items handled after each pipeline round trip.
+
+    Returns:
+        What was published and what was rejected (nothing rejected reaches the log).
+    """
+    result = PublishResult()
+    pipe = r.pipeline(transaction=False)
+    parts: list[int] = []
+    handled = 0
+
+    def flush() -> None:
+        nonlocal parts, handled
+        if parts:
+            for p, sid in zip(parts, pipe.execute()):
+                result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+            result.published += len(parts)
+        if on_chunk:
+            on_chunk(handled)
+        parts, handled = [], 0
+
+    for pos, item in enumerate(items, start):
+        cmd, data, sow_key = item[0], item[1], item[2]
+        expiration = item[3] if len(item) > 3 else None  # type: ignore[misc]
+        handled += 1
+        data = data.strip()
+        if not data:
+            result.rejected.append(Rejected(pos, "empty", "empty message"))
+            continue
+        try:
+            data, opts = unwrap(data)
+            sow_key = opts.get("sow_key", sow_key)
+            expiration = check_expiration(opts.get("expiration", expiration))
+            parsed = parse(data, topic, sow_key)
+        except MessageError as exc:
+            result.rejected.append(Rejected(pos, exc.reason, exc.detail))
+            continue
+        pipe.xadd(keys.log(topic.name, parsed.partition), _entry(cmd, data, sow_key, expiration))
+        parts.append(parsed.partition)
+        if len(parts) >= CHUNK:
+            flush()
+    flush()
+    if result.last_ids:
+        touch(r, topic.name, result.last_ids)
+    return result
+
+
+def touch(r: Any, topic: str, last_ids: dict[int, str] | None = None) -> None:
+    """Record that the topic was used now (for ``idle_expiration``), in ms on the Redis server
+    clock: the newest log entry id's time, or the server ``TIME``."""
+    if last_ids:
+        ms = max(int(sid.split("-", 1)[0]) for sid in last_ids.values())
+    else:
+        from .query import server_ms
+
+        ms = server_ms(r)
+    r.hset(keys.LAST_USED, topic, ms)
+
+
+def append_delete_all_partitions(r: Any, topic: TopicConfig, fields: dict[str, str]) -> dict[int, str]:
+    """Append a ``sow_delete`` by filter or by SOW keys to every partition's log.
+
+    Returns:
+        partition → stream id of the delete command.
+    """
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        pipe.xadd(keys.log(topic.name, p), {"cmd": "sow_delete", **fields})
+    return {p: (sid.decode() if isinstance(sid, bytes) else sid)
+            for p, sid in enumerate(pipe.execute())}
+
+
+def _id_tuple(sid: str | bytes) -> tuple[int, int]:
+    s = sid.decode() if isinstance(sid, bytes) else sid
+    a, _, b = s.partition("-")
+    return int(a), int(b or 0)
+
+
+def wait_applied(r: Any, topic: TopicConfig, last_ids: dict[int, str], timeout_s: float = 60.0,
+                 poll_s: float = 0.01) -> None:
+    """Block until every partition's applied cursor reaches the given stream ids.
+
+    Raises:
+        WaitTimeout: after ``timeout_s`` seconds, naming the partitions still behind.
+    """
+    pending = dict(last_ids)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        pipe = r.pipeline(transaction=False)
+        order = list(pending)
+        for p in order:
+            pipe.hget(keys.state(topic.name, p), "cursor")
+        for p, cur in zip(order, pipe.execute()):
+            if cur is not None and _id_tuple(cur) >= _id_tuple(pending[p]):
+                del pending[p]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise WaitTimeout(
+                f"topic {topic.name}: partitions {sorted(pending)} not applied after "
+                f"{timeout_s:g} s (are workers running? sow-redis worker)")
+        time.sleep(poll_s)
+
+
+def delete_counts(r: Any, topic: TopicConfig, ids: dict[int, str]) -> int:
+    """Records removed by a sow_delete, summed over partitions (after :func:`wait_applied`)."""
+    pipe = r.pipeline(transaction=False)
+    for p, sid in ids.items():
+        pipe.hget(keys.acks(topic.name, p), sid)
+    return sum(int(v or 0) for v in pipe.execute())
+

@@ -1,0 +1,102 @@
+"""Loads ``sow_redis/lua/*.lua`` once per client and exposes typed wrappers.
+
+Scripts are registered with redis-py's ``register_script`` (EVALSHA, falling back to EVAL
+after a script cache flush), which works on a single server, on a Redis Cluster (all keys of
+one call share a hash tag) and on fakeredis for the ``memory://`` backend. Callers never call
+``evalsha`` themselves.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from .errors import from_script_error
+
+INCLUDE = re.compile(r"^--@include (\w+)$", re.M)
+
+
+@cache
+def script_source(name: str) -> str:
+    """Text of ``sow_redis/lua/<name>.lua`` as written (includes not expanded)."""
+    return resources.files("sow_redis").joinpath(f"lua/{name}.lua").read_text(encoding="utf-8")
+
+
+def expanded_source(name: str) -> str:
+    """Script text with every ``--@include <part>`` line replaced by ``lua/include/<part>.lua``."""
+    def include(m: re.Match[str]) -> str:
+        return script_source(f"include/{m.group(1)}")
+
+    return INCLUDE.sub(include, script_source(name))
+
+
+def attached(r: Any, name: str, make: Any) -> Any:
+    """A helper object kept on the client ``r`` itself (made once by ``make(r)``), so it lives
+    exactly as long as the client and can never be handed to another client."""
+    attr = f"_sow_{name}"
+    value = getattr(r, attr, None)
+    if value is None:
+        value = make(r)
+        setattr(r, attr, value)
+    return value
+
+
+def script_names() -> list[str]:
+    """Names of every bundled script (file stem)."""
+    return sorted(
+        p.name[:-4] for p in resources.files("sow_redis").joinpath("lua").iterdir()
+        if p.is_file() and p.name.endswith(".lua")
+    )
+
+
+class Scripts:
+    """The bundled scripts registered on one Redis client."""
+
+    def __init__(self, r: Any):
+        self._r = r
+        self._scripts = {name: r.register_script(expanded_source(name)) for name in script_names()}
+
+    def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Run script ``name``; ``SOW_<CODE>`` error replies raise their SowError class."""
+        try:
+            return self._scripts[name](keys=keys, args=args)
+        except ResponseError as exc:
+            raise from_script_error(exc) from None
+
+    def queue(self, pipe: Any, name: str, keys: list[str], args: list[Any]) -> None:
+        """Queue script ``name`` on a pipeline as a bare EVALSHA (its reply comes from
+        :meth:`execute`; no SCRIPT EXISTS round trip per pipeline)."""
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    def execute(self, pipe: Any) -> list[Any]:
+        """Execute a pipeline of :meth:`queue` calls, loading the scripts once if the server
+        lost them (restart, SCRIPT FLUSH) and running the pipeline again."""
+        commands = list(pipe.command_stack)
+        try:
+            return pipe.execute()
+        except NoScriptError:
+            for script in self._scripts.values():
+                self._r.script_load(script.script)
+            pipe.command_stack = commands
+            return pipe.execute()
+
+    def apply(self, keys: list[str], args: list[Any]) -> Any:
+        """apply.lua: see its header. Raises FencedError, ConflictError."""
+        return self.call("apply", keys, args)
+
+    def expire(self, keys: list[str], args: list[Any]) -> Any:
+        """expire.lua: ``[expired, next due ms or -1, server now ms]``."""
+        return self.call("expire", keys, args)
+
+    def lease_acquire(self, lease_key: str, state_key: str, owner: str, ms: int) -> int | None:
+        """lease_acquire.lua: the fencing token, or None when another owner holds the lease."""
+        token = self.call("lease_acquire", [lease_key, state_key], [owner, ms])
+        return None if token is None else int(token)
+
+    def lease_release(self, lease_key: str, owner: str) -> bool:
+        """lease_release.lua: True when the lease was the caller's and is now free."""
+        return bool(self.call("lease_release", [lease_key], [owner]))

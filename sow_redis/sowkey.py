@@ -1,0 +1,47 @@
+"""SOW keys and partitions.
+
+Generated SOW key (AMPS User Guide ch. 7, "AMPS-Generated SOW Keys"; seeds/004): the hex
+digest of xxh3-128 over the key domain and the canonical text of each key field value, joined
+unambiguously. Same fields + values + key domain ⇒ same opaque key, in any topic sharing the
+domain; different values ⇒ different keys. Publisher-supplied keys ("User-Generated SOW Keys")
+may use only Base64 characters.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import xxhash
+
+USER_KEY = re.compile(r"^[A-Za-z0-9+/=]{1,512}$")
+"""A publisher-supplied SOW key: 1-512 characters of the Base64 alphabet (incl. ``=``)."""
+
+
+def generate(domain: str, values: list[str]) -> str:
+    """Opaque SOW key (32 hex digits) for canonical key values in a key domain."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps([domain, *values]))
+
+
+def is_valid_user_key(key: str) -> bool:
+    """True when ``key`` uses only Base64 characters (AMPS rule for user-generated keys)."""
+    return bool(USER_KEY.match(key))
+
+
+def partition_of(values: list[str], partitions: int) -> int:
+    """Partition (0 … partitions-1) of a message from its partition-key values."""
+    if partitions == 1:
+        return 0
+    return xxhash.xxh3_64_intdigest(orjson.dumps(values)) % partitions
+
+
+def partition_of_key(sow_key: str, partitions: int) -> int:
+    """Partition of a record from its SOW key (the key's own hash; any key text works)."""
+    if partitions == 1:
+        return 0
+    return xxhash.xxh3_64_intdigest(sow_key.encode()) % partitions
+
+
+def index_hash(values: list[str]) -> str:
+    """Hash-index value hash (16 hex digits) of canonical values (strings, seeds/004)."""
+    return xxhash.xxh3_64_hexdigest(orjson.dumps(values))

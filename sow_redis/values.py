@@ -1,0 +1,65 @@
+"""Field paths and the canonical text form of values.
+
+A field path is an XPath-like string such as ``/orderId`` or ``/order/id`` (AMPS User
+Guide ch. 7, "SOW Keys"); for FIX topics the path is a tag number (``/11``). The canonical
+text of a value is what SOW keys and hash indexes are computed from (hash index values are
+"always evaluated as strings", seeds/004), so ``42``, ``42.0`` and ``"42"`` index alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+MISSING = None
+
+
+def split_path(path: str) -> tuple[str, ...]:
+    """``"/order/id"`` → ``("order", "id")``. Raises ValueError for a path not starting with ``/``."""
+    if not isinstance(path, str) or not path.startswith("/") or path == "/":
+        raise ValueError(f"field path must look like /name or /a/b, got {path!r}")
+    parts = tuple(path[1:].split("/"))
+    if any(p == "" for p in parts):
+        raise ValueError(f"field path has an empty step: {path!r}")
+    return parts
+
+
+def get_path(record: Any, parts: tuple[str, ...]) -> Any:
+    """Value at ``parts`` in a decoded JSON object, or None when any step is missing."""
+    value = record
+    for step in parts:
+        if isinstance(value, dict):
+            value = value.get(step)
+            if value is None:
+                return None
+        elif isinstance(value, list) and step.isdigit():
+            idx = int(step)
+            if idx >= len(value):
+                return None
+            value = value[idx]
+        else:
+            return None
+    return value
+
+
+def canonical(value: Any) -> str | None:
+    """Canonical text of a JSON value, or None for a missing / null value.
+
+    Strings are themselves; booleans ``true``/``false``; integral numbers without a
+    fraction (``42.0`` → ``"42"``); other floats in shortest round-trip form; objects and
+    arrays as compact JSON with sorted keys.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 2**63:
+            return str(int(value))
+        return repr(value)
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
