@@ -1,0 +1,95 @@
+"""Fixtures: a real redis-server per test session on a free port (never the shared 6379)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from sow_redis.client import Sow
+from sow_redis.server import free_port, spawn_redis
+from sow_redis.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+
+# short lease / marker lifetimes so takeover tests run in seconds
+FAST = {"SOW_LEASE_MS": "1000", "SOW_MARKER_TTL_MS": "1500", "SOW_SWEEP_INTERVAL_S": "0.2"}
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """``redis://127.0.0.1:<free port>/0`` of a redis-server started for this test session."""
+    proc = spawn_redis(free_port(), tmp_path_factory.mktemp("redis"), persist=False)
+    yield f"redis://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def url(redis_server):
+    return redis_server
+
+
+@pytest.fixture
+def r(redis_server):
+    return Redis.from_url(redis_server)
+
+
+@pytest.fixture
+def topic_name():
+    """A unique topic name per test."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=["redis", "memory"])
+def backend_url(request, redis_server):
+    """Runs a test on the real server (with in-process draining) and on memory://."""
+    if request.param == "redis":
+        return redis_server
+    return f"memory://{uuid.uuid4().hex}"
+
+
+class InlineSow(Sow):
+    """A Sow on a real server whose publishes are applied in process (no worker processes),
+    through the same jobs/apply code the workers run."""
+
+    def _after_append(self, t, last_ids, wait, timeout):
+        from sow_redis.jobs import drain_partition
+
+        for p in last_ids:
+            while not drain_partition(self.r, t, p, self.settings, budget_s=3600,
+                                         linger_ms=0)[1]:
+                pass
+
+
+@pytest.fixture
+def sow(backend_url):
+    if backend_url.startswith("memory://"):
+        return Sow(backend_url)
+    return InlineSow(settings=Settings.from_env(redis_url=backend_url))
+
+
+def cli_env(url: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, SOW_REDIS_URL=url, **FAST, **extra)
+    return env
+
+
+def start_worker(url: str, *args: str, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "worker", *args],
+                            env=cli_env(url, **extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+def run_cli(url: str, *args: str, input: bytes | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", *args], env=cli_env(url),
+                          input=input, capture_output=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"sow-redis {' '.join(args)} failed: {proc.stderr.decode()}")
+    return proc

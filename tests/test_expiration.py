@@ -1,0 +1,287 @@
+"""SOW message expiration: one test per rule of seeds/004 and 000 ("SOW Message Expiration",
+"Recovery and Expiration") and the RabbitMQ TTL semantics of seeds/001 (policy "min")."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import run_cli
+
+from sow_redis import keys, sowkey
+from sow_redis.expirer import Expirer
+
+
+def cfg(name, extra=""):
+    return f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = 2\n{extra}\n'
+
+
+def expire(sow, topic):
+    """One burst of an expirer serving only ``topic`` (the session's server holds other tests'
+    topics, whose records may fall due at any moment); returns the number of records removed."""
+    return Expirer(sow.r, sow.settings, topics=[topic]).run(burst=True)
+
+
+def drain(sow, topic):
+    """Apply everything in a topic's log in process (the workers' code)."""
+    from sow_redis.jobs import drain_partition
+
+    t = sow.topic(topic)
+    for p in range(t.partitions):
+        while not drain_partition(sow.r, t, p, sow.settings, budget_s=60, linger_ms=0)[1]:
+            pass
+
+
+def ids(sow, topic):
+    return sorted(r.obj()["id"] for r in sow.sow(topic))
+
+
+def test_default_off_keeps_message_expiration_but_never_expires(sow, topic_name):
+    sow.apply_config(cfg(topic_name))
+    sow.publish(topic_name, {"id": 1}, expiration=0.1)
+    (rec,) = sow.sow(topic_name)
+    assert rec.expiry_ms > 0  # kept on the record
+    time.sleep(0.25)
+    assert expire(sow, topic_name) == 0
+    assert ids(sow, topic_name) == [1]
+
+
+def test_topic_default_lifetime(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "300ms"'))
+    sow.publish(topic_name, [{"id": 1}, {"id": 2}])
+    (r1, _) = sorted(sow.sow(topic_name), key=lambda r: r.obj()["id"])
+    assert r1.expiry_ms == int(r1.stream_id.split("-")[0]) + 300
+    assert expire(sow, topic_name) == 0 and ids(sow, topic_name) == [1, 2]
+    time.sleep(0.4)
+    assert expire(sow, topic_name) == 2
+    assert ids(sow, topic_name) == []
+
+
+def test_message_expiration_overrides_topic(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "10s"'))
+    sow.publish(topic_name, {"id": 1}, expiration=0.1)
+    sow.publish(topic_name, {"id": 2})
+    t2 = topic_name + "b"
+    sow.apply_config(cfg(t2, 'expiration = "100ms"'))
+    sow.publish(t2, {"id": 3}, expiration=30)
+    time.sleep(0.25)
+    expire(sow, topic_name)
+    assert ids(sow, topic_name) == [2]
+    assert ids(sow, t2) == [3]
+
+
+def test_zero_means_never_expire(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
+    sow.publish(topic_name, {"id": 1}, expiration=0)
+    sow.publish(topic_name, {"id": 2})
+    time.sleep(0.25)
+    expire(sow, topic_name)
+    (rec,) = sow.sow(topic_name)
+    assert rec.obj() == {"id": 1} and rec.expiry_ms == 0
+
+
+def test_enabled_expires_only_messages_with_their_own_expiration(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "enabled"'))
+    sow.publish(topic_name, {"id": 1})
+    sow.publish(topic_name, {"id": 2}, expiration=0.1)
+    time.sleep(0.25)
+    assert expire(sow, topic_name) == 1
+    assert ids(sow, topic_name) == [1]
+
+
+@pytest.mark.parametrize("method", ["publish", "delta_publish"])
+def test_update_resets_lifetime(sow, topic_name, method):
+    sow.apply_config(cfg(topic_name, 'expiration = "500ms"'))
+    sow.publish(topic_name, {"id": 1, "v": 0})
+    time.sleep(0.3)
+    getattr(sow, method)(topic_name, {"id": 1, "v": 1})
+    time.sleep(0.3)  # 0.6 s after the first publish, 0.3 s after the update
+    assert expire(sow, topic_name) == 0
+    assert [r.obj()["v"] for r in sow.sow(topic_name)] == [1]
+    time.sleep(0.3)
+    assert expire(sow, topic_name) == 1
+    assert sow.sow(topic_name) == []
+
+
+def test_expiry_is_delete_processing_with_event(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "200ms"\nhash_index = [["/g"]]'))
+    with sow.subscribe(topic_name) as sub:
+        sow.publish(topic_name, [{"id": 1, "g": "a"}, {"id": 2, "g": "a"}])
+        sow.publish(topic_name, {"id": 3, "g": "a"}, expiration=0)
+        assert [sub.get(2)["op"] for _ in range(3)] == ["publish"] * 3
+        time.sleep(0.3)
+        # due records are never returned, even before the expirer removed them
+        assert ids(sow, topic_name) == [3]
+        assert expire(sow, topic_name) == 2
+        evs = sorted((sub.get(2) for _ in range(2)), key=lambda e: e["data"]["id"])
+    assert [(e["op"], e["reason"], e["data"]) for e in evs] == [
+        ("sow_delete", "expired", {"id": 1, "g": "a"}), ("sow_delete", "expired", {"id": 2, "g": "a"})]
+    assert evs[0]["sow_key"] == sowkey.generate(topic_name, ["1"]) and evs[0]["expiry_ms"] > 0
+    assert [r.obj()["id"] for r in sow.sow(topic_name, "/g = 'a'")] == [3]  # index cleaned
+    members = sum(sow.r.zcard(keys.index(topic_name, p, 0)) for p in range(2))
+    left = sum(sow.r.zcard(keys.expiry(topic_name, p)) for p in range(2))
+    assert members == 1 and left == 0
+
+
+def test_update_racing_expiry_wins(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
+    sow.publish(topic_name, {"id": 1, "v": 0})
+    time.sleep(0.2)  # due, but the expirer has not run yet
+    sow.publish(topic_name, {"id": 1, "v": 1})
+    assert expire(sow, topic_name) == 0
+    assert [r.obj()["v"] for r in sow.sow(topic_name)] == [1]
+
+
+def test_overdue_records_expire_at_startup(url, sow, topic_name):
+    if sow.memory:
+        pytest.skip("needs a separate expirer process")
+    sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
+    sow.publish(topic_name, [{"id": i} for i in range(5)])
+    time.sleep(0.3)  # nothing running: the records are overdue
+    assert sum(sow.r.hlen(keys.records(topic_name, p)) for p in range(2)) == 5
+    out = run_cli(url, "expirer", "--burst", "-t", topic_name)
+    assert b"expired" in out.stdout
+    assert sum(sow.r.hlen(keys.records(topic_name, p)) for p in range(2)) == 0
+
+
+def test_disabled_after_restart_is_not_processed(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "enabled"'))
+    sow.publish(topic_name, {"id": 1}, expiration=0.1)
+    sow.apply_config(cfg(topic_name, 'expiration = "disabled"'))
+    time.sleep(0.25)
+    assert expire(sow, topic_name) == 0
+    assert ids(sow, topic_name) == [1]
+
+
+def test_changed_default_is_not_retroactive(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "300ms"'))
+    sow.publish(topic_name, {"id": 1})
+    sow.apply_config(cfg(topic_name, 'expiration = "1h"'))
+    sow.publish(topic_name, {"id": 2})
+    time.sleep(0.4)
+    assert expire(sow, topic_name) == 1
+    assert ids(sow, topic_name) == [2]
+    sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
+    time.sleep(0.2)
+    assert expire(sow, topic_name) == 0 and ids(sow, topic_name) == [2]
+
+
+def test_min_policy_lower_ttl_wins(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "1s"\nexpiration_policy = "min"'))
+    sow.publish(topic_name, {"id": 1}, expiration=0.1)
+    sow.publish(topic_name, {"id": 2}, expiration=30)
+    recs = {r.obj()["id"]: r for r in sow.sow(topic_name)}
+    assert recs[2].expiry_ms == int(recs[2].stream_id.split("-")[0]) + 1000
+    time.sleep(0.25)
+    expire(sow, topic_name)
+    assert ids(sow, topic_name) == [2]
+
+
+def test_min_policy_ttl_zero_delivered_then_removed(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "1h"\nexpiration_policy = "min"'))
+    sow.publish(topic_name, {"id": 1, "v": "old"})
+    with sow.subscribe(topic_name) as sub:
+        sow.publish(topic_name, {"id": 1, "v": "now"}, expiration=0)
+        sow.publish(topic_name, {"id": 2}, expiration=0)
+        evs = [sub.get(2) for _ in range(4)]
+    assert [(e["op"], e.get("reason"), e["data"]) for e in evs] == [
+        ("publish", None, {"id": 1, "v": "now"}), ("sow_delete", "expired", {"id": 1, "v": "now"}),
+        ("publish", None, {"id": 2}), ("sow_delete", "expired", {"id": 2})]
+    assert sow.sow(topic_name) == []  # never kept
+
+
+def test_dead_letter_copy(sow, topic_name):
+    dl = topic_name + "dl"
+    sow.apply_config(cfg(topic_name, f'expiration = "100ms"\ndead_letter = "{dl}"') +
+                     f'[[topic]]\nname = "{dl}"\n')
+    sow.publish(topic_name, [{"id": 1, "px": 5}, {"id": 2, "px": 6}])
+    sow.publish(topic_name, {"id": 3}, expiration=0)
+    time.sleep(0.25)
+    assert expire(sow, topic_name) == 2
+    drain(sow, dl)  # the dead-letter copies go through the dead-letter topic's log
+    got = {r.sow_key: r.obj() for r in sow.sow(dl)}
+    k1 = sowkey.generate(topic_name, ["1"])
+    assert set(got) == {k1, sowkey.generate(topic_name, ["2"])}
+    assert got[k1]["topic"] == topic_name and got[k1]["sow_key"] == k1
+    assert got[k1]["data"] == {"id": 1, "px": 5} and got[k1]["reason"] == "expired"
+    assert got[k1]["expiry_ms"] > 0
+    assert ids(sow, topic_name) == [3]
+
+
+def test_idle_topic_removed(sow, topic_name):
+    busy = topic_name + "busy"
+    sow.apply_config(cfg(topic_name, 'idle_expiration = "300ms"') +
+                     cfg(busy, 'idle_expiration = "300ms"'))
+    sow.publish(topic_name, {"id": 1})
+    sow.publish(busy, {"id": 1})
+    with sow.subscribe(busy):
+        time.sleep(0.45)
+        Expirer(sow.r, sow.settings).loop()
+        from sow_redis.config import load_topics
+
+        topics = load_topics(sow.r)
+        assert topic_name not in topics and busy in topics  # a subscriber keeps it in use
+    assert sow.r.keys(f"{{sow:{topic_name}:*") == []
+    assert ids(sow, busy) == [1]
+
+
+def test_idle_expiration_must_be_positive():
+    from sow_redis.config import parse_topics
+    from sow_redis.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'idle_expiration' must be > 0"):
+        parse_topics(cfg("x", 'idle_expiration = "0s"'))
+    with pytest.raises(ConfigError, match="'expiration' must be a duration"):
+        parse_topics(cfg("x", 'expiration = "soon"'))
+
+
+def test_bad_expiration_rejected(sow, topic_name):
+    sow.apply_config(cfg(topic_name, 'expiration = "enabled"'))
+    res = sow.publish(topic_name, [b'{"$sow": {"expiration": -1}, "data": {"id": 1}}',
+                                   b'{"$sow": {"expiration": 5}, "data": {"id": 2}}',
+                                   b'{"$sow": {"colour": 5}, "data": {"id": 3}}'])
+    assert [(x.position, x.reason) for x in res.rejected] == [(1, "bad_expiration"), (3, "bad_envelope")]
+    (rec,) = sow.sow(topic_name)
+    assert rec.obj() == {"id": 2} and rec.expiry_ms == int(rec.stream_id.split("-")[0]) + 5000
+
+
+def test_cli_expiration_stats_and_with_key(url, r, topic_name, tmp_path):
+    from conftest import start_worker
+
+    conf = tmp_path / "sow.toml"
+    conf.write_text(cfg(topic_name, 'expiration = "1h"'))
+    run_cli(url, "config", "apply", str(conf))
+    w = start_worker(url)
+    try:
+        run_cli(url, "publish", "-t", topic_name, "--wait", "--expiration", "60",
+                input=b'{"id": 1}\n{"id": 2}\n')
+        run_cli(url, "publish", "-t", topic_name, "--wait", "--expiration", "0",
+                input=b'{"id": 3}\n')
+    finally:
+        w.terminate()
+        w.wait(timeout=30)
+    import orjson
+
+    rows = [orjson.loads(x) for x in run_cli(url, "sow", "-t", topic_name, "--with-key").stdout.splitlines()]
+    exp = {x["data"]["id"]: x["expiry_ms"] for x in rows}
+    assert exp[3] == 0 and exp[1] > 0
+    st = [orjson.loads(x) for x in run_cli(url, "stats").stdout.splitlines()]
+    (mine,) = [x for x in st if x["topic"] == topic_name]
+    assert mine["records"] == 3 and mine["with_expiry"] == 2
+    assert mine["next_due_ms"] == min(exp[1], exp[2]) and mine["expiration"] == "1h"
+
+
+def test_undefined_dead_letter_topic_keeps_copies_until_defined(sow, topic_name):
+    dl = topic_name + "dl"
+    sow.apply_config(cfg(topic_name, f'expiration = "100ms"\ndead_letter = "{dl}"'))
+    sow.publish(topic_name, {"id": 1})
+    time.sleep(0.2)
+    assert expire(sow, topic_name) == 1  # the expirer survives the missing topic
+    outbox = sum(sow.r.xlen(keys.dead_letters(topic_name, p)) for p in range(2))
+    assert outbox == 1
+    sow.apply_config(f'[[topic]]\nname = "{dl}"\n')
+    sow.publish(topic_name, {"id": 2})
+    time.sleep(0.2)
+    assert expire(sow, topic_name) == 1
+    drain(sow, dl)
+    assert sorted(r.obj()["data"]["id"] for r in sow.sow(dl)) == [1, 2]

@@ -1,0 +1,204 @@
+"""Worker processes on the real redis-server: rq jobs, leases, fencing, exactly-once."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+import pytest
+from conftest import cli_env, free_port, run_cli, start_worker
+from redis import Redis
+
+from sow_redis import keys
+from sow_redis.client import Sow
+from sow_redis.errors import FencedError
+from sow_redis.publisher import append, wait_applied
+from sow_redis.scripts import Scripts
+
+
+def make_topic(url, name, partitions=8):
+    sow = Sow(url)
+    sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = {partitions}\n')
+    return sow
+
+
+def seq_total(r, topic, partitions):
+    return sum(int(r.hget(keys.state(topic, p), "seq") or 0) for p in range(partitions))
+
+
+def last_n(n, nkeys):
+    """key → the number of the last message published for it."""
+    return {i % nkeys: i for i in range(n)}
+
+
+def messages(n, nkeys):
+    return [orjson.dumps({"id": i % nkeys, "n": i, "pad": "x" * 40}) for i in range(n)]
+
+
+def test_burst_worker_drains_everything(url, r, topic_name):
+    sow = make_topic(url, topic_name)
+    res = sow.publish(topic_name, messages(5000, 300))
+    assert res.published == 5000
+    w = start_worker(url, "--burst")
+    assert w.wait(timeout=120) == 0, w.stdout.read().decode()
+    wait_applied(r, sow.topic(topic_name), res.last_ids, timeout_s=5)
+    got = {x.obj()["id"]: x.obj()["n"] for x in sow.sow(topic_name)}
+    assert got == last_n(5000, 300)
+    assert seq_total(r, topic_name, 8) == 5000
+
+
+def test_publish_wait_is_read_your_writes_with_two_workers(url, r, topic_name):
+    sow = make_topic(url, topic_name)
+    workers = [start_worker(url) for _ in range(2)]
+    try:
+        for round_ in range(3):
+            sow.publish(topic_name, [{"id": k, "round": round_} for k in range(200)], wait=True,
+                        timeout=60)
+            assert {x.obj()["round"] for x in sow.sow(topic_name)} == {round_}
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            assert w.wait(timeout=30) == 0
+
+
+def test_killed_worker_loses_and_duplicates_nothing(url, r, topic_name):
+    n, nkeys = 60_000, 5_000
+    sow = make_topic(url, topic_name, partitions=4)
+    t = sow.topic(topic_name)
+    sub = sow.subscribe(topic_name)
+    res = append(r, t, (("publish", m, None) for m in messages(n, nkeys)))
+    assert res.published == n
+    a = start_worker(url, "--name", "victim")
+    try:
+        deadline = time.monotonic() + 60
+        while seq_total(r, topic_name, 4) < n // 10:
+            assert time.monotonic() < deadline, "first worker applied nothing"
+            time.sleep(0.01)
+        a.send_signal(signal.SIGKILL)  # no warm shutdown: lease and job marker are left behind
+        a.wait(timeout=10)
+        applied_at_kill = seq_total(r, topic_name, 4)
+        assert applied_at_kill < n, "worker finished before it was killed; raise n"
+        b = start_worker(url, "--name", "rescuer")
+        try:
+            wait_applied(r, t, res.last_ids, timeout_s=120)
+        finally:
+            b.send_signal(signal.SIGTERM)
+            b.wait(timeout=30)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    # exactly once: every log entry incremented its partition's change sequence once
+    assert seq_total(r, topic_name, 4) == n
+    got = {x.obj()["id"]: x.obj()["n"] for x in sow.sow(topic_name)}
+    assert got == last_n(n, nkeys)
+    events = 0
+    while sub.get(0.5) is not None:
+        events += 1
+    assert events == n  # one change event per applied entry, none twice
+    sub.close()
+
+
+def test_zombie_worker_is_fenced(url, r, topic_name):
+    sow = make_topic(url, topic_name, partitions=1)
+    t = sow.topic(topic_name)
+    scripts = Scripts(r)
+    lease, state = keys.lease(topic_name, 0), keys.state(topic_name, 0)
+    old = scripts.lease_acquire(lease, state, "zombie", 100)
+    assert scripts.lease_acquire(lease, state, "other", 100) is None
+    time.sleep(0.2)  # the zombie's lease lapses while it is paused
+    new = scripts.lease_acquire(lease, state, "other", 5000)
+    assert new == old + 1
+    append(r, t, [("publish", b'{"id": 1}', None)])
+    from sow_redis.apply import apply_batch
+
+    with pytest.raises(FencedError):
+        apply_batch(r, scripts, t, 0, old, 100)
+    assert sow.sow(topic_name) == []
+    assert apply_batch(r, scripts, t, 0, new, 100)[0] == 1
+    assert [x.obj() for x in sow.sow(topic_name)] == [{"id": 1}]
+
+
+def test_entries_from_any_redis_client_are_picked_up_by_sweep(url, r, topic_name):
+    sow = make_topic(url, topic_name, partitions=2)
+    w = start_worker(url)
+    try:
+        from sow_redis.messages import parse
+
+        p = parse(b'{"id": "raw"}', sow.topic(topic_name)).partition
+        sid = r.xadd(keys.log(topic_name, p), {"cmd": "publish", "data": '{"id": "raw"}'})
+        wait_applied(r, sow.topic(topic_name), {p: sid.decode()}, timeout_s=20)
+        assert [x.obj() for x in sow.sow(topic_name)] == [{"id": "raw"}]
+    finally:
+        w.send_signal(signal.SIGTERM)
+        w.wait(timeout=30)
+
+
+def test_up_runs_redis_and_workers_and_stops_cleanly(tmp_path):
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    conf = tmp_path / "sow.toml"
+    conf.write_text('[[topic]]\nname = "orders"\nkey = ["/orderId"]\n')
+    env = cli_env(url, SOW_REDIS_CONFIG=str(conf))
+
+    def up():
+        p = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "up", "--workers", "2",
+                              "--data-dir", str(tmp_path / "data")], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                rr = Redis.from_url(url)
+                if rr.hget(keys.REGISTRY, "orders") and len(_rq_workers(rr)) == 2:
+                    return p
+            except Exception:
+                pass
+            assert time.monotonic() < deadline, p.stdout.read1().decode() if p.poll() else "timeout"
+            time.sleep(0.1)
+
+    p = up()
+    try:
+        out = run_cli(url, "publish", "-t", "orders", "--wait", "--timeout", "30",
+                      input=b'{"orderId": 1, "px": 1}\n{"orderId": 2, "px": 2}\n')
+        assert b"published 2" in out.stdout
+    finally:
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=60) == 0
+    assert b"stopped" in p.stdout.read()
+    with pytest.raises(Exception):
+        Redis.from_url(url, socket_connect_timeout=0.5).ping()
+    assert any((tmp_path / "data").rglob("*.aof*"))
+    # the SOW survives a restart (AOF)
+    p = up()
+    try:
+        out = run_cli(url, "sow", "-t", "orders", "--order-by", "/orderId")
+        assert out.stdout.splitlines() == [b'{"orderId": 1, "px": 1}', b'{"orderId": 2, "px": 2}']
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+
+
+def _rq_workers(r):
+    from rq import Worker
+
+    return Worker.all(connection=r)
+
+
+def test_applied_log_entries_are_trimmed_past_log_max_len(url, r, topic_name):
+    from sow_redis.jobs import drain_partition
+    from sow_redis.settings import Settings
+
+    sow = make_topic(url, topic_name, partitions=1)
+    t = sow.topic(topic_name)
+    append(r, t, (("publish", m, None) for m in messages(30_000, 100)))
+    settings = Settings.from_env(redis_url=url, log_max_len=1000)
+    assert drain_partition(r, t, 0, settings, budget_s=60, linger_ms=0) == (30_000, True)
+    # everything applied is gone but for less than one stream node (approximate trim)
+    assert r.xlen(keys.log(topic_name, 0)) < 1000
+    # an unapplied entry is never trimmed
+    append(r, t, [("publish", b'{"id": "late"}', None)])
+    drain_partition(r, t, 0, settings, budget_s=60, linger_ms=0)
+    assert {"id": "late"} in [x.obj() for x in sow.sow(topic_name, '/id = "late"')]
