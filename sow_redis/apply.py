@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from . import keys
+from . import chaining, keys
+from .chaining import ChainConflict, ChainResolver
 from .config import TopicConfig
 from .errors import ConflictError, FilterSyntaxError, MessageError
 from .messages import COMMANDS, check_expiration, expiry_for, index_members, key_of, merge, parse
@@ -31,6 +32,8 @@ ERRORS_MAXLEN = 100_000
 class _Plan:
     ops: list[Any] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    # validation reports of chain conflicts: (field, value) of keys.chain_conflicts
+    conflicts: list[tuple[str, bytes]] = field(default_factory=list)
     # sow_key -> (obj or None if absent/deleted) as it stands after the ops planned so far
     state: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
@@ -98,7 +101,8 @@ _COMMANDS = {c.encode(): c for c in COMMANDS}
 
 
 def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes, bytes],
-                plan: _Plan, prefetched: dict[str, bytes | None]) -> None:
+                plan: _Plan, prefetched: dict[str, bytes | None],
+                chains: ChainResolver | None) -> None:
     cmd_b = fields.get(b"cmd") or b"publish"
     cmd = _COMMANDS.get(cmd_b) or cmd_b.decode(errors="replace")
     if cmd not in COMMANDS:
@@ -123,8 +127,13 @@ def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes
     parsed = parse(data, topic, supplied_s)
     if parsed.partition != p:
         raise MessageError("wrong_partition", f"message belongs to partition {parsed.partition}")
-    key = parsed.sow_key
-    if cmd == "sow_delete":
+    res = None
+    if chains is not None:
+        res = chains.resolve(parsed.obj)
+        key = chaining.sow_key(topic, res.head)
+    else:
+        key = parsed.sow_key
+    if cmd == "sow_delete":  # the record this data would update; chains are left as they are
         _current(r, topic, p, plan, key, prefetched)
         plan.ops.append(("sow_delete", sid, key, "", "", "-", ""))
         plan.ops.append(("ack", sid, "", "", "", "-", ""))
@@ -138,22 +147,56 @@ def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes
             obj = merge(base, obj)
             data = orjson.dumps(obj)
     ex = expiry_for(topic, ttl, sid)
+    if res is not None:
+        for ident, head in chains.commit(res):  # type: ignore[union-attr]
+            plan.ops.append(("chain", sid, ident, head, "", "-", ""))
     plan.state[key] = None if ex == "now" else obj
     plan.ops.append((cmd, sid, key, data, ex, "-", index_members(obj, topic, key)))
 
 
-def _prefetch(r: Any, topic: TopicConfig, p: int, entries: list) -> dict[str, bytes | None]:
+def _decoded(entries: list) -> list[tuple[bytes | None, dict[str, Any]]]:
+    """``(cmd, object)`` of the entries that carry a JSON object (others are skipped here and
+    rejected with a reason when planned)."""
+    out = []
+    for _sid, fields in entries:
+        data = fields.get(b"data")
+        if data is None:
+            continue
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append((fields.get(b"cmd"), obj))
+    return out
+
+
+def _prefetch(r: Any, topic: TopicConfig, p: int, entries: list, chains: ChainResolver | None,
+              decoded: list[tuple[bytes | None, dict[str, Any]]]) -> dict[str, bytes | None]:
     """Read in one call the stored records that delta merges and deletes by data need."""
     wanted = []
-    for _sid, fields in entries:
-        cmd = fields.get(b"cmd")
-        if cmd in (b"delta_publish", b"sow_delete") and b"data" in fields:
+    if chains is not None:
+        # look ahead on a copy of the chain view: the keys depend on earlier entries' chains
+        ahead = chains.fork()
+        for cmd, obj in decoded:
             try:
-                obj = orjson.loads(fields[b"data"])
-                sk = fields.get(b"sow_key")
-                wanted.append(key_of(obj, topic, sk.decode() if sk else None))
-            except Exception:  # noqa: BLE001 - bad entries are rejected later with a reason
+                res = ahead.resolve(obj)
+            except MessageError:
                 continue
+            if cmd in (b"delta_publish", b"sow_delete"):
+                wanted.append(chaining.sow_key(topic, res.head))
+            if cmd != b"sow_delete":
+                ahead.commit(res)
+    else:
+        for _sid, fields in entries:
+            cmd = fields.get(b"cmd")
+            if cmd in (b"delta_publish", b"sow_delete") and b"data" in fields:
+                try:
+                    obj = orjson.loads(fields[b"data"])
+                    sk = fields.get(b"sow_key")
+                    wanted.append(key_of(obj, topic, sk.decode() if sk else None))
+                except Exception:  # noqa: BLE001 - bad entries are rejected later with a reason
+                    continue
     if not wanted:
         return {}
     wanted = list(dict.fromkeys(wanted))
@@ -197,12 +240,15 @@ def _call(scripts: Scripts, topic: TopicConfig, p: int, fence: int, first: str, 
     )
 
 
-def _write_errors(r: Any, topic: TopicConfig, errors: list[dict[str, Any]]) -> None:
+def _write_errors(r: Any, topic: TopicConfig, plan: _Plan) -> None:
+    errors = plan.errors
     if not errors:
         return
     pipe = r.pipeline(transaction=False)
     for e in errors:
         pipe.xadd(keys.errors(topic.name), e, maxlen=ERRORS_MAXLEN, approximate=True)
+    for fld, value in plan.conflicts:
+        pipe.hset(keys.chain_conflicts(topic.name), fld, value)
     pipe.execute()
     for e in errors:
         log.warning("topic %s: entry %s rejected: %s: %s", topic.name, e["id"], e["reason"],
@@ -246,14 +292,19 @@ def _is_filter_delete(fields: dict[bytes, bytes]) -> bool:
 
 def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                    entries: list) -> None:
-    prefetched = _prefetch(r, topic, p, entries)
+    chains, decoded = None, []
+    if topic.chaining:
+        decoded = _decoded(entries)
+        chains = ChainResolver(r, topic, p)
+        chains.load([obj for _cmd, obj in decoded])
+    prefetched = _prefetch(r, topic, p, entries, chains, decoded)
     plan = _Plan()
     seg_first: str | None = None
     prev_sid = ""
 
     def flush(last: str) -> None:
         nonlocal plan, seg_first, prefetched
-        _write_errors(r, topic, plan.errors)
+        _write_errors(r, topic, plan)
         _call(scripts, topic, p, fence, seg_first or last, last, plan.ops)
         plan, seg_first, prefetched = _Plan(), None, {}
 
@@ -273,9 +324,11 @@ def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: 
             if seg_first is None:
                 seg_first = sid
             try:
-                _plan_entry(r, topic, p, sid, fields, plan, prefetched)
+                _plan_entry(r, topic, p, sid, fields, plan, prefetched, chains)
             except MessageError as exc:
                 _reject(plan, sid, fields, exc.reason, exc.detail, p)
+                if isinstance(exc, ChainConflict) and topic.chain_validation:
+                    plan.conflicts.append(chaining.conflict_report(p, sid, exc))
         prev_sid = sid
     if seg_first is not None:
         flush(prev_sid)

@@ -98,11 +98,18 @@ class Sow:
 
     # publishing ----------------------------------------------------------------------
     def _publish(self, cmd: str, topic: str, messages: Any, sow_key: str | None, wait: bool,
-                 timeout: float, expiration: float | None) -> PublishResult:
+                 timeout: float, expiration: float | None,
+                 separator: str | None = None) -> PublishResult:
         t = self.topic(topic)
         if isinstance(messages, (dict, bytes, str)):
             messages = [messages]
-        result = append(self.r, t, ((cmd, _to_bytes(m), sow_key, expiration) for m in messages))
+        sep = None
+        if separator is not None:
+            from .fix import separator as fix_separator
+
+            sep = fix_separator(separator)
+        result = append(self.r, t, ((cmd, _to_bytes(m), sow_key, expiration) for m in messages),
+                        fix_separator=sep)
         self._after_append(t, result.last_ids, wait, timeout)
         return result
 
@@ -121,11 +128,16 @@ class Sow:
             wait_applied(self.r, t, last_ids, timeout)
 
     def publish(self, topic: str, messages: Any, sow_key: str | None = None, wait: bool = False,
-                timeout: float = 60.0, expiration: float | None = None) -> PublishResult:
+                timeout: float = 60.0, expiration: float | None = None,
+                separator: str | None = None) -> PublishResult:
         """Publish messages: each replaces the whole record of its SOW key (seeds/004).
 
         Args:
-            messages: one message or an iterable; a message is a dict, JSON text or bytes.
+            messages: one message or an iterable; a message is a dict, JSON text or bytes;
+                on a FIX topic also ``tag=value`` text (a log prefix before ``8=FIX`` is
+                skipped; session-level messages are skipped and counted).
+            separator: FIX field separator of these messages (``"SOH"``, ``";"``, ``"|"``;
+                default: the topic's ``field_separator``).
             sow_key: the SOW key for topics without key fields (Base64 characters only).
             expiration: message lifetime in seconds (overrides the topic default under policy
                 "override"; ``0`` = never expire); every publish resets the lifetime.
@@ -136,17 +148,20 @@ class Sow:
             Counts and per-message rejections (bad JSON, missing key field, too large, …).
 
         Raises:
-            UnknownTopicError, WaitTimeout.
+            UnknownTopicError, WaitTimeout, ValueError (bad ``separator``).
         """
-        return self._publish("publish", topic, messages, sow_key, wait, timeout, expiration)
+        return self._publish("publish", topic, messages, sow_key, wait, timeout, expiration,
+                             separator)
 
     def delta_publish(self, topic: str, messages: Any, sow_key: str | None = None,
                       wait: bool = False, timeout: float = 60.0,
-                      expiration: float | None = None) -> PublishResult:
+                      expiration: float | None = None,
+                      separator: str | None = None) -> PublishResult:
         """Merge messages into their stored records (AMPS delta_publish: fields in the update
         replace those fields, nested objects merge, other fields stay). Same arguments and
         errors as :meth:`publish`."""
-        return self._publish("delta_publish", topic, messages, sow_key, wait, timeout, expiration)
+        return self._publish("delta_publish", topic, messages, sow_key, wait, timeout, expiration,
+                             separator)
 
     # reading -------------------------------------------------------------------------
     def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,

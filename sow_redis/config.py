@@ -15,6 +15,14 @@ One ``[[topic]]`` table per SOW topic (AMPS ``SOW/Topic``, seeds/004 "Configurat
     dead_letter = "orders_expired"  # expired records are published there
     idle_expiration = "1h"        # remove the topic after this long unused (RabbitMQ x-expires)
 
+    [[topic]]                     # a FIX order topic with cancel/replace chains (seeds/003)
+    name = "orders"
+    message_type = "fix"          # tag=value; paths are tag numbers
+    field_separator = "\u0001"    # SOH (default); ";" or "|" as seen in logs
+    key = ["/11", "/41"]          # chaining: first = primary, the rest secondary
+    key_generator = { type = "chaining", validation = false }
+    partition_by = ["/55"]        # constant along a chain; without it: one partition
+
 The registry (:data:`keys.REGISTRY`) holds every topic as JSON so stateless workers on any
 host read the same definitions; ``apply_config`` bumps a version and announces it on pub/sub.
 """
@@ -34,7 +42,12 @@ from .errors import ConfigError, UnknownTopicError
 from .values import split_path
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,200}$")
-MESSAGE_TYPES = ("json",)
+MESSAGE_TYPES = ("json", "fix")
+KEY_GENERATORS = ("default", "chaining")
+FIX_SESSION_MSG_TYPES = ("0", "1", "2", "3", "4", "5", "A")
+"""FIX session-level (administrative) MsgType (35) values: Heartbeat, TestRequest,
+ResendRequest, Reject, SequenceReset, Logout, Logon. They carry no order state, so a FIX topic
+skips them at publish by default (``skip_msg_types``)."""
 EXPIRATION_POLICIES = ("override", "min")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -77,11 +90,28 @@ class TopicConfig:
     expiration_policy: str = "override"
     dead_letter: str = ""
     idle_expiration: str = ""
+    key_generator: str = "default"
+    chain_primary: str = ""
+    chain_secondary: tuple[str, ...] = ()
+    chain_validation: bool = False
+    field_separator: str = "\x01"
+    skip_msg_types: tuple[str, ...] = ()
     key_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     partition_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     index_parts: tuple[tuple[tuple[str, ...], ...], ...] = field(
         default=(), compare=False, repr=False
     )
+    chain_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def chaining(self) -> bool:
+        """True when SOW keys come from the chaining key generator (seeds/003)."""
+        return self.key_generator == "chaining"
+
+    @property
+    def chain_fields(self) -> tuple[str, ...]:
+        """Chaining fields: the primary first, then the secondary fields in order."""
+        return (self.chain_primary, *self.chain_secondary) if self.chaining else ()
 
     @property
     def domain(self) -> str:
@@ -109,11 +139,11 @@ class TopicConfig:
     @property
     def publisher_keys(self) -> bool:
         """True when the topic has no key fields and publishers must supply the SOW key."""
-        return not self.key
+        return not self.key and not self.chaining
 
     def to_json(self) -> bytes:
         d = asdict(self)
-        for k in ("key_parts", "partition_parts", "index_parts"):
+        for k in ("key_parts", "partition_parts", "index_parts", "chain_parts"):
             d.pop(k)
         return orjson.dumps(d)
 
@@ -126,14 +156,17 @@ class TopicConfig:
 _FIELDS = {
     "name", "key", "key_domain", "message_type", "partitions", "hash_index",
     "max_message_bytes", "partition_by", "expiration", "expiration_policy", "dead_letter",
-    "idle_expiration",
+    "idle_expiration", "key_generator", "field_separator", "skip_msg_types",
 }
+_KEY_GENERATOR_FIELDS = {"type", "primary", "secondary", "validation"}
 
 
 def _build(d: dict[str, Any]) -> TopicConfig:
     key = tuple(d.get("key") or ())
     hash_index = tuple(tuple(ix) for ix in d.get("hash_index") or ())
     partition_by = tuple(d.get("partition_by") or ())
+    chain_primary = d.get("chain_primary") or ""
+    chain_secondary = tuple(d.get("chain_secondary") or ())
     return TopicConfig(
         name=d["name"],
         key=key,
@@ -147,9 +180,16 @@ def _build(d: dict[str, Any]) -> TopicConfig:
         expiration_policy=d.get("expiration_policy") or "override",
         dead_letter=d.get("dead_letter") or "",
         idle_expiration=str(d.get("idle_expiration") or ""),
+        key_generator=d.get("key_generator") or "default",
+        chain_primary=chain_primary,
+        chain_secondary=chain_secondary,
+        chain_validation=bool(d.get("chain_validation", False)),
+        field_separator=d.get("field_separator") or "\x01",
+        skip_msg_types=tuple(d.get("skip_msg_types") or ()),
         key_parts=tuple(split_path(p) for p in key),
         partition_parts=tuple(split_path(p) for p in (partition_by or key)),
         index_parts=tuple(tuple(split_path(p) for p in ix) for ix in hash_index),
+        chain_parts=tuple(split_path(p) for p in (chain_primary, *chain_secondary) if p),
     )
 
 
@@ -221,7 +261,9 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
             problems.append(
                 f"{where}: 'message_type' must be one of {', '.join(MESSAGE_TYPES)}, got {mt!r}"
             )
-        parts = t.get("partitions", DEFAULT_PARTITIONS)
+        _check_key_generator(where, t, d, problems)
+        _check_fix(where, t, d, problems)
+        parts = d.get("partitions", DEFAULT_PARTITIONS)
         if not isinstance(parts, int) or isinstance(parts, bool) or not 1 <= parts <= 1024:
             problems.append(f"{where}: 'partitions' must be an integer from 1 to 1024")
         mmb = t.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
@@ -236,6 +278,82 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
     if problems:
         raise ConfigError(problems)
     return topics
+
+
+def _check_key_generator(where: str, t: dict[str, Any], d: dict[str, Any],
+                         problems: list[str]) -> None:
+    """Resolve ``key_generator`` into the flat ``chain_*`` fields of ``d`` (seeds/003).
+
+    ``key_generator = { type = "chaining", primary = "/11", secondary = ["/41"],
+    validation = false }``. Without ``primary``, the ``key`` entries in order give the primary
+    (first) and secondary fields (the rest); with it, every ``key`` entry is a secondary field
+    (the seed's ``Primary`` / ``Key`` synonyms). A chaining topic without ``partition_by`` has
+    one partition.
+    """
+    kg = t.get("key_generator")
+    d.pop("key_generator", None)
+    if kg is None:
+        return
+    if not isinstance(kg, dict):
+        problems.append(f"{where}: 'key_generator' must be a table like "
+                        f'{{ type = "chaining", primary = "/11", secondary = ["/41"] }}')
+        return
+    for u in sorted(set(kg) - _KEY_GENERATOR_FIELDS):
+        problems.append(f"{where}: 'key_generator': unknown field '{u}'")
+    kind = kg.get("type", "default")
+    if kind not in KEY_GENERATORS:
+        problems.append(f"{where}: 'key_generator': type must be one of "
+                        f"{', '.join(KEY_GENERATORS)}, got {kind!r}")
+        return
+    if kind == "default":
+        if set(kg) - {"type"}:
+            problems.append(f"{where}: 'key_generator': primary, secondary and validation "
+                            "apply to type \"chaining\" only")
+        return
+    primary = _check_paths(where, "key_generator.primary", kg.get("primary", []), problems)
+    secondary = _check_paths(where, "key_generator.secondary", kg.get("secondary", []), problems)
+    if len(primary) > 1:
+        problems.append(f"{where}: 'key_generator': only one primary field")
+    fields = list(primary) + list(d["key"]) + list(secondary)
+    if len(fields) < 2 or not all(fields):
+        problems.append(f"{where}: 'key_generator': the chaining key generator needs a primary "
+                        "field and at least one secondary field (seeds/003), e.g. "
+                        'key = ["/11", "/41"]')
+        return
+    if len(set(fields)) != len(fields):
+        problems.append(f"{where}: 'key_generator': a field is listed twice: {fields}")
+    validation = kg.get("validation", False)
+    if not isinstance(validation, bool):
+        problems.append(f"{where}: 'key_generator': validation must be true or false")
+    d.update(key_generator="chaining", chain_primary=fields[0],
+             chain_secondary=fields[1:], chain_validation=validation is True)
+    if not d["partition_by"]:
+        if "partitions" in t and t["partitions"] != 1:
+            problems.append(f"{where}: 'partitions': a chaining topic needs 'partition_by' (a "
+                            "field constant along a chain, e.g. /55) to use more than one "
+                            "partition")
+        d["partitions"] = 1
+
+
+def _check_fix(where: str, t: dict[str, Any], d: dict[str, Any], problems: list[str]) -> None:
+    """``field_separator`` (one character, default SOH) and ``skip_msg_types`` (MsgType 35
+    values skipped at publish; default: FIX session-level messages) for FIX topics."""
+    is_fix = t.get("message_type", "json") == "fix"
+    for name in ("field_separator", "skip_msg_types"):
+        if name in t and not is_fix:
+            problems.append(f"{where}: '{name}' applies to message_type \"fix\" only")
+    if not is_fix:
+        return
+    sep = t.get("field_separator", "\x01")
+    if not isinstance(sep, str) or len(sep) != 1 or sep in "=0123456789":
+        problems.append(f"{where}: 'field_separator' must be one character other than '=' and "
+                        f"digits (SOH \"\\u0001\" by default, or \";\", \"|\"), got {sep!r}")
+    skip = t.get("skip_msg_types", list(FIX_SESSION_MSG_TYPES))
+    if not isinstance(skip, list) or not all(isinstance(x, str) and x for x in skip):
+        problems.append(f"{where}: 'skip_msg_types' must be a list of MsgType (35) values, "
+                        'e.g. ["0", "A"]')
+        skip = []
+    d["skip_msg_types"] = skip
 
 
 def _check_expiration(where: str, t: dict[str, Any], problems: list[str]) -> None:

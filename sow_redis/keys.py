@@ -69,6 +69,19 @@ def dead_letters(topic: str, p: int) -> str:
     return _tag(topic, p) + ":dead"
 
 
+def chain(topic: str, p: int) -> str:
+    """HASH chain identifier (canonical value of a primary or secondary field) → the chain's
+    head identifier, for topics with the chaining key generator (seeds/003). The SOW key of a
+    chained message is generated from its head."""
+    return _tag(topic, p) + ":chain"
+
+
+def chain_conflicts(topic: str) -> str:
+    """HASH ``<partition>:<stream id>`` → JSON report of a message that resolved to two or
+    more chains, kept when the topic's chaining ``validation`` is on."""
+    return "{sow:%s}:chain_conflicts" % topic
+
+
 def index(topic: str, p: int, n: int) -> str:
     """ZSET (all scores 0) of ``<value hash>:<SOW key>`` members for hash index ``n``."""
     return _tag(topic, p) + ":idx:%d" % n
@@ -93,12 +106,13 @@ def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
         acks(topic, p),
         index_members(topic, p),
         dead_letters(topic, p),
+        chain(topic, p),
     ] + [index(topic, p, n) for n in range(n_indexes)]
 
 
 def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]:
     """Every key a topic owns (for removal of a topic)."""
-    out = [errors(topic)]
+    out = [errors(topic), chain_conflicts(topic)]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
         out += [log(topic, p), lease(topic, p), job_marker(topic, p)]

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from .chaining import chain_values
 from .config import TopicConfig
 from .errors import MessageError
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
@@ -73,7 +74,8 @@ def _values(obj: dict[str, Any], paths: tuple[str, ...], parts: tuple[tuple[str,
 
 
 def key_of(obj: dict[str, Any], topic: TopicConfig, supplied: str | None = None) -> str:
-    """The SOW key of a decoded message.
+    """The SOW key of a decoded message (not for chaining topics: their key needs the chain
+    table, see :mod:`sow_redis.chaining`).
 
     Raises:
         MessageError: ``missing_key_field``; ``missing_sow_key`` / ``bad_sow_key`` on topics
@@ -100,8 +102,15 @@ def partition_for(obj: dict[str, Any], topic: TopicConfig, sow_key: str) -> int:
 
 
 def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None) -> Parsed:
-    """Decode a message, compute its SOW key and partition. Raises MessageError."""
+    """Decode a message, compute its SOW key and partition. Raises MessageError.
+
+    On a chaining topic the SOW key is left ``""`` (the worker resolves the chain); the
+    message must carry the primary or a secondary field.
+    """
     obj = decode(data, topic)
+    if topic.chaining:
+        chain_values(obj, topic)
+        return Parsed(obj, "", partition_for(obj, topic, ""))
     key = key_of(obj, topic, supplied_key)
     return Parsed(obj, key, partition_for(obj, topic, key))
 

@@ -15,6 +15,7 @@ from typing import Any
 from . import keys
 from .config import TopicConfig
 from .errors import MessageError, WaitTimeout
+from .fix import to_message
 from .messages import check_expiration, parse, unwrap
 
 CHUNK = 1000
@@ -36,6 +37,8 @@ class PublishResult:
 
     Attributes:
         published: messages appended to the log.
+        skipped: FIX messages of a MsgType the topic skips (``skip_msg_types``: session-level
+            messages by default); not errors, not in the log.
         rejected: messages refused before reaching the log, with reasons.
         last_ids: partition → last stream id appended (the consistency token for ``wait``).
     """
@@ -43,9 +46,11 @@ class PublishResult:
     published: int = 0
     rejected: list[Rejected] = field(default_factory=list)
     last_ids: dict[int, str] = field(default_factory=dict)
+    skipped: int = 0
 
     def merge(self, other: PublishResult) -> None:
         self.published += other.published
+        self.skipped += other.skipped
         self.rejected += other.rejected
         self.last_ids.update(other.last_ids)
 
@@ -64,7 +69,8 @@ def _entry(cmd: str, data: bytes, sow_key: str | None,
 
 
 def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
-           on_chunk: Callable[[int], None] | None = None) -> PublishResult:
+           on_chunk: Callable[[int], None] | None = None,
+           fix_separator: bytes | None = None) -> PublishResult:
     """Validate and append messages to the log.
 
     Args:
@@ -74,6 +80,9 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             whose options override the item's.
         start: position number of the first item (for error reports: line numbers).
         on_chunk: called with the number of items handled after each pipeline round trip.
+        fix_separator: FIX topics: the field separator of these messages (default: the
+            topic's ``field_separator``). A FIX line may carry a log prefix before ``8=FIX``;
+            it is stored as JSON with tag numbers as field names (:mod:`sow_redis.fix`).
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -82,6 +91,9 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     pipe = r.pipeline(transaction=False)
     parts: list[int] = []
     handled = 0
+    is_fix = topic.message_type == "fix"
+    sep = fix_separator or topic.field_separator.encode()
+    skip = frozenset(topic.skip_msg_types)
 
     def flush() -> None:
         nonlocal parts, handled
@@ -103,6 +115,12 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             continue
         try:
             data, opts = unwrap(data)
+            if is_fix:
+                fix_data = to_message(data, sep, skip)
+                if fix_data is None:
+                    result.skipped += 1
+                    continue
+                data = fix_data
             sow_key = opts.get("sow_key", sow_key)
             expiration = check_expiration(opts.get("expiration", expiration))
             parsed = parse(data, topic, sow_key)

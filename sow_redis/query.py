@@ -70,8 +70,9 @@ def _combos(paths: tuple[str, ...], terms: dict[str, list[str]]) -> list[tuple[s
 
 
 def key_lookup(topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | None:
-    """SOW keys for equality on exactly the topic's key fields (no scan, no index needed)."""
-    if topic.publisher_keys:
+    """SOW keys for equality on exactly the topic's key fields (no scan, no index needed;
+    not on chaining topics, whose keys come from the chain table)."""
+    if topic.publisher_keys or topic.chaining:
         return None
     combos = _combos(topic.key, terms)
     return None if combos is None else [generate(topic.domain, list(c)) for c in combos]

@@ -14,12 +14,14 @@
     KEYS[4] acks      HASH  stream id -> records removed by that sow_delete
     KEYS[5] ixm       HASH  sow_key -> comma-separated hash-index members
     KEYS[6] dead      STREAM dead-letter outbox (expired records for the dead_letter topic)
-    KEYS[7..6+n]      ZSET  hash index i (members "<value hash>:<sow_key>", score 0)
+    KEYS[7] chain     HASH  chain identifier -> chain head (chaining key generator, seeds/003)
+    KEYS[8..7+n]      ZSET  hash index i (members "<value hash>:<sow_key>", score 0)
     ARGV[1] fencing token          ARGV[2] pub/sub channel     ARGV[3] topic name
     ARGV[4] first stream id of the batch   ARGV[5] last stream id of the batch
     ARGV[6] n (number of hash indexes)     ARGV[7] "1" when the topic has a dead_letter topic
     ARGV[8..] ops, 5 fields each: op, stream id, sow_key, data, meta
-              op: "publish" | "delta_publish" (upsert), "sow_delete" (delete), "ack"
+              op: "publish" | "delta_publish" (upsert), "sow_delete" (delete), "ack",
+                  "chain" (sow_key field = chain identifier, data = its chain head)
               meta: "" (no expiry, unchecked, no index members) or
                     "<expiry>|<expected seq>|<index members>" where expiry is absolute ms,
                     "" (none) or "now" (TTL 0: deliver to current subscribers, then expire),
@@ -89,7 +91,9 @@ local applied = 0
 for i = FIRST, #ARGV, WIDTH do
   local op, id, key, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local ex, _, members = parse_meta(ARGV[i + 4])
-  if op == "ack" then
+  if op == "chain" then
+    redis.call("HSET", KEYS[7], key, data)
+  elseif op == "ack" then
     redis.call("HSETNX", acks, id, 0)
     redis.call("PEXPIRE", acks, 3600000)
   elseif op == "sow_delete" then
@@ -120,8 +124,8 @@ for i = FIRST, #ARGV, WIDTH do
         if om then olds = split_members(om) end
         for j = 1, nidx do
           if olds[j] ~= news[j] then
-            if olds[j] and olds[j] ~= "" then redis.call("ZREM", KEYS[6 + j], olds[j]) end
-            if news[j] and news[j] ~= "" then redis.call("ZADD", KEYS[6 + j], 0, news[j]) end
+            if olds[j] and olds[j] ~= "" then redis.call("ZREM", KEYS[7 + j], olds[j]) end
+            if news[j] and news[j] ~= "" then redis.call("ZADD", KEYS[7 + j], 0, news[j]) end
           end
         end
         redis.call("HSET", ixm, key, members)

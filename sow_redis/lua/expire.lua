@@ -9,7 +9,8 @@
 
   Input:
     KEYS[1] records  KEYS[2] state  KEYS[3] expiry  KEYS[4] acks  KEYS[5] ixm
-    KEYS[6] dead (dead-letter outbox stream)   KEYS[7..6+n] hash indexes (as in apply.lua)
+    KEYS[6] dead (dead-letter outbox stream)   KEYS[7] chain (unused)
+    KEYS[8..7+n] hash indexes (as in apply.lua)
     ARGV[1] pub/sub channel   ARGV[2] topic name   ARGV[3] n (hash indexes)
     ARGV[4] "1" when the topic has a dead_letter topic   ARGV[5] most records to expire
   Output:

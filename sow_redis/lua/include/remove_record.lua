@@ -1,7 +1,7 @@
 --[[
   include remove_record: shared by apply.lua and expire.lua (included textually by the loader).
   Expects the partition KEYS layout: KEYS[1] records, KEYS[3] expiry, KEYS[5] ixm,
-  KEYS[6] dead-letter outbox, KEYS[7..6+nidx] hash indexes; and locals chan, topic, nidx,
+  KEYS[6] dead-letter outbox, KEYS[8..7+nidx] hash indexes; and locals chan, topic, nidx,
   listeners (false: nobody subscribes, skip the event).
 ]]
 -- positional split on ","; an empty slot means "no member in that index"
@@ -37,7 +37,7 @@ local function remove_record(key, stored, seq, reason, dead_letter)
     if om then
       local olds = split_members(om)
       for j = 1, nidx do
-        if olds[j] and olds[j] ~= "" then redis.call("ZREM", KEYS[6 + j], olds[j]) end
+        if olds[j] and olds[j] ~= "" then redis.call("ZREM", KEYS[7 + j], olds[j]) end
       end
       redis.call("HDEL", KEYS[5], key)
     end
