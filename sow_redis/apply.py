@@ -15,10 +15,20 @@ from typing import Any
 import orjson
 
 from . import chaining, keys
-from .chaining import ChainConflict, ChainResolver
+from .chaining import ChainConflict, ChainIds, ChainResolver
 from .config import TopicConfig
 from .errors import ConflictError, FilterSyntaxError, MessageError
-from .messages import COMMANDS, check_expiration, expiry_for, index_members, key_of, merge, parse
+from .messages import (
+    COMMANDS,
+    check_expiration,
+    check_size,
+    expiry_for,
+    index_members,
+    key_of,
+    merge,
+    parse,
+    partition_for,
+)
 from .records import seq_of
 from .scripts import Scripts, attached
 
@@ -102,7 +112,7 @@ _COMMANDS = {c.encode(): c for c in COMMANDS}
 
 def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes, bytes],
                 plan: _Plan, prefetched: dict[str, bytes | None],
-                chains: ChainResolver | None) -> None:
+                chains: ChainResolver | None, pre: dict[str, _Pre]) -> None:
     cmd_b = fields.get(b"cmd") or b"publish"
     cmd = _COMMANDS.get(cmd_b) or cmd_b.decode(errors="replace")
     if cmd not in COMMANDS:
@@ -124,12 +134,18 @@ def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes
         return
     if data is None:
         raise MessageError("bad_command", f"{cmd} without data")
-    parsed = parse(data, topic, supplied_s)
-    if parsed.partition != p:
-        raise MessageError("wrong_partition", f"message belongs to partition {parsed.partition}")
     res = None
+    hit = pre.get(sid)
+    if hit is not None:  # decoded with its chain identifiers while loading the chains
+        check_size(data, topic)
+        obj, part = hit[1], partition_for(hit[1], topic, "")
+    else:
+        parsed = parse(data, topic, supplied_s)
+        obj, part = parsed.obj, parsed.partition
+    if part != p:
+        raise MessageError("wrong_partition", f"message belongs to partition {part}")
     if chains is not None:
-        res = chains.resolve(parsed.obj)
+        res = chains.resolve(obj, hit[2] if hit is not None else None)
         key = chaining.sow_key(topic, res.head)
     else:
         key = parsed.sow_key
@@ -139,7 +155,6 @@ def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes
         plan.ops.append(("ack", sid, "", "", "", "-", ""))
         plan.state[key] = None
         return
-    obj = parsed.obj
     ttl = check_expiration(fields[b"expiration"]) if b"expiration" in fields else None
     if cmd == "delta_publish":
         base = _current(r, topic, p, plan, key, prefetched)
@@ -154,33 +169,39 @@ def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes
     plan.ops.append((cmd, sid, key, data, ex, "-", index_members(obj, topic, key)))
 
 
-def _decoded(entries: list) -> list[tuple[bytes | None, dict[str, Any]]]:
-    """``(cmd, object)`` of the entries that carry a JSON object (others are skipped here and
-    rejected with a reason when planned)."""
-    out = []
-    for _sid, fields in entries:
+_Pre = tuple["bytes | None", "dict[str, Any]", ChainIds]
+
+
+def _chain_ids(topic: TopicConfig, entries: list) -> dict[str, _Pre]:
+    """stream id → ``(cmd, object, chain identifiers)`` of the entries of a chaining topic
+    that decode to an object with identifiers, in log order (the others are planned through
+    :func:`messages.parse`, which rejects them with a reason)."""
+    out: dict[str, _Pre] = {}
+    for sid, fields in entries:
         data = fields.get(b"data")
         if data is None:
             continue
         try:
             obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
+            if isinstance(obj, dict):
+                out[sid.decode()] = (fields.get(b"cmd"), obj, chaining.chain_values(obj, topic))
+        except (orjson.JSONDecodeError, MessageError):
             continue
-        if isinstance(obj, dict):
-            out.append((fields.get(b"cmd"), obj))
     return out
 
 
 def _prefetch(r: Any, topic: TopicConfig, p: int, entries: list, chains: ChainResolver | None,
-              decoded: list[tuple[bytes | None, dict[str, Any]]]) -> dict[str, bytes | None]:
+              pre: dict[str, _Pre]) -> dict[str, bytes | None]:
     """Read in one call the stored records that delta merges and deletes by data need."""
     wanted = []
     if chains is not None:
+        if not any(cmd in (b"delta_publish", b"sow_delete") for cmd, _o, _i in pre.values()):
+            return {}
         # look ahead on a copy of the chain view: the keys depend on earlier entries' chains
         ahead = chains.fork()
-        for cmd, obj in decoded:
+        for cmd, obj, ids in pre.values():
             try:
-                res = ahead.resolve(obj)
+                res = ahead.resolve(obj, ids)
             except MessageError:
                 continue
             if cmd in (b"delta_publish", b"sow_delete"):
@@ -292,12 +313,12 @@ def _is_filter_delete(fields: dict[bytes, bytes]) -> bool:
 
 def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                    entries: list) -> None:
-    chains, decoded = None, []
+    chains, pre = None, {}
     if topic.chaining:
-        decoded = _decoded(entries)
+        pre = _chain_ids(topic, entries)
         chains = ChainResolver(r, topic, p)
-        chains.load([obj for _cmd, obj in decoded])
-    prefetched = _prefetch(r, topic, p, entries, chains, decoded)
+        chains.load([ids for _cmd, _obj, ids in pre.values()])
+    prefetched = _prefetch(r, topic, p, entries, chains, pre)
     plan = _Plan()
     seg_first: str | None = None
     prev_sid = ""
@@ -324,7 +345,7 @@ def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: 
             if seg_first is None:
                 seg_first = sid
             try:
-                _plan_entry(r, topic, p, sid, fields, plan, prefetched, chains)
+                _plan_entry(r, topic, p, sid, fields, plan, prefetched, chains, pre)
             except MessageError as exc:
                 _reject(plan, sid, fields, exc.reason, exc.detail, p)
                 if isinstance(exc, ChainConflict) and topic.chain_validation:

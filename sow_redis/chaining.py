@@ -48,7 +48,11 @@ class ChainConflict(MessageError):
                          f"{', '.join(repr(h) for h in heads)} ({named})")
 
 
-def chain_values(obj: dict[str, Any], topic: TopicConfig) -> tuple[str | None, list[str]]:
+ChainIds = tuple["str | None", "list[str]"]
+"""A message's chaining identifiers: (primary value or None, secondary values present)."""
+
+
+def chain_values(obj: dict[str, Any], topic: TopicConfig) -> ChainIds:
     """``(primary value or None, secondary values present)`` as canonical text.
 
     Raises:
@@ -93,14 +97,11 @@ class ChainResolver:
         self.key = keys.chain(topic.name, p)
         self.table: dict[str, str | None] = {}
 
-    def load(self, objs: list[dict[str, Any]]) -> None:
-        """Read the chain heads of every identifier in ``objs`` not read yet."""
+    def load(self, ids: list[ChainIds]) -> None:
+        """Read the chain heads of every identifier in ``ids`` (as given by
+        :func:`chain_values`) not read yet."""
         wanted: list[str] = []
-        for obj in objs:
-            try:
-                primary, secondary = chain_values(obj, self.topic)
-            except MessageError:
-                continue
+        for primary, secondary in ids:
             for v in (primary, *secondary):
                 if v is not None and v not in self.table:
                     wanted.append(v)
@@ -115,14 +116,17 @@ class ChainResolver:
             self.table[v] = head.decode() if head is not None else None
         return self.table[v]
 
-    def resolve(self, obj: dict[str, Any]) -> Resolution:
+    def resolve(self, obj: dict[str, Any], ids: ChainIds | None = None) -> Resolution:
         """The chain of a message (nothing is recorded until :meth:`commit`).
+
+        Args:
+            ids: the message's :func:`chain_values` when already computed.
 
         Raises:
             MessageError: ``missing_key_field``.
             ChainConflict: the identifiers belong to two or more chains.
         """
-        primary, secondary = chain_values(obj, self.topic)
+        primary, secondary = ids if ids is not None else chain_values(obj, self.topic)
         ids = list(dict.fromkeys([*secondary, primary] if primary is not None else secondary))
         heads: list[str] = []
         new_ids: list[str] = []

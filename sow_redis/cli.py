@@ -110,12 +110,25 @@ def _lines(fh: BinaryIO) -> Iterator[bytes]:
         yield line.rstrip(b"\r\n")
 
 
+def _separator(text: str | None) -> bytes | None:
+    from .fix import separator
+
+    if text is None:
+        return None
+    try:
+        return separator(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--separator") from None
+
+
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
-             wait: bool, timeout: float, expiration: float | None) -> None:
+             wait: bool, timeout: float, expiration: float | None,
+             separator: str | None) -> None:
     from .publisher import PublishResult, append
 
     sow = _sow(ctx)
     t = sow.topic(topic)
+    sep = _separator(separator)
     fh: BinaryIO
     if file == "-":
         fh, size = sys.stdin.buffer, 0
@@ -134,10 +147,10 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
 
         with Progress(transient=True) as progress:
             task = progress.add_task(f"publishing to {topic}", total=size)
-            result = append(sow.r, t, items,
+            result = append(sow.r, t, items, fix_separator=sep,
                             on_chunk=lambda _n: progress.update(task, completed=fh.tell()))
     else:
-        result = append(sow.r, t, items)
+        result = append(sow.r, t, items, fix_separator=sep)
     if fh is not sys.stdin.buffer:
         fh.close()
     sow._after_append(t, result.last_ids, wait, timeout)
@@ -151,7 +164,9 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         reasons[rej.reason] = reasons.get(rej.reason, 0) + 1
     why = (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) + ")") if reasons else ""
     rate = result.published / elapsed if elapsed > 0 else 0.0
-    click.echo(f"published {result.published} message(s) to {topic}, rejected "
+    skipped = (f", skipped {result.skipped} (MsgType in skip_msg_types: "
+               f"{','.join(t.skip_msg_types)})") if result.skipped else ""
+    click.echo(f"published {result.published} message(s) to {topic}{skipped}, rejected "
                f"{len(result.rejected)}{why}; {elapsed:.2f} s, {rate:,.0f} msg/s"
                + (" (applied)" if wait or sow.memory else ""))
 
@@ -164,6 +179,8 @@ _publish_options = [
     click.option("--timeout", default=300.0, show_default=True, help="Seconds --wait waits."),
     click.option("--expiration", type=click.FloatRange(min=0),
                  help="Message lifetime in seconds (0 = never expire); overrides the topic's."),
+    click.option("--separator", help="FIX topics: field separator of FILE (SOH, ';', '|'); "
+                 "default: the topic's field_separator."),
 ]
 
 
@@ -182,17 +199,19 @@ def _with(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 @click.pass_context
 @_friendly
 def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
-            timeout: float, expiration: float | None, delta: bool) -> None:
+            timeout: float, expiration: float | None, separator: str | None,
+            delta: bool) -> None:
     """Publish JSON Lines from FILE (or - for stdin): one message per line.
 
     Each message replaces the whole record of its SOW key; with --delta it is merged.
     A line may be an envelope with per-message options:
     {"$sow": {"expiration": 30, "sow_key": "QUJD"}, "data": {...}}.
+    On a FIX topic a line is a FIX message (a log prefix before 8=FIX is skipped).
 
     Example: sow-redis publish -t orders orders.jsonl --wait
     """
     _publish(ctx, topic, file, "delta_publish" if delta else "publish", sow_key, wait, timeout,
-             expiration)
+             expiration, separator)
 
 
 @main.command("delta-publish")
@@ -200,13 +219,13 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
 @click.pass_context
 @_friendly
 def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
-                  timeout: float, expiration: float | None) -> None:
+                  timeout: float, expiration: float | None, separator: str | None) -> None:
     """delta_publish JSON Lines: fields in each update replace those fields of the stored
     record, nested objects merge, other fields stay (same as publish --delta).
 
     Example: echo '{"orderId": 1, "price": 95}' | sow-redis delta-publish -t orders
     """
-    _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration)
+    _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator)
 
 
 # -- query ------------------------------------------------------------------------------
@@ -221,21 +240,33 @@ def _split_keys(keys: str | None) -> list[str] | None:
 @click.option("--order-by", help="e.g. \"/price DESC, /orderId\".")
 @click.option("--keys", help="Only these SOW keys (comma-separated).")
 @click.option("--with-key", is_flag=True, help="Print {\"sow_key\":…, \"data\":…} per record.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "table"]), default="jsonl",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "table", "fix"]), default="jsonl",
+              show_default=True, help="fix: tag=value fields, one record per line.")
+@click.option("--separator", help="With --format fix: field separator (default: the topic's).")
 @click.pass_context
 @_friendly
 def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
-        order_by: str | None, keys: str | None, with_key: bool, fmt: str) -> None:
+        order_by: str | None, keys: str | None, with_key: bool, fmt: str,
+        separator: str | None) -> None:
     """Query the SOW of a topic: one JSON record per line.
 
     Example: sow-redis sow -t flights -f "/carrier = 'UA' AND /dep_delay > 60" --top-n 5
     """
-    records = _sow(ctx).sow(topic, filter_, _split_keys(keys), top_n, order_by)
+    client = _sow(ctx)
+    records = client.sow(topic, filter_, _split_keys(keys), top_n, order_by)
     if fmt == "table":
         _print_table(topic, records, with_key)
         return
     out = sys.stdout.buffer
+    if fmt == "fix":
+        from .fix import encode
+
+        sep = _separator(separator) or client.topic(topic).field_separator.encode()
+        for rec in records:
+            out.write((rec.sow_key.encode() + b" " if with_key else b"")
+                      + encode(rec.obj(), sep) + b"\n")
+        out.flush()
+        return
     for rec in records:
         if with_key:
             out.write(b'{"sow_key":"%s","seq":%d,"expiry_ms":%d,"data":%s}\n'
@@ -360,6 +391,34 @@ def stats(ctx: click.Context) -> None:
     from .status import expiry_stats
 
     _each_topic(ctx, expiry_stats)
+
+
+@main.command()
+@click.option("-t", "--topic", required=True, help="A topic with the chaining key generator.")
+@click.option("--id", "ident", help="Show the chain of this identifier (e.g. a ClOrdID).")
+@click.pass_context
+@_friendly
+def chains(ctx: click.Context, topic: str, ident: str | None) -> None:
+    """Chaining key generator state: identifiers in chains and, with validation on, the
+    chains that would have been one had messages arrived in another order.
+
+    Example: sow-redis chains -t orders --id ORD-1
+    """
+    from .chaining import chain_of, chain_stats, conflict_groups
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    if not t.chaining:
+        raise click.ClickException(f"topic '{topic}' does not use the chaining key generator")
+    if ident is not None:
+        found = chain_of(sow.r, t, ident)
+        if found is None:
+            raise click.ClickException(f"topic '{topic}': {ident!r} is in no chain")
+        click.echo(orjson.dumps(found).decode())
+        return
+    report = {"topic": t.name, **chain_stats(sow.r, t), "validation": t.chain_validation,
+              "would_merge": conflict_groups(sow.r, t)}
+    click.echo(orjson.dumps(report).decode())
 
 
 # -- processes --------------------------------------------------------------------------

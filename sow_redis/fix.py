@@ -29,9 +29,15 @@ SOH = b"\x01"
 FRAMING_TAGS = frozenset({"8", "9", "10"})
 """BeginString, BodyLength, CheckSum: session framing, dropped from stored records."""
 
-DATA_FIELDS = {"90": "91", "93": "89", "95": "96", "212": "213", "354": "355"}
-"""Length tag → data tag (SecureData, Signature, RawData, XmlData, EncodedText): the data
-field's value is exactly that many bytes and may contain the separator."""
+DATA_FIELDS = {str(length): str(data) for length, data in (
+    (90, 91), (93, 89), (95, 96), (212, 213), (348, 349), (350, 351), (352, 353), (354, 355),
+    (356, 357), (358, 359), (360, 361), (362, 363), (364, 365), (445, 446), (618, 619),
+    (621, 622), (1277, 1278), (1280, 1281), (1282, 1283), (1397, 1398), (1401, 1402),
+    (1403, 1404), (1468, 1469), (1525, 1527), (1578, 1579), (1620, 1621), (1664, 1665),
+    (1678, 1697), (1733, 1734))}
+"""Length tag → data tag of the FIX "data" fields (SecureData, Signature, RawData, XmlData,
+the Encoded* texts, …): the data field's value is exactly that many bytes and may contain
+the separator."""
 
 _DATA_TAGS = frozenset(DATA_FIELDS.values())
 _NAMED_SEPARATORS = {"soh": SOH, "\\x01": SOH, "\\u0001": SOH, "^a": SOH, "pipe": b"|"}

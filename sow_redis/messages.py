@@ -41,16 +41,21 @@ class Parsed:
     partition: int
 
 
+def check_size(data: bytes, topic: TopicConfig) -> None:
+    """Raises MessageError ``too_large`` for a message over ``max_message_bytes``."""
+    if len(data) > topic.max_message_bytes:
+        raise MessageError(
+            "too_large", f"{len(data)} bytes > max_message_bytes {topic.max_message_bytes}"
+        )
+
+
 def decode(data: bytes, topic: TopicConfig) -> dict[str, Any]:
     """Decode one message of ``topic``.
 
     Raises:
         MessageError: ``too_large`` (over ``max_message_bytes``), ``bad_json``, ``not_object``.
     """
-    if len(data) > topic.max_message_bytes:
-        raise MessageError(
-            "too_large", f"{len(data)} bytes > max_message_bytes {topic.max_message_bytes}"
-        )
+    check_size(data, topic)
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
