@@ -18,6 +18,10 @@ For each (repeated ``--repeat`` times, alternating, best run kept):
 * ``apply``: the worker code (``jobs.drain_partition``) applying the whole backlog of every
   partition, in this process, timed from the first to the last partition drained.
 
+In the same run, the FIX parser (``sow_redis.fix.decode``) is timed against simplefix's
+``FixParser`` (installed with the dev extra) on the same lines: the figure behind keeping our
+own parser.
+
 Each run is verified: records = ClOrdIDs (plain) or orders (chained), every record holds its
 newest message, the partitions' change sequences sum to the message count, no error entry.
 
@@ -150,6 +154,41 @@ def verify(r: Redis, t: Any, n: int, expected_records: int) -> dict[str, int]:
     return {"records": records}
 
 
+def parser_rates(lines: list[bytes], repeat: int) -> dict[str, float]:
+    """FIX messages parsed per second (best of ``repeat``): ours and simplefix's, if present."""
+    from sow_redis import fix
+
+    def ours() -> None:
+        for line in lines:
+            fix.decode(line)
+
+    out = {"sow_redis.fix": best_rate(ours, len(lines), repeat)}
+    try:
+        import simplefix
+    except ImportError:
+        return out
+
+    def theirs() -> None:
+        parser = simplefix.FixParser()
+        for line in lines:
+            parser.append_buffer(line)
+            parser.get_message()
+
+    from importlib.metadata import version
+
+    out[f"simplefix {version('simplefix')}"] = best_rate(theirs, len(lines), repeat)
+    return out
+
+
+def best_rate(fn: Any, n: int, repeat: int) -> float:
+    best = 0.0
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        best = max(best, n / (time.perf_counter() - t0))
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--orders", type=int, default=20000, help="Order flows (default 20000).")
@@ -203,12 +242,19 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['publish_msg_s']:,.0f}", f"{row['apply_msg_s']:,.0f}",
                       f"{row['apply_ratio']:.1%}")
     console.print(table)
+    parsers = parser_rates(lines[:50000], args.repeat)
+    ptable = Table(title=f"FIX parser: {min(len(lines), 50000):,} messages, best of {args.repeat}")
+    ptable.add_column("parser")
+    ptable.add_column("msg/s", justify="right")
+    for name, r_ in parsers.items():
+        ptable.add_row(name, f"{r_:,.0f}")
+    console.print(ptable)
     out = write_json(args.json, {
         "benchmark": "bench_chain", "when": dt.datetime.now(dt.timezone.utc).isoformat(),
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "messages": len(lines), "orders": orders, "clordids": clordids,
-        "partitions": args.partitions, "rows": rows, "runs": runs})
+        "partitions": args.partitions, "rows": rows, "runs": runs, "fix_parsers": parsers})
     console.print(f"results: {out}")
     return 0
 
