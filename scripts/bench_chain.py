@@ -43,12 +43,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchlib import BenchError, RedisServer, write_json
+from benchlib import BenchError, RedisServer, applied_counts, write_json
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
 
-from sow_redis import keys
 from sow_redis.config import apply_topics, parse_topics
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
@@ -76,8 +75,8 @@ def make_flows(orders: int) -> tuple[list[bytes], int, int]:
         clordids += depth
         common = f"55={sym}\x0154=1\x0140=2\x0159=0\x0160=20261121-10:00:00.000"
         msgs = [f"35=D\x0111={ids[0]}\x01{common}\x0138={qty}\x0144={px}",
-                f"35=8\x0137={oid}\x0111={ids[0]}\x0117=E{k}-0\x01150=0\x0139=0\x01{common}"
-                f"\x0138={qty}\x0144={px}\x0114=0\x01151={qty}"]
+                (f"35=8\x0137={oid}\x0111={ids[0]}\x0117=E{k}-0\x01150=0\x0139=0\x01{common}"
+                 f"\x0138={qty}\x0144={px}\x0114=0\x01151={qty}")]
         for j in range(1, depth):
             qty += 100
             msgs.append(f"35=G\x0111={ids[j]}\x0141={ids[j - 1]}\x01{common}\x0138={qty}"
@@ -140,14 +139,7 @@ def run_once(r: Redis, url: str, lines: list[bytes], chained: bool, cmd: str,
 
 
 def verify(r: Redis, t: Any, n: int, expected_records: int) -> dict[str, int]:
-    pipe = r.pipeline(transaction=False)
-    for p in range(t.partitions):
-        pipe.hlen(keys.records(t.name, p))
-        pipe.hget(keys.state(t.name, p), "seq")
-    out = pipe.execute()
-    records = sum(out[0::2])
-    seq = sum(int(s or 0) for s in out[1::2])
-    errors = r.xlen(keys.errors(t.name))
+    records, seq, errors = applied_counts(r, t)
     if records != expected_records or seq != n or errors:
         raise BenchError(f"{t.name}: records {records} (expected {expected_records}), seq sum "
                          f"{seq} (expected {n}), {errors} error entries")
@@ -250,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         ptable.add_row(name, f"{r_:,.0f}")
     console.print(ptable)
     out = write_json(args.json, {
-        "benchmark": "bench_chain", "when": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "benchmark": "bench_chain", "when": dt.datetime.now(dt.UTC).isoformat(),
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "messages": len(lines), "orders": orders, "clordids": clordids,

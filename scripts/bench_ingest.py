@@ -52,12 +52,18 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from benchlib import BenchError, RedisServer, proc_cpu_s, redis_cpu_s, write_json
+from benchlib import (
+    BenchError,
+    RedisServer,
+    applied_counts,
+    proc_cpu_s,
+    redis_cpu_s,
+    write_json,
+)
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
 
-from sow_redis import keys
 from sow_redis.config import TopicConfig, apply_topics, parse_topics
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
@@ -186,14 +192,7 @@ def topic_config(name: str, partitions: int) -> TopicConfig:
 
 
 def verify(r: Redis, t: TopicConfig, n: int, distinct: int) -> dict[str, Any]:
-    pipe = r.pipeline(transaction=False)
-    for p in range(t.partitions):
-        pipe.hlen(keys.records(t.name, p))
-        pipe.hget(keys.state(t.name, p), "seq")
-    res = pipe.execute()
-    records = sum(res[0::2])
-    seq = sum(int(s or 0) for s in res[1::2])
-    errors = r.xlen(keys.errors(t.name))
+    records, seq, errors = applied_counts(r, t)
     ok = records == distinct and seq == n and errors == 0
     return {"ok": ok, "records": records, "seq_sum": seq, "errors": errors,
             "expected_records": distinct, "expected_seq_sum": n}

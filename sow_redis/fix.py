@@ -173,7 +173,7 @@ def encode(obj: dict[str, Any], sep: bytes = SOH) -> bytes:
         for v in value if isinstance(value, list) else (value,):
             if isinstance(v, str):
                 text = v.encode()
-            elif isinstance(v, (dict, list)) or isinstance(v, bool) or v is None:
+            elif isinstance(v, (dict, list, bool)) or v is None:
                 text = orjson.dumps(v)
             else:
                 text = str(v).encode()

@@ -114,6 +114,9 @@ def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None) -> P
     """
     obj = decode(data, topic)
     if topic.chaining:
+        if supplied_key:
+            raise MessageError("bad_sow_key", f"topic '{topic.name}' uses the chaining key "
+                               "generator: its SOW keys come from the chains, not publishers")
         chain_values(obj, topic)
         return Parsed(obj, "", partition_for(obj, topic, ""))
     key = key_of(obj, topic, supplied_key)

@@ -125,6 +125,9 @@ def test_message_without_any_chaining_field_is_rejected_by_the_publisher(sow, to
     res = sow.publish(topic_name, [{"Status": "x"}, {"DocumentNumber": None}])
     assert res.published == 0
     assert [x.reason for x in res.rejected] == ["missing_key_field"] * 2
+    res = sow.publish(topic_name, {"DocumentNumber": 1}, sow_key="QUJD")
+    assert [x.reason for x in res.rejected] == ["bad_sow_key"]
+    assert "chaining key generator" in res.rejected[0].detail
 
 
 # -- two chains ---------------------------------------------------------------------------
@@ -259,8 +262,8 @@ def test_config_forms_of_primary_and_secondary():
 ])
 def test_config_errors_name_the_problem(body, expected):
     (line,) = _problems(f'[[topic]]\nname = "o"\n{body}\n')
-    assert line.startswith("c.toml: topic #1 'o': 'key_generator") or line.startswith(
-        "c.toml: topic #1 'o': 'partitions'")
+    assert line.startswith(("c.toml: topic #1 'o': 'key_generator",
+                            "c.toml: topic #1 'o': 'partitions'"))
     assert expected in line
 
 
