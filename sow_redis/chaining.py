@@ -25,6 +25,7 @@ SOW never disagree, and a replayed batch writes the same entries.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,8 +158,8 @@ class ChainResolver:
 
     def fork(self) -> ChainResolver:
         """A copy of the current view, for look-ahead that must not change this one."""
-        other = ChainResolver(self.r, self.topic, 0)
-        other.key, other.table = self.key, dict(self.table)
+        other = copy.copy(self)
+        other.table = dict(self.table)
         return other
 
 
