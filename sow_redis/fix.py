@@ -40,6 +40,7 @@ the Encoded* texts, …): the data field's value is exactly that many bytes and 
 the separator."""
 
 _DATA_TAGS = frozenset(DATA_FIELDS.values())
+_DATA_TAGS_B = frozenset(t.encode() for t in _DATA_TAGS)
 _NAMED_SEPARATORS = {"soh": SOH, "\\x01": SOH, "\\u0001": SOH, "^a": SOH, "pipe": b"|"}
 
 
@@ -104,8 +105,6 @@ def decode_pairs(msg: bytes, sep: bytes = SOH) -> list[tuple[str, str]]:
         pairs.append((tag.decode(), _text(value)))
     return pairs
 
-
-_DATA_TAGS_B = frozenset(t.encode() for t in _DATA_TAGS)
 
 
 def _decode_slow(msg: bytes, sep: bytes) -> list[tuple[str, str]]:
@@ -182,28 +181,28 @@ def encode(obj: dict[str, Any], sep: bytes = SOH) -> bytes:
 
 
 def to_message(line: bytes, sep: bytes, skip_msg_types: tuple[str, ...] | frozenset[str]
-               ) -> bytes | None:
-    """A published FIX line as the JSON bytes stored in the log, or None when its MsgType
-    (35) is one the topic skips (session-level messages by default).
+               ) -> tuple[bytes, dict[str, Any] | None] | None:
+    """A published FIX line as ``(JSON bytes stored in the log, the decoded object)``, or None
+    when its MsgType (35) is one the topic skips (session-level messages by default).
 
     A line that is already a JSON object (``{...}``, e.g. from the Python API) is taken as
-    the decoded form and passes through.
+    the decoded form and passes through as ``(line, None)``: the common JSON checks decode it.
 
     Raises:
-        MessageError: ``bad_fix`` (see :func:`decode_pairs`), ``bad_json``.
+        MessageError: ``bad_fix`` (see :func:`decode_pairs`).
     """
     if line[:1] == b"{":
         if skip_msg_types:
             try:
                 mt = orjson.loads(line).get("35")
             except (orjson.JSONDecodeError, AttributeError):
-                return line  # reported with its reason by the common JSON checks
+                return line, None  # reported with its reason by the common JSON checks
             if mt in skip_msg_types:
                 return None
-        return line
+        return line, None
     obj = decode(line, sep)
     if not obj:
         raise MessageError("bad_fix", "no tag=value fields")
     if obj.get("35") in skip_msg_types:
         return None
-    return orjson.dumps(obj)
+    return orjson.dumps(obj), obj

@@ -106,13 +106,20 @@ def partition_for(obj: dict[str, Any], topic: TopicConfig, sow_key: str) -> int:
     return partition_of_key(sow_key, topic.partitions)
 
 
-def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None) -> Parsed:
+def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None,
+          obj: dict[str, Any] | None = None) -> Parsed:
     """Decode a message, compute its SOW key and partition. Raises MessageError.
+
+    Args:
+        obj: the message already decoded from ``data`` (its size is still checked).
 
     On a chaining topic the SOW key is left ``""`` (the worker resolves the chain); the
     message must carry the primary or a secondary field.
     """
-    obj = decode(data, topic)
+    if obj is None:
+        obj = decode(data, topic)
+    else:
+        check_size(data, topic)
     if topic.chaining:
         if supplied_key:
             raise MessageError("bad_sow_key", f"topic '{topic.name}' uses the chaining key "

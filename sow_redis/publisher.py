@@ -115,15 +115,16 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             continue
         try:
             data, opts = unwrap(data)
+            obj = None
             if is_fix:
-                fix_data = to_message(data, sep, skip)
-                if fix_data is None:
+                converted = to_message(data, sep, skip)
+                if converted is None:
                     result.skipped += 1
                     continue
-                data = fix_data
+                data, obj = converted
             sow_key = opts.get("sow_key", sow_key)
             expiration = check_expiration(opts.get("expiration", expiration))
-            parsed = parse(data, topic, sow_key)
+            parsed = parse(data, topic, sow_key, obj)
         except MessageError as exc:
             result.rejected.append(Rejected(pos, exc.reason, exc.detail))
             continue
