@@ -39,6 +39,7 @@ import orjson
 
 from . import keys
 from .errors import ConfigError, UnknownTopicError
+from .fix import separator
 from .values import split_path
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,200}$")
@@ -345,9 +346,12 @@ def _check_fix(where: str, t: dict[str, Any], d: dict[str, Any], problems: list[
     if not is_fix:
         return
     sep = t.get("field_separator", "\x01")
-    if not isinstance(sep, str) or len(sep) != 1 or sep in "=0123456789":
-        problems.append(f"{where}: 'field_separator' must be one character other than '=' and "
-                        f"digits (SOH \"\\u0001\" by default, or \";\", \"|\"), got {sep!r}")
+    try:
+        if not isinstance(sep, str):
+            raise ValueError(f"a FIX field separator is a string like \";\", got {sep!r}")
+        d["field_separator"] = separator(sep).decode()
+    except ValueError as exc:
+        problems.append(f"{where}: 'field_separator': {exc}")
     skip = t.get("skip_msg_types", list(FIX_SESSION_MSG_TYPES))
     if not isinstance(skip, list) or not all(isinstance(x, str) and x for x in skip):
         problems.append(f"{where}: 'skip_msg_types' must be a list of MsgType (35) values, "
