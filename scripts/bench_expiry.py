@@ -71,6 +71,7 @@ from sow_redis.jobs import drain_partition
 from sow_redis.publisher import append
 from sow_redis.query import get_records, scan_partition, server_ms
 from sow_redis.settings import Settings
+from sow_redis.status import error_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -404,8 +405,8 @@ def load_sow(r: Redis, t: TopicConfig, n: int, first_due_ms: int, window_ms: int
     t2 = time.perf_counter()
     if applied != n:
         raise BenchError(f"applied {applied} log entries, expected {n}")
-    if r.xlen(keys.errors(t.name)):
-        raise BenchError(f"error stream of {t.name} is not empty: {r.xrange(keys.errors(t.name), count=3)}")
+    if error_count(r, t):
+        raise BenchError(f"error streams of {t.name} are not empty: {error_count(r, t)} entries")
     # applied entries are no longer needed: free the memory of the logs
     for p in range(t.partitions):
         r.xtrim(keys.log(t.name, p), maxlen=0)

@@ -65,10 +65,11 @@ def applied_counts(r: Any, t: Any) -> tuple[int, int, int]:
     """``(records, sum of the partitions' change sequences, error stream length)`` of a topic:
     after a run, records = distinct keys and the seq sum = messages applied exactly once."""
     from sow_redis import keys
+    from sow_redis.status import error_count
 
     pipe = r.pipeline(transaction=False)
     for p in range(t.partitions):
         pipe.hlen(keys.records(t.name, p))
         pipe.hget(keys.state(t.name, p), "seq")
     res = pipe.execute()
-    return sum(res[0::2]), sum(int(s or 0) for s in res[1::2]), r.xlen(keys.errors(t.name))
+    return sum(res[0::2]), sum(int(s or 0) for s in res[1::2]), error_count(r, t)

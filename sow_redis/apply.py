@@ -1,9 +1,11 @@
 """Worker side: read a partition's log from its applied cursor and apply it with apply.lua.
 
 One :func:`apply_batch` call reads up to ``batch_size`` entries after the cursor, turns them
-into apply ops (SOW keys, delta merges, hash-index members), sends rejected entries to the
-topic's error stream, and makes one atomic Lua call (ARCHITECTURE §3). The Lua call checks
-the fencing token and the cursor, so each log entry is applied exactly once, in order.
+into apply ops (SOW keys, delta merges, hash-index members) and rejections, and makes one
+atomic Lua call (ARCHITECTURE §3). The Lua call checks the fencing token and the cursor, so
+each log entry is applied, or written to the partition's error stream, exactly once, in order.
+Every entry sees the SOW as of its own log time: a record due at or before an entry's stream
+id time is gone for that entry (expired first, with its event and dead letter).
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
 from . import chaining, keys
 from .chaining import ChainConflict, ChainIds, ChainResolver
 from .config import TopicConfig
-from .errors import ConflictError, FilterSyntaxError, MessageError
+from .errors import ConflictError, FencedError, FilterSyntaxError, MessageError
 from .messages import (
     COMMANDS,
     check_expiration,
@@ -31,21 +34,23 @@ from .messages import (
 )
 from .records import seq_of
 from .scripts import Scripts, attached
+from .sowkey import is_valid_user_key
 
 log = logging.getLogger(__name__)
 
-ERRORS_MAXLEN = 100_000
-"""Approximate cap on entries kept in a topic's error stream."""
 
 
 @dataclass
 class _Plan:
     ops: list[Any] = field(default_factory=list)
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    # rejected entries: (stream id, reason, detail, cmd, data, sow_key), written by apply.lua
+    errors: list[tuple[str, str, str, bytes, bytes, bytes]] = field(default_factory=list)
     # validation reports of chain conflicts: (field, value) of keys.chain_conflicts
     conflicts: list[tuple[str, bytes]] = field(default_factory=list)
-    # sow_key -> (obj or None if absent/deleted) as it stands after the ops planned so far
-    state: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # sow_key -> (obj or None if absent/deleted, expiry ms or 0) after the ops planned so far
+    state: dict[str, tuple[dict[str, Any] | None, int]] = field(default_factory=dict)
+    # sow_key -> the seq its record had when the worker read it (compare-and-set in apply.lua)
+    checks: dict[str, str] = field(default_factory=dict)
 
 
 def _raw_xrange_client(r: Any) -> Any:
@@ -81,51 +86,86 @@ def read_cursor(r: Any, topic: str, p: int) -> str:
     return c.decode() if c else "0-0"
 
 
-def _reject(plan: _Plan, sid: str, fields: dict[bytes, bytes], reason: str, detail: str,
+def _rejection(exc: BaseException) -> tuple[str, str]:
+    """``(reason, detail)`` for whatever one log entry raised while it was planned: a bad
+    entry goes to the error stream with its reason, it never stops the partition."""
+    if isinstance(exc, MessageError):
+        return exc.reason, exc.detail
+    if isinstance(exc, FilterSyntaxError):
+        return "bad_filter", str(exc)
+    if isinstance(exc, RecursionError):
+        return "too_deep", "the message or filter nests too deeply to process"
+    if isinstance(exc, UnicodeDecodeError):
+        return "bad_encoding", f"not UTF-8 text: {exc.reason} at byte {exc.start}"
+    if isinstance(exc, orjson.JSONEncodeError):
+        return "bad_message", f"cannot be stored as JSON: {exc}"
+    return "bad_entry", f"{type(exc).__name__}: {exc}"
+
+
+def _reject(plan: _Plan, sid: str, fields: dict[bytes, bytes], exc: BaseException,
             p: int) -> None:
-    plan.errors.append({
-        "reason": reason,
-        "detail": detail,
-        "id": sid,
-        "partition": str(p),
-        "cmd": (fields.get(b"cmd") or b""),
-        "data": (fields.get(b"data") or b""),
-        "sow_key": (fields.get(b"sow_key") or b""),
-    })
+    reason, detail = _rejection(exc)
+    plan.errors.append((sid, reason, detail, fields.get(b"cmd") or b"",
+                        fields.get(b"data") or fields.get(b"filter") or fields.get(b"keys")
+                        or b"", fields.get(b"sow_key") or b""))
+    log.warning("partition %d: entry %s rejected: %s: %s", p, sid, reason, detail)
+
+
+def _ms(sid: str) -> int:
+    return int(sid.split("-", 1)[0])
 
 
 def _current(r: Any, topic: TopicConfig, p: int, plan: _Plan, key: str,
-             prefetched: dict[str, bytes | None]) -> dict[str, Any] | None:
-    """The record's object as it stands in this batch so far (reading Redis on first touch)."""
+             prefetched: dict[str, bytes | None], at_ms: int) -> dict[str, Any] | None:
+    """The record's object as an entry logged at ``at_ms`` sees it: as it stands in this batch
+    so far (reading Redis on first touch), or None when absent or, with expiration enabled,
+    due at or before ``at_ms`` (apply.lua then removes it as an expiry before the op)."""
     if key in plan.state:
-        return plan.state[key]
-    raw = prefetched[key] if key in prefetched else r.hget(keys.records(topic.name, p), key)
-    obj = None if raw is None else orjson.loads(raw.partition(b"\n")[2])
-    plan.state[key] = obj
-    # compare-and-set: the record must still be at this version when the batch applies
-    plan.ops.append(("check", key, seq_of(raw)))
+        obj, exp = plan.state[key]
+    else:
+        raw = prefetched[key] if key in prefetched else r.hget(keys.records(topic.name, p), key)
+        if raw is None:
+            obj, exp = None, 0
+        else:
+            head, _, body = raw.partition(b"\n")
+            obj, exp = orjson.loads(body), int(head.split(b":", 2)[1])
+        plan.state[key] = (obj, exp)
+        # compare-and-set: the record must still be at this version when the batch applies
+        plan.checks[key] = seq_of(raw)
+    if obj is not None and exp and topic.expiration_enabled and exp <= at_ms:
+        return None
     return obj
 
 
 _COMMANDS = {c.encode(): c for c in COMMANDS}
 
 
+def _delete_keys(fields: dict[bytes, bytes]) -> list[str]:
+    """The SOW keys of a ``sow_delete`` by keys. Raises MessageError ``bad_sow_key``."""
+    out = [k for k in fields[b"keys"].decode().split(",") if k]
+    for k in out:
+        if not is_valid_user_key(k):
+            raise MessageError("bad_sow_key", f"SOW key {k[:80]!r} has characters outside Base64")
+    return out
+
+
 def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes, bytes],
                 plan: _Plan, prefetched: dict[str, bytes | None],
                 chains: ChainResolver | None, pre: dict[str, _Pre]) -> None:
+    """Add the ops of one log entry to ``plan``. Everything that can fail runs before the plan,
+    the chain view or the batch state change, so a rejected entry leaves no trace."""
     cmd_b = fields.get(b"cmd") or b"publish"
     cmd = _COMMANDS.get(cmd_b) or cmd_b.decode(errors="replace")
     if cmd not in COMMANDS:
-        raise MessageError("bad_command", f"unknown cmd {cmd!r}")
+        raise MessageError("bad_command", f"unknown cmd {cmd[:80]!r}")
     data = fields.get(b"data")
     supplied = fields.get(b"sow_key")
-    supplied_s = supplied.decode(errors="replace") if supplied else None
+    supplied_s = supplied.decode() if supplied else None
     if cmd == "sow_delete" and data is None:
         if b"keys" in fields:
-            for k in fields[b"keys"].decode().split(","):
-                if k:
-                    plan.ops.append(("sow_delete", sid, k, "", "", "-", ""))
-                    plan.state[k] = None
+            ks = _delete_keys(fields)
+            plan.ops += [("sow_delete", sid, k, "", "", "-", "") for k in ks]
+            plan.state.update((k, (None, 0)) for k in ks)
         elif b"filter" in fields:
             raise AssertionError("filter deletes are planned by _filter_delete_ops")
         else:
@@ -149,24 +189,26 @@ def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes
         key = chaining.sow_key(topic, res.head)
     else:
         key = parsed.sow_key
+    at_ms = _ms(sid)
     if cmd == "sow_delete":  # the record this data would update; chains are left as they are
-        _current(r, topic, p, plan, key, prefetched)
-        plan.ops.append(("sow_delete", sid, key, "", "", "-", ""))
-        plan.ops.append(("ack", sid, "", "", "", "-", ""))
-        plan.state[key] = None
+        _current(r, topic, p, plan, key, prefetched, at_ms)
+        plan.ops += [("sow_delete", sid, key, "", "", "-", ""), ("ack", sid, "", "", "", "-", "")]
+        plan.state[key] = (None, 0)
         return
     ttl = check_expiration(fields[b"expiration"]) if b"expiration" in fields else None
     if cmd == "delta_publish":
-        base = _current(r, topic, p, plan, key, prefetched)
+        base = _current(r, topic, p, plan, key, prefetched, at_ms)
         if base is not None:
             obj = merge(base, obj)
             data = orjson.dumps(obj)
     ex = expiry_for(topic, ttl, sid)
+    members = index_members(obj, topic, key)
+    # nothing below can fail: commit the chain view, the ops and the batch state
     if res is not None:
-        for ident, head in chains.commit(res):  # type: ignore[union-attr]
-            plan.ops.append(("chain", sid, ident, head, "", "-", ""))
-    plan.state[key] = None if ex == "now" else obj
-    plan.ops.append((cmd, sid, key, data, ex, "-", index_members(obj, topic, key)))
+        plan.ops += [("chain", sid, ident, head, "", "-", "")
+                     for ident, head in chains.commit(res)]  # type: ignore[union-attr]
+    plan.state[key] = (None, 0) if ex == "now" else (obj, int(ex) if ex else 0)
+    plan.ops.append((cmd, sid, key, data, ex, "-", members))
 
 
 _Pre = tuple["bytes | None", "dict[str, Any]", ChainIds]
@@ -185,7 +227,7 @@ def _chain_ids(topic: TopicConfig, entries: list) -> dict[str, _Pre]:
             obj = orjson.loads(data)
             if isinstance(obj, dict):
                 out[sid.decode()] = (fields.get(b"cmd"), obj, chaining.chain_values(obj, topic))
-        except (orjson.JSONDecodeError, MessageError):
+        except Exception:  # noqa: BLE001 - such entries are rejected with a reason when planned
             continue
     return out
 
@@ -235,50 +277,46 @@ def _filter_delete_ops(r: Any, topic: TopicConfig, p: int, sid: str, text: str) 
     return ops
 
 
-def _flatten(ops: list) -> list[Any]:
-    """ARGV tail for apply.lua: 5 fields per op (op, id, key, data, meta); a "check" op folds
-    its expected seq into the next op on the same key."""
-    expects: dict[str, str] = {}
-    argv: list[Any] = []
-    for op in ops:
-        if op[0] == "check":
-            expects[op[1]] = op[2]
-            continue
-        o, sid, key, data, ex, expect, members = op
-        expect = expects.pop(key, expect)
+_KEYED_OPS = frozenset(("publish", "delta_publish", "sow_delete"))
+
+
+def _flatten(plan: _Plan) -> list[Any]:
+    """ARGV tail for apply.lua: the rejected entries (6 fields each, after their count), then
+    5 fields per op (op, id, key, data, meta); the first op on a record the worker read
+    carries the seq it read (compare-and-set)."""
+    checks = dict(plan.checks)
+    argv: list[Any] = [len(plan.errors)]
+    for err in plan.errors:
+        argv += err
+    for o, sid, key, data, ex, expect, members in plan.ops:
+        if o in _KEYED_OPS and key in checks:
+            expect = checks.pop(key)
         meta = "" if not ex and expect == "-" and not members else f"{ex}|{expect}|{members}"
         argv += [o, sid, key, data, meta]
-    assert not expects, "every checked record is followed by an op on it"
     return argv
 
 
-def _call(scripts: Scripts, topic: TopicConfig, p: int, fence: int, first: str, last: str,
-          ops: list) -> Any:
+def _call(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int, first: str,
+          last: str, plan: _Plan) -> Any:
+    if plan.conflicts:  # chain-conflict reports (validation): idempotent HSETs by stream id
+        r.hset(keys.chain_conflicts(topic.name), mapping=dict(plan.conflicts))
     return scripts.apply(
         keys.partition_keys(topic.name, p, len(topic.hash_index)),
         [fence, keys.channel(topic.name), topic.name, first, last, len(topic.hash_index),
-         "1" if topic.dead_letter else "0", *_flatten(ops)],
+         "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0", p,
+         *_flatten(plan)],
     )
-
-
-def _write_errors(r: Any, topic: TopicConfig, plan: _Plan) -> None:
-    errors = plan.errors
-    if not errors:
-        return
-    pipe = r.pipeline(transaction=False)
-    for e in errors:
-        pipe.xadd(keys.errors(topic.name), e, maxlen=ERRORS_MAXLEN, approximate=True)
-    for fld, value in plan.conflicts:
-        pipe.hset(keys.chain_conflicts(topic.name), fld, value)
-    pipe.execute()
-    for e in errors:
-        log.warning("topic %s: entry %s rejected: %s: %s", topic.name, e["id"], e["reason"],
-                    e["detail"])
 
 
 def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                 batch_size: int, cursor: str | None = None) -> tuple[int, str]:
     """Apply the next batch of partition ``p``'s log.
+
+    A log entry that cannot be applied (bad JSON, missing key, two chains, a filter that
+    does not parse or evaluate, anything it raises) goes to the partition's error stream with
+    its reason, written by the same atomic call that moves the cursor past it. When the Lua
+    call of a whole batch fails, the batch is retried entry by entry, so one bad entry never
+    holds back the others.
 
     Args:
         cursor: the applied cursor when the caller knows it (saves a round trip), else read.
@@ -290,6 +328,7 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
     Raises:
         FencedError: the lease was taken over; stop working on this partition.
         ConflictError: records kept changing under the worker for 5 attempts in a row.
+        redis.exceptions.RedisError: Redis is unreachable or refused a command.
     """
     for _attempt in range(5):
         if cursor is None:
@@ -298,13 +337,48 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
         if not entries:
             return 0, cursor
         try:
-            _apply_entries(r, scripts, topic, p, fence, entries)
+            try:
+                _apply_entries(r, scripts, topic, p, fence, entries)
+            except _TRANSIENT:
+                raise
+            except Exception as exc:  # noqa: BLE001 - isolate the entry that fails the batch
+                log.warning("topic %s[%d]: batch of %d failed (%s); retrying entry by entry",
+                            topic.name, p, len(entries), exc)
+                _apply_one_by_one(r, scripts, topic, p, fence, entries)
             return len(entries), entries[-1][0].decode()
         except ConflictError:
             # a record changed (e.g. expired) between our read and the apply: plan again
             cursor = None
             continue
     raise ConflictError(f"topic {topic.name} partition {p}: records keep changing under the worker")
+
+
+_TRANSIENT = (FencedError, ConflictError, RedisError)
+"""Failures that say nothing about the entries: never turned into rejections."""
+
+
+def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+                      entries: list) -> None:
+    """Apply ``entries`` one per Lua call; an entry whose call fails is rejected (written to
+    the error stream by a call that only moves the cursor past it)."""
+    cursor = read_cursor(r, topic.name, p)
+    for raw_sid, fields in entries:
+        sid = raw_sid.decode()
+        if _id_tuple(sid) <= _id_tuple(cursor):
+            continue  # applied by an earlier segment of the failed batch
+        try:
+            _apply_entries(r, scripts, topic, p, fence, [(raw_sid, fields)])
+        except _TRANSIENT:
+            raise
+        except Exception as exc:  # noqa: BLE001 - this entry cannot be applied: reject it
+            plan = _Plan()
+            _reject(plan, sid, fields, exc, p)
+            _call(r, scripts, topic, p, fence, sid, sid, plan)
+
+
+def _id_tuple(sid: str) -> tuple[int, int]:
+    a, _, b = sid.partition("-")
+    return int(a), int(b or 0)
 
 
 def _is_filter_delete(fields: dict[bytes, bytes]) -> bool:
@@ -325,8 +399,7 @@ def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: 
 
     def flush(last: str) -> None:
         nonlocal plan, seg_first, prefetched
-        _write_errors(r, topic, plan)
-        _call(scripts, topic, p, fence, seg_first or last, last, plan.ops)
+        _call(r, scripts, topic, p, fence, seg_first or last, last, plan)
         plan, seg_first, prefetched = _Plan(), None, {}
 
     for raw_sid, fields in entries:
@@ -337,8 +410,10 @@ def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: 
                 flush(prev_sid)
             try:
                 plan.ops = _filter_delete_ops(r, topic, p, sid, fields[b"filter"].decode())
-            except FilterSyntaxError as exc:
-                _reject(plan, sid, fields, "bad_filter", str(exc), p)
+            except RedisError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bad filter is this entry's problem
+                _reject(plan, sid, fields, exc, p)
             seg_first = sid
             flush(sid)
         else:
@@ -346,8 +421,10 @@ def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: 
                 seg_first = sid
             try:
                 _plan_entry(r, topic, p, sid, fields, plan, prefetched, chains, pre)
-            except MessageError as exc:
-                _reject(plan, sid, fields, exc.reason, exc.detail, p)
+            except RedisError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any entry-level failure is a rejection
+                _reject(plan, sid, fields, exc, p)
                 if isinstance(exc, ChainConflict) and topic.chain_validation:
                     plan.conflicts.append(chaining.conflict_report(p, sid, exc))
         prev_sid = sid

@@ -223,13 +223,27 @@ class Sow:
         return Subscription(self.r, topic, filter)
 
     def errors(self, topic: str, count: int = 100) -> list[dict[str, Any]]:
-        """The newest entries of the topic's error stream (rejected log entries), oldest first."""
-        out = []
-        for sid, fields in reversed(self.r.xrevrange(keys.errors(topic), count=count)):
-            e = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
-            e["error_id"] = sid.decode()
-            out.append(e)
-        return out
+        """The newest ``count`` entries of the topic's error streams (log entries the workers
+        rejected, one stream per partition, and dead letters that could not be forwarded),
+        oldest first. Each is a dict of text fields: ``reason``, ``detail``, ``id`` (the log
+        entry), ``partition``, ``cmd``, ``data``, ``sow_key`` and ``error_id``.
+
+        Raises:
+            UnknownTopicError: the topic is not defined.
+        """
+        t = self.topic(topic)
+        pipe = self.r.pipeline(transaction=False)
+        for stream in keys.error_streams(t.name, t.partitions):
+            pipe.xrevrange(stream, count=count)
+        newest: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        for entries in pipe.execute():
+            for sid, fields in entries:
+                e = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
+                e["error_id"] = sid.decode()
+                ms, _, n = e["error_id"].partition("-")
+                newest.append(((int(ms), int(n)), e))
+        newest.sort(key=lambda item: item[0])
+        return [e for _order, e in newest[-count:]] if count > 0 else []
 
 
 class Subscription:

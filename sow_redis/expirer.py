@@ -60,13 +60,15 @@ def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig) -> tuple[int, int
     for p in range(topic.partitions):
         scripts.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
                       [keys.channel(topic.name), topic.name, n_idx, dl, BATCH])
-    expired, next_due, now = 0, -1, 0
-    for n, nd, t in scripts.execute(pipe):
+    expired, next_due, now, outbox = 0, -1, 0, 0
+    for n, nd, t, dead in scripts.execute(pipe):
         expired += n
+        outbox += dead
         now = max(now, t)
         if nd >= 0 and (next_due < 0 or nd < next_due):
             next_due = nd
-    if expired and topic.dead_letter:
+    if outbox and topic.dead_letter:
+        # expired here, or by a worker before an entry logged after the due time
         forward_dead_letters(r, topic)
     return expired, next_due, now
 
@@ -98,8 +100,9 @@ def forward_dead_letters(r: Any, topic: TopicConfig) -> int:
             continue
         msgs = []
         for _sid, f in entries:
-            body = (b'{"sow_key":"%s","topic":"%s","expiry_ms":%s,"reason":"expired","data":%s}'
-                    % (f[b"sow_key"], f[b"topic"], f[b"expiry_ms"], f[b"data"]))
+            body = orjson.dumps({"sow_key": f[b"sow_key"].decode(), "topic": f[b"topic"].decode(),
+                                 "expiry_ms": int(f[b"expiry_ms"]), "reason": "expired",
+                                 "data": orjson.Fragment(f[b"data"])})
             msgs.append(("publish", body, f[b"sow_key"].decode() if dl.publisher_keys else None))
         res = append(r, dl, msgs)
         sow._after_append(dl, res.last_ids, False, 0)

@@ -88,8 +88,21 @@ def index(topic: str, p: int, n: int) -> str:
 
 
 def errors(topic: str) -> str:
-    """STREAM: messages a worker could not apply, with reason and original bytes."""
+    """STREAM: topic-level rejections outside a partition's apply (dead letters the expirer
+    could not forward), with reason and original bytes."""
     return "{sow:%s}:errors" % topic
+
+
+def partition_errors(topic: str, p: int) -> str:
+    """STREAM: log entries of partition ``p`` the workers could not apply, with reason and
+    original bytes; written by apply.lua in the same atomic call that moves the cursor past
+    them, so each rejected entry is written exactly once."""
+    return _tag(topic, p) + ":errors"
+
+
+def error_streams(topic: str, partitions: int) -> list[str]:
+    """Every error stream of a topic: the topic-level one, then one per partition."""
+    return [errors(topic)] + [partition_errors(topic, p) for p in range(partitions)]
 
 
 def channel(topic: str) -> str:
@@ -98,7 +111,8 @@ def channel(topic: str) -> str:
 
 
 def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
-    """The KEYS of ``apply.lua`` and ``expire.lua`` for one partition, in the scripts' order."""
+    """The KEYS of ``apply.lua`` and ``expire.lua`` for one partition, in the scripts' order
+    (lua/include/remove_record.lua ``partition_context``)."""
     return [
         records(topic, p),
         state(topic, p),
@@ -107,6 +121,8 @@ def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
         index_members(topic, p),
         dead_letters(topic, p),
         chain(topic, p),
+        partition_errors(topic, p),
+        log(topic, p),
     ] + [index(topic, p, n) for n in range(n_indexes)]
 
 
@@ -115,5 +131,5 @@ def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]
     out = [errors(topic), chain_conflicts(topic)]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
-        out += [log(topic, p), lease(topic, p), job_marker(topic, p)]
+        out += [lease(topic, p), job_marker(topic, p)]
     return out

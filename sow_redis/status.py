@@ -32,9 +32,17 @@ def topic_status(r: Any, topic: TopicConfig) -> dict[str, Any]:
         "records": sum(x["records"] for x in parts),
         "log_entries": sum(x["log"] for x in parts),
         "pending": sum(pending),
-        "errors": r.xlen(keys.errors(topic.name)),
+        "errors": error_count(r, topic),
         "partitions": parts,
     }
+
+
+def error_count(r: Any, topic: TopicConfig) -> int:
+    """Entries in the topic's error streams (topic level plus one per partition)."""
+    pipe = r.pipeline(transaction=False)
+    for stream in keys.error_streams(topic.name, topic.partitions):
+        pipe.xlen(stream)
+    return sum(pipe.execute())
 
 
 def expiry_stats(r: Any, topic: TopicConfig) -> dict[str, Any]:

@@ -2,24 +2,26 @@
   apply: apply one batch of a partition's transaction log to the SOW, atomically.
 
   Checks the fencing token and that the batch is newer than the applied cursor, checks the
-  expected record versions (compare-and-set for delta merges done by the worker), then
-  upserts / deletes records, keeps expiry scores and hash-index members, moves the cursor,
-  counts sow_delete results and publishes one change event per change (skipped when the
-  channel has no subscriber and no pattern subscription exists: nobody could receive it).
+  expected record versions (compare-and-set for delta merges done by the worker), writes the
+  batch's rejected entries to the partition's error stream, then upserts / deletes records,
+  keeps expiry scores and hash-index members, moves the cursor, counts sow_delete results and
+  publishes one change event per change (skipped when nobody subscribes).
+
+  Every entry sees the SOW as of its own log time (ARCHITECTURE §5; issue "deltas race
+  expiry"): when the topic's expiration is enabled and the stored record of an op's SOW key
+  was due at or before the op's stream id time, the record is first removed as an expiry
+  (event reason "expired", dead-letter copy), then the op runs on an absent record.
 
   Input:
-    KEYS[1] records   HASH  sow_key -> "<seq>:<expiry ms>:<stream id>\n<data>"
-    KEYS[2] state     HASH  cursor, seq, fence
-    KEYS[3] expiry    ZSET  sow_key -> expiry ms
-    KEYS[4] acks      HASH  stream id -> records removed by that sow_delete
-    KEYS[5] ixm       HASH  sow_key -> comma-separated hash-index members
-    KEYS[6] dead      STREAM dead-letter outbox (expired records for the dead_letter topic)
-    KEYS[7] chain     HASH  chain identifier -> chain head (chaining key generator, seeds/003)
-    KEYS[8..7+n]      ZSET  hash index i (members "<value hash>:<sow_key>", score 0)
+    KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
+          dead, chain, errors, log, hash indexes)
     ARGV[1] fencing token          ARGV[2] pub/sub channel     ARGV[3] topic name
     ARGV[4] first stream id of the batch   ARGV[5] last stream id of the batch
     ARGV[6] n (number of hash indexes)     ARGV[7] "1" when the topic has a dead_letter topic
-    ARGV[8..] ops, 5 fields each: op, stream id, sow_key, data, meta
+    ARGV[8] "1" when the topic's expiration is enabled     ARGV[9] partition number
+    ARGV[10] e (number of rejected entries), then e × 6 fields:
+              stream id, reason, detail, cmd, data, sow_key   (→ XADD errors, exactly once)
+    then ops, 5 fields each: op, stream id, sow_key, data, meta
               op: "publish" | "delta_publish" (upsert), "sow_delete" (delete), "ack",
                   "chain" (sow_key field = chain identifier, data = its chain head)
               meta: "" (no expiry, unchecked, no index members) or
@@ -33,25 +35,30 @@
     Error replies: "SOW_FENCED …" (stale fencing token), "SOW_CONFLICT <sow_key>" (a record
     changed since the worker read it; nothing was written), "SOW_BADARGS …" (malformed call).
 ]]
-local rec, state, exp, acks, ixm = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local fence, chan, topic = ARGV[1], ARGV[2], ARGV[3]
 local first_id, last_id, nidx = ARGV[4], ARGV[5], tonumber(ARGV[6])
-local dead_letter = ARGV[7] == "1"
-local FIRST, WIDTH = 8, 5
+local dead_letter, expiring, partition = ARGV[7] == "1", ARGV[8] == "1", ARGV[9]
+local nerr = tonumber(ARGV[10])
+local ERR_FIRST, ERR_WIDTH, WIDTH = 11, 6, 5
+local FIRST = ERR_FIRST + ERR_WIDTH * (nerr or 0)
+local ERRORS_MAXLEN = 100000
 
-local listeners = redis.call("PUBSUB", "NUMSUB", chan)[2] > 0 or
-  redis.call("PUBSUB", "NUMPAT") > 0
-
+--@include event
 --@include remove_record
 
-if (#ARGV - FIRST + 1) % WIDTH ~= 0 then
+if not nerr or (#ARGV - FIRST + 1) % WIDTH ~= 0 then
   return redis.error_reply("SOW_BADARGS ops must have " .. WIDTH .. " fields each")
+end
+local P = partition_context(chan, topic, nidx)
+
+local function id_parts(id)
+  local ms, s = string.match(id, "^(%d+)-(%d+)$")
+  return tonumber(ms), tonumber(s)
 end
 
 local function id_less_eq(a, b)
-  local ams, aseq = string.match(a, "^(%d+)-(%d+)$")
-  local bms, bseq = string.match(b, "^(%d+)-(%d+)$")
-  ams, aseq, bms, bseq = tonumber(ams), tonumber(aseq), tonumber(bms), tonumber(bseq)
+  local ams, aseq = id_parts(a)
+  local bms, bseq = id_parts(b)
   return ams < bms or (ams == bms and aseq <= bseq)
 end
 
@@ -60,7 +67,7 @@ local function parse_meta(meta)
   return string.match(meta, "^([^|]*)|([^|]*)|(.*)$")
 end
 
-local meta = redis.call("HMGET", state, "fence", "cursor", "seq")
+local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
 if meta[1] ~= fence then
   return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
 end
@@ -75,7 +82,7 @@ for i = FIRST, #ARGV, WIDTH do
   if ARGV[i + 4] ~= "" then
     local _, expect = parse_meta(ARGV[i + 4])
     if expect ~= "-" then
-      local cur = redis.call("HGET", rec, ARGV[i + 2])
+      local cur = redis.call("HGET", P.rec, ARGV[i + 2])
       local cur_seq = "0"
       if cur then cur_seq = string.match(cur, "^(%d+):") end
       if cur_seq ~= expect then
@@ -85,61 +92,81 @@ for i = FIRST, #ARGV, WIDTH do
   end
 end
 
-local has_expiry = redis.call("EXISTS", exp) == 1
+for i = ERR_FIRST, FIRST - 1, ERR_WIDTH do
+  redis.call("XADD", P.errors, "MAXLEN", "~", ERRORS_MAXLEN, "*",
+    "reason", ARGV[i + 1], "detail", ARGV[i + 2], "id", ARGV[i], "partition", partition,
+    "cmd", ARGV[i + 3], "data", ARGV[i + 4], "sow_key", ARGV[i + 5])
+end
+
+-- the stored record of key as seen by an op logged at id: nil when absent, or when it was due
+-- at or before that time (then it is removed as an expiry first)
+local function live_record(key, id)
+  local old = redis.call("HGET", P.rec, key)
+  if old and expiring then
+    local exp_ms = tonumber(header_field(old, 2))
+    if exp_ms > 0 and exp_ms <= id_parts(id) then
+      seq = seq + 1
+      remove_record(P, key, old, seq, "expired", nil, dead_letter)
+      return nil
+    end
+  end
+  return old
+end
+
+local has_expiry = redis.call("EXISTS", P.exp) == 1
 
 local applied = 0
 for i = FIRST, #ARGV, WIDTH do
   local op, id, key, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local ex, _, members = parse_meta(ARGV[i + 4])
   if op == "chain" then
-    redis.call("HSET", KEYS[7], key, data)
+    redis.call("HSET", P.chain, key, data)
   elseif op == "ack" then
-    redis.call("HSETNX", acks, id, 0)
-    redis.call("PEXPIRE", acks, 3600000)
+    redis.call("HSETNX", P.acks, id, 0)
+    redis.call("PEXPIRE", P.acks, 3600000)
   elseif op == "sow_delete" then
-    local old = redis.call("HGET", rec, key)
+    local old = live_record(key, id)
     if old then
       seq = seq + 1
-      remove_record(key, old, seq, "sow_delete", false)
-      redis.call("HINCRBY", acks, id, 1)
+      remove_record(P, key, old, seq, "sow_delete", id, false)
+      redis.call("HINCRBY", P.acks, id, 1)
       applied = applied + 1
     end
   elseif op == "publish" or op == "delta_publish" then
+    live_record(key, id)
     seq = seq + 1
     local exp_ms = ex
     if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
     local stored = seq .. ":" .. exp_ms .. ":" .. id .. "\n" .. data
-    redis.call("HSET", rec, key, stored)
+    redis.call("HSET", P.rec, key, stored)
     if ex ~= "" then
-      redis.call("ZADD", exp, exp_ms, key)
+      redis.call("ZADD", P.exp, exp_ms, key)
       has_expiry = true
     elseif has_expiry then
-      redis.call("ZREM", exp, key)
+      redis.call("ZREM", P.exp, key)
     end
     if nidx > 0 then
-      local om = redis.call("HGET", ixm, key)
+      local om = redis.call("HGET", P.ixm, key)
       if om ~= members then
         local news = split_members(members)
         local olds = {}
         if om then olds = split_members(om) end
         for j = 1, nidx do
           if olds[j] ~= news[j] then
-            if olds[j] and olds[j] ~= "" then redis.call("ZREM", KEYS[7 + j], olds[j]) end
-            if news[j] and news[j] ~= "" then redis.call("ZADD", KEYS[7 + j], 0, news[j]) end
+            if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
+            if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
           end
         end
-        redis.call("HSET", ixm, key, members)
+        redis.call("HSET", P.ixm, key, members)
       end
     end
-    if listeners then
-      redis.call("PUBLISH", chan, '{"topic":"' .. topic .. '","op":"' .. op .. '","sow_key":"' ..
-        key .. '","seq":' .. seq .. ',"id":"' .. id .. '","expiry_ms":' .. exp_ms ..
-        ',"data":' .. data .. '}')
+    if P.listeners then
+      redis.call("PUBLISH", chan, change_event(topic, op, key, seq, id, exp_ms, data, nil))
     end
     if ex == "now" then
       -- TTL 0 (expiration_policy "min"): delivered to current subscribers, never kept
       seq = seq + 1
-      remove_record(key, stored, seq, "expired", dead_letter)
+      remove_record(P, key, stored, seq, "expired", nil, dead_letter)
     end
     applied = applied + 1
   else
@@ -147,5 +174,5 @@ for i = FIRST, #ARGV, WIDTH do
   end
 end
 
-redis.call("HSET", state, "cursor", last_id, "seq", seq)
+redis.call("HSET", P.state, "cursor", last_id, "seq", seq)
 return {applied, last_id}

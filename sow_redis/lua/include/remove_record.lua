@@ -1,9 +1,24 @@
 --[[
-  include remove_record: shared by apply.lua and expire.lua (included textually by the loader).
-  Expects the partition KEYS layout: KEYS[1] records, KEYS[3] expiry, KEYS[5] ixm,
-  KEYS[6] dead-letter outbox, KEYS[8..7+nidx] hash indexes; and locals chan, topic, nidx,
-  listeners (false: nobody subscribes, skip the event).
+  include remove_record: record helpers shared by apply.lua and expire.lua (included textually
+  by the loader, after include event). Every function takes the partition context P as a
+  parameter, built by partition_context() from the scripts' common KEYS layout:
+    KEYS[1] records  KEYS[2] state  KEYS[3] expiry  KEYS[4] acks  KEYS[5] ixm
+    KEYS[6] dead-letter outbox  KEYS[7] chain  KEYS[8] errors  KEYS[9] log
+    KEYS[10..9+n] hash indexes
 ]]
+local function partition_context(chan, topic, nidx)
+  local idx = {}
+  for j = 1, nidx do idx[j] = KEYS[9 + j] end
+  return {
+    rec = KEYS[1], state = KEYS[2], exp = KEYS[3], acks = KEYS[4], ixm = KEYS[5],
+    dead = KEYS[6], chain = KEYS[7], errors = KEYS[8], log = KEYS[9], idx = idx,
+    chan = chan, topic = topic,
+    -- nobody subscribes: skip building and publishing events
+    listeners = redis.call("PUBSUB", "NUMSUB", chan)[2] > 0 or
+      redis.call("PUBSUB", "NUMPAT") > 0,
+  }
+end
+
 -- positional split on ","; an empty slot means "no member in that index"
 local function split_members(s)
   local out, start = {}, 1
@@ -18,6 +33,7 @@ local function split_members(s)
   end
 end
 
+-- field n (1 seq, 2 expiry ms, 3 stream id) of a stored record's header
 local function header_field(stored, n)
   local head = string.sub(stored, 1, string.find(stored, "\n", 1, true) - 1)
   local i = 0
@@ -29,28 +45,29 @@ end
 
 -- Remove a stored record with its expiry score and index members, publish a sow_delete event
 -- with the reason, and (reason "expired", dead_letter on) queue a dead-letter copy.
-local function remove_record(key, stored, seq, reason, dead_letter)
-  redis.call("HDEL", KEYS[1], key)
-  redis.call("ZREM", KEYS[3], key)
-  if nidx > 0 then
-    local om = redis.call("HGET", KEYS[5], key)
+-- cause_id: the log entry that removed it (a sow_delete); nil for an expiry, whose event
+-- carries the id of the entry that last wrote the record (and so set its expiry).
+local function remove_record(P, key, stored, seq, reason, cause_id, dead_letter)
+  redis.call("HDEL", P.rec, key)
+  redis.call("ZREM", P.exp, key)
+  if #P.idx > 0 then
+    local om = redis.call("HGET", P.ixm, key)
     if om then
       local olds = split_members(om)
-      for j = 1, nidx do
-        if olds[j] and olds[j] ~= "" then redis.call("ZREM", KEYS[7 + j], olds[j]) end
+      for j = 1, #P.idx do
+        if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
       end
-      redis.call("HDEL", KEYS[5], key)
+      redis.call("HDEL", P.ixm, key)
     end
   end
   local body = string.sub(stored, string.find(stored, "\n", 1, true) + 1)
-  local exp_ms, sid = header_field(stored, 2), header_field(stored, 3)
-  if listeners then
-    redis.call("PUBLISH", chan, '{"topic":"' .. topic .. '","op":"sow_delete","sow_key":"' ..
-      key .. '","seq":' .. seq .. ',"id":"' .. sid .. '","reason":"' .. reason ..
-      '","expiry_ms":' .. exp_ms .. ',"data":' .. body .. '}')
+  local exp_ms = header_field(stored, 2)
+  if P.listeners then
+    redis.call("PUBLISH", P.chan, change_event(P.topic, "sow_delete", key, seq,
+      cause_id or header_field(stored, 3), exp_ms, body, reason))
   end
   if dead_letter and reason == "expired" then
-    redis.call("XADD", KEYS[6], "*", "sow_key", key, "topic", topic, "expiry_ms", exp_ms,
+    redis.call("XADD", P.dead, "*", "sow_key", key, "topic", P.topic, "expiry_ms", exp_ms,
       "data", body)
   end
 end
