@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from . import chaining, keys
 from .chaining import ChainConflict, ChainIds, ChainResolver
@@ -99,6 +99,8 @@ def _rejection(exc: BaseException) -> tuple[str, str]:
         return "bad_encoding", f"not UTF-8 text: {exc.reason} at byte {exc.start}"
     if isinstance(exc, orjson.JSONEncodeError):
         return "bad_message", f"cannot be stored as JSON: {exc}"
+    if isinstance(exc, ResponseError):
+        return "apply_failed", f"the apply script failed on this entry: {exc}"
     return "bad_entry", f"{type(exc).__name__}: {exc}"
 
 
@@ -339,9 +341,9 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
         try:
             try:
                 _apply_entries(r, scripts, topic, p, fence, entries)
-            except _TRANSIENT:
-                raise
-            except Exception as exc:  # noqa: BLE001 - isolate the entry that fails the batch
+            except Exception as exc:
+                if _transient(exc):
+                    raise
                 log.warning("topic %s[%d]: batch of %d failed (%s); retrying entry by entry",
                             topic.name, p, len(entries), exc)
                 _apply_one_by_one(r, scripts, topic, p, fence, entries)
@@ -353,8 +355,21 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
     raise ConflictError(f"topic {topic.name} partition {p}: records keep changing under the worker")
 
 
-_TRANSIENT = (FencedError, ConflictError, RedisError)
-"""Failures that say nothing about the entries: never turned into rejections."""
+_SERVER_STATES = frozenset(("OOM", "BUSY", "LOADING", "READONLY", "NOSCRIPT", "MASTERDOWN",
+                            "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "NOAUTH", "WRONGPASS",
+                            "NOPERM", "MISCONF"))
+"""Error reply codes that describe the server's state, not the entries being applied."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """True for failures that say nothing about the entries (lease lost, record changed,
+    Redis unreachable, out of memory, read-only replica, …): never turned into rejections.
+    An error reply of the apply script itself (a Lua runtime error) is the entries' fault."""
+    if isinstance(exc, (FencedError, ConflictError)):
+        return True
+    if isinstance(exc, ResponseError):
+        return str(exc).split(" ", 1)[0] in _SERVER_STATES
+    return isinstance(exc, RedisError)
 
 
 def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
@@ -368,9 +383,9 @@ def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fenc
             continue  # applied by an earlier segment of the failed batch
         try:
             _apply_entries(r, scripts, topic, p, fence, [(raw_sid, fields)])
-        except _TRANSIENT:
-            raise
-        except Exception as exc:  # noqa: BLE001 - this entry cannot be applied: reject it
+        except Exception as exc:
+            if _transient(exc):
+                raise
             plan = _Plan()
             _reject(plan, sid, fields, exc, p)
             _call(r, scripts, topic, p, fence, sid, sid, plan)

@@ -16,28 +16,103 @@ from .errors import SowError
 from .settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
 
 
+def redact(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (never print a password)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(url)
+        if u.password is None:
+            return url
+        netloc = u.netloc.rsplit("@", 1)[1]
+        user = f"{u.username}:" if u.username else ":"
+        return urlunsplit(u._replace(netloc=f"{user}***@{netloc}"))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def _one_line(text: str, url: str) -> str:
+    """One line of error text with any password of ``url`` masked."""
+    from urllib.parse import urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        text = text.replace(password, "***")
+    return " ".join(text.split())
+
+
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Report SowError and unreachable Redis as one line (exit 1) instead of a traceback."""
+    """Turn every error of a command into one line on stderr and exit status 1 (click's own
+    usage errors keep status 2): SowError as its message, Redis failures by kind, anything
+    else as an internal error (``SOW_DEBUG=1`` shows the traceback)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis import exceptions as rx
 
         try:
             return fn(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+            raise
         except SowError as exc:
-            raise click.ClickException(str(exc)) from None
-        except RedisConnectionError as exc:
-            url = click.get_current_context().obj["settings"].redis_url
-            raise click.ClickException(f"cannot reach Redis at {url}: {exc}") from None
+            raise click.ClickException(_one_line(str(exc), _url())) from None
+        except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback
+            if os.environ.get("SOW_DEBUG"):
+                raise
+            url = _url()
+            where, msg = redact(url), _one_line(str(exc), url)
+            if isinstance(exc, rx.AuthenticationError):
+                text = f"authentication failed at {where}: {msg}"
+            elif isinstance(exc, (rx.ConnectionError, rx.TimeoutError)):
+                text = f"cannot reach Redis at {where}: {msg}"
+            elif isinstance(exc, rx.InvalidResponse):
+                text = f"{where} does not answer as a Redis server ({msg})"
+            elif isinstance(exc, rx.RedisError):
+                text = f"Redis at {where} refused: {msg}"
+            else:
+                text = (f"internal error: {type(exc).__name__}: {msg} "
+                        "(SOW_DEBUG=1 shows the traceback)")
+            raise click.ClickException(text) from None
 
     return wrapper
+
+
+def _url() -> str:
+    ctx = click.get_current_context(silent=True)
+    return ctx.find_root().obj["settings"].redis_url if ctx and ctx.find_root().obj else ""
+
+
+URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _settings(ctx: click.Context) -> Settings:
+    """The settings of a command that talks to Redis, with its URL checked.
+
+    Raises:
+        click.ClickException: a URL sow-redis cannot use, or ``memory://`` (each command is a
+            process of its own, so an in-process store would be empty for the next one).
+    """
+    settings: Settings = ctx.find_root().obj["settings"]
+    url = settings.redis_url
+    if url.startswith("memory://"):
+        raise click.ClickException(
+            "memory:// keeps the SOW inside one process, and every sow-redis command is a new "
+            "process: run 'sow-redis up' for a local redis-server, or use the Python API "
+            "Sow('memory://')")
+    if not url.startswith(URL_SCHEMES):
+        raise click.ClickException(
+            f"invalid --redis-url {redact(url)!r}: use redis://host:port/db, rediss://… or "
+            "unix:///path/to/socket")
+    return settings
 
 
 def _sow(ctx: click.Context) -> Any:
     from .client import Sow
 
-    return Sow(settings=ctx.obj["settings"])
+    return Sow(settings=_settings(ctx))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -261,7 +336,11 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
     if fmt == "fix":
         from .fix import encode
 
-        sep = _separator(separator) or client.topic(topic).field_separator.encode()
+        t = client.topic(topic)
+        if t.message_type != "fix":
+            raise click.ClickException(f"--format fix needs a FIX topic; '{topic}' holds "
+                                       f"{t.message_type} messages (use jsonl or table)")
+        sep = _separator(separator) or t.field_separator.encode()
         for rec in records:
             out.write((rec.sow_key.encode() + b" " if with_key else b"")
                       + encode(rec.obj(), sep) + b"\n")
@@ -434,7 +513,7 @@ def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
     """
     from .worker import run_worker
 
-    run_worker(ctx.obj["settings"], burst=burst, name=name)
+    run_worker(_settings(ctx), burst=burst, name=name)
 
 
 @main.command()
@@ -451,7 +530,7 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
     """
     from .expirer import run_expirer
 
-    n = run_expirer(ctx.obj["settings"], burst=burst, topics=topics or None)
+    n = run_expirer(_settings(ctx), burst=burst, topics=topics or None)
     if burst:
         click.echo(f"expired {n} record(s)")
 
@@ -471,7 +550,7 @@ def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool) -> None
     """
     from .server import run_up
 
-    run_up(ctx.obj["settings"], workers, data_dir, apply_config=not no_config)
+    run_up(_settings(ctx), workers, data_dir, apply_config=not no_config)
 
 
 @main.command()
