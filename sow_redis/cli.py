@@ -143,10 +143,18 @@ def config() -> None:
 
 @config.command("apply")
 @click.argument("file", required=False)
+@click.option("--migrate", is_flag=True,
+              help="Move the records of topics whose shape changes (partitions, key, "
+                   "key_domain, key_generator, message_type, partition_by).")
 @click.pass_context
 @_friendly
-def config_apply(ctx: click.Context, file: str | None) -> None:
+def config_apply(ctx: click.Context, file: str | None, migrate: bool) -> None:
     """Validate FILE (default --config) and store its topics in Redis for every worker.
+
+    A change of a topic's shape (partitions, key, key_domain, key_generator, message_type,
+    partition_by) is refused while the topic holds records or queued messages; with
+    --migrate the logs are applied first, then the records are moved (re-keyed and
+    re-partitioned) under the new definition. Workers are held off meanwhile.
 
     Example: sow-redis config apply sow.toml
     """
@@ -155,12 +163,19 @@ def config_apply(ctx: click.Context, file: str | None) -> None:
     path = file or ctx.obj["settings"].config_path
     try:
         topics = load_file(path)
+        sow = _sow(ctx)
+        if migrate:
+            from .migrate import apply_with_migration
+
+            version, done = apply_with_migration(sow.r, topics, sow.settings, path)
+        else:
+            version, done = apply_topics(sow.r, topics, path), []
     except ConfigError as exc:
         for line in exc.problems:
             click.echo(f"error: {line}", err=True)
         raise SystemExit(1) from None
-    sow = _sow(ctx)
-    version = apply_topics(sow.r, topics)
+    for m in done:
+        click.echo(m.summary())
     click.echo(f"applied {len(topics)} topic(s) from {path}: "
                f"{', '.join(t.name for t in topics)} (registry version {version})")
 

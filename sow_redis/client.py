@@ -76,20 +76,34 @@ class Sow:
         self.memory = type(self.r).__module__.startswith("fakeredis")
 
     # configuration -------------------------------------------------------------------
-    def apply_config(self, source: str | list[TopicConfig]) -> list[TopicConfig]:
+    def apply_config(self, source: str | list[TopicConfig],
+                     migrate: bool = False) -> list[TopicConfig]:
         """Store topic definitions in the registry.
 
         Args:
             source: TOML text, a path to a TOML file, or parsed topics.
+            migrate: move the records of stored topics whose shape changes (see
+                :mod:`sow_redis.migrate`); without it such a change is refused while the
+                topic holds anything.
 
         Raises:
-            ConfigError: one line per problem; nothing is stored.
+            ConfigError: one line per problem (also: a ``dead_letter`` topic defined nowhere,
+                a refused shape change); nothing is stored.
         """
+        where = "<config>"
         if isinstance(source, str):
-            topics = parse_topics(source) if "[[topic]]" in source else load_file(source)
+            if "[[topic]]" in source:
+                topics = parse_topics(source)
+            else:
+                topics, where = load_file(source), source
         else:
             topics = source
-        apply_topics(self.r, topics)
+        if migrate:
+            from .migrate import apply_with_migration
+
+            apply_with_migration(self.r, topics, self.settings, where)
+        else:
+            apply_topics(self.r, topics, where)
         return topics
 
     def topic(self, name: str) -> TopicConfig:

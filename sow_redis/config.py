@@ -51,26 +51,55 @@ ResendRequest, Reject, SequenceReset, Logout, Logon. They carry no order state, 
 skips them at publish by default (``skip_msg_types``)."""
 EXPIRATION_POLICIES = ("override", "min")
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(ms|s|m|h|d)?\s*$")
+MAX_DURATION_MS = 36_525 * 86_400_000
+"""Longest duration a topic may set: 100 years (36,525 days) in milliseconds. Expiry times
+are ms since the epoch stored as Redis sorted-set scores (doubles, exact to 2**53 ms), so
+any log time plus this still fits with a wide margin."""
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+"""Largest ``max_message_bytes``: Redis's own limit on one string (512 MiB)."""
 
 
 def parse_duration_ms(value: object) -> int:
     """A duration in milliseconds from ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``, ``"2d"`` or a
-    plain number of seconds (``30``, ``"1.5"``).
+    plain number of seconds (``30``, ``"1.5"``, ``1e3``), from 0 to :data:`MAX_DURATION_MS`.
 
     Raises:
-        ValueError: not a non-negative duration.
+        ValueError: not a finite duration from 0 to 100 years (negative, ``inf``, ``nan``,
+            a boolean, text that is no duration, or too long).
     """
-    if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"not a duration (e.g. \"30s\", \"5m\", \"1h\", 30): {value!r}")
+    if isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise ValueError(f"not a duration (e.g. \"30s\", \"5m\", \"1h\", 30): {value!r}")
+        ms = float(m.group(1)) * _UNITS_MS[m.group(2) or "s"]
+    else:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"a duration must be a finite number, got {value!r}")
         if value < 0:
             raise ValueError(f"a duration cannot be negative: {value!r}")
-        return round(value * 1000)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"not a duration (e.g. \"30s\", \"5m\", \"1h\", 30): {value!r}")
-    return round(float(m.group(1)) * _UNITS_MS[m.group(2) or "s"])
+        ms = float(value) * 1000
+    if not ms <= MAX_DURATION_MS:  # also catches inf from "1e999"
+        raise ValueError(f"a duration can be at most 100 years (36525d), got {value!r}")
+    return round(ms)
+
+
+def duration_text(value: object) -> str:
+    """The stored (registry) text of a duration field: a TOML number as plain decimal text,
+    a string as given. Raises ValueError like :func:`parse_duration_ms` for the result."""
+    parse_duration_ms(value)
+    if isinstance(value, float):
+        text = repr(int(value)) if value.is_integer() else repr(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)
+    else:
+        text = value  # type: ignore[assignment]
+    parse_duration_ms(text)
+    return text  # type: ignore[return-value]
+
+
 DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
 
@@ -154,12 +183,95 @@ class TopicConfig:
         return _build(d)
 
 
-_FIELDS = {
-    "name", "key", "key_domain", "message_type", "partitions", "hash_index",
-    "max_message_bytes", "partition_by", "expiration", "expiration_policy", "dead_letter",
-    "idle_expiration", "key_generator", "field_separator", "skip_msg_types",
-}
 _KEY_GENERATOR_FIELDS = {"type", "primary", "secondary", "validation"}
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_duration(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _is_paths(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _is_indexes(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_paths(x) for x in v)
+
+
+def _is_table(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _is_primary(v: Any) -> bool:
+    return isinstance(v, str) or _is_paths(v)
+
+
+_SHAPES: dict[str, tuple[Any, str]] = {
+    "name": (_is_str, "a string"),
+    "key": (_is_paths, 'a list of field paths like ["/orderId"]'),
+    "key_domain": (_is_str, "a string"),
+    "message_type": (_is_str, "a string"),
+    "partitions": (_is_int, "an integer"),
+    "hash_index": (_is_indexes, 'a list of lists of field paths like [["/region"]]'),
+    "max_message_bytes": (_is_int, "an integer"),
+    "partition_by": (_is_paths, 'a list of field paths like ["/55"]'),
+    "expiration": (_is_duration, 'a duration like "30s" or 30, "enabled" or "disabled"'),
+    "expiration_policy": (_is_str, "a string"),
+    "dead_letter": (_is_str, "a topic name (a string)"),
+    "idle_expiration": (_is_duration, 'a duration like "1h" or 3600'),
+    "key_generator": (_is_table, 'a table like { type = "chaining", primary = "/11", '
+                      'secondary = ["/41"] }'),
+    "field_separator": (_is_str, 'a string like ";"'),
+    "skip_msg_types": (_is_paths, 'a list of MsgType (35) values like ["0", "A"]'),
+}
+"""Every ``[[topic]]`` field → (type check on the TOML value, what the field must be). Each
+field is type-checked here first, so the value checks below only ever see the right type."""
+
+_FIELDS = set(_SHAPES)
+
+_KEY_GENERATOR_SHAPES: dict[str, tuple[Any, str]] = {
+    "type": (_is_str, 'a string ("default" or "chaining")'),
+    "primary": (_is_primary, 'one field path like "/11"'),
+    "secondary": (_is_paths, 'a list of field paths like ["/41"]'),
+    "validation": (_is_bool, "true or false"),
+}
+
+
+def _kind(v: Any) -> str:
+    """The TOML kind of a value, for error lines (``inf``/``nan`` named as such)."""
+    if isinstance(v, float) and (v != v or abs(v) == float("inf")):
+        return repr(v)
+    names = {bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+             list: "an array", dict: "a table"}
+    if isinstance(v, list) and v:
+        inner = sorted({names.get(type(x), type(x).__name__).split(" ", 1)[-1] for x in v})
+        return f"an array of {' and '.join(k + 's' for k in inner)}"
+    return names.get(type(v), f"a {type(v).__name__}")
+
+
+def _check_shapes(where: str, table: dict[str, Any], shapes: dict[str, tuple[Any, str]],
+                  prefix: str, problems: list[str]) -> dict[str, Any]:
+    """Type-check every known field of ``table``; returns the table without the fields of the
+    wrong type (they are reported, and the value checks then use the defaults)."""
+    out = dict(table)
+    for name, value in table.items():
+        if name in shapes and not shapes[name][0](value):
+            problems.append(f"{where}: '{prefix}{name}' must be {shapes[name][1]}, "
+                            f"got {_kind(value)}")
+            del out[name]
+    return out
 
 
 def _build(d: dict[str, Any]) -> TopicConfig:
@@ -194,12 +306,8 @@ def _build(d: dict[str, Any]) -> TopicConfig:
     )
 
 
-def _check_paths(where: str, name: str, value: Any, problems: list[str]) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        problems.append(f"{where}: '{name}' must be a list of field paths like \"/orderId\"")
-        return []
+def _check_paths(where: str, name: str, value: list[str], problems: list[str]) -> list[str]:
+    """Check each field path of a list (already type-checked as a list of strings)."""
     for v in value:
         try:
             split_path(v)
@@ -210,6 +318,10 @@ def _check_paths(where: str, name: str, value: Any, problems: list[str]) -> list
 
 def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
     """Parse and validate a TOML configuration.
+
+    Every field is first checked for its TOML type (:data:`_SHAPES`), then for its value.
+    Only the file itself is checked here; :func:`apply_topics` also checks it against the
+    registry (``dead_letter`` targets, shape changes of topics holding data).
 
     Returns:
         The topics in file order.
@@ -232,30 +344,34 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
         raise ConfigError(problems)
     topics: list[TopicConfig] = []
     seen: set[str] = set()
-    for i, t in enumerate(tables, 1):
-        name = t.get("name")
+    for i, raw in enumerate(tables, 1):
+        if not isinstance(raw, dict):
+            problems.append(f"{source}: topic #{i}: 'topic' must be an array of tables "
+                            f"([[topic]]), got {_kind(raw)} in the array")
+            continue
+        name = raw.get("name")
         where = f"{source}: topic #{i}" + (f" '{name}'" if isinstance(name, str) else "")
         before = len(problems)
+        t = _check_shapes(where, raw, _SHAPES, "", problems)
         if not isinstance(name, str) or not TOPIC_NAME.match(name):
-            problems.append(f"{where}: 'name' must be 1-200 characters of A-Z a-z 0-9 _ . - /")
+            if "name" in t or "name" not in raw:
+                problems.append(
+                    f"{where}: 'name' must be 1-200 characters of A-Z a-z 0-9 _ . - /")
         elif name in seen:
             problems.append(f"{where}: topic defined twice")
         else:
             seen.add(name)
-        unknown = sorted(set(t) - _FIELDS)
-        for u in unknown:
+        for u in sorted(set(raw) - _FIELDS):
             problems.append(f"{where}: unknown field '{u}'")
         d = dict(t)
         d["key"] = _check_paths(where, "key", t.get("key", []), problems)
-        d["partition_by"] = _check_paths(where, "partition_by", t.get("partition_by", []), problems)
-        ixs = t.get("hash_index", [])
-        if not isinstance(ixs, list):
-            problems.append(f"{where}: 'hash_index' must be a list of lists of field paths")
-            ixs = []
-        d["hash_index"] = [_check_paths(where, "hash_index", ix, problems) for ix in ixs]
+        d["partition_by"] = _check_paths(where, "partition_by", t.get("partition_by", []),
+                                         problems)
+        d["hash_index"] = [_check_paths(where, "hash_index", ix, problems)
+                           for ix in t.get("hash_index", [])]
         if any(not ix for ix in d["hash_index"]):
             problems.append(f"{where}: 'hash_index': an index needs at least one field path")
-        if "key_domain" in t and (not isinstance(t["key_domain"], str) or not t["key_domain"]):
+        if "key_domain" in t and not t["key_domain"]:
             problems.append(f"{where}: 'key_domain' must be a non-empty string")
         mt = t.get("message_type", "json")
         if mt not in MESSAGE_TYPES:
@@ -265,12 +381,13 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
         _check_key_generator(where, t, d, problems)
         _check_fix(where, t, d, problems)
         parts = d.get("partitions", DEFAULT_PARTITIONS)
-        if not isinstance(parts, int) or isinstance(parts, bool) or not 1 <= parts <= 1024:
+        if not 1 <= parts <= 1024:
             problems.append(f"{where}: 'partitions' must be an integer from 1 to 1024")
         mmb = t.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
-        if not isinstance(mmb, int) or isinstance(mmb, bool) or mmb < 16:
-            problems.append(f"{where}: 'max_message_bytes' must be an integer >= 16")
-        _check_expiration(where, t, problems)
+        if not 16 <= mmb <= MAX_MESSAGE_BYTES:
+            problems.append(f"{where}: 'max_message_bytes' must be an integer from 16 to "
+                            f"{MAX_MESSAGE_BYTES} (512 MiB)")
+        _check_expiration(where, t, d, problems)
         if len(problems) == before:
             topics.append(_build(d))
     for t in topics:
@@ -295,12 +412,9 @@ def _check_key_generator(where: str, t: dict[str, Any], d: dict[str, Any],
     d.pop("key_generator", None)
     if kg is None:
         return
-    if not isinstance(kg, dict):
-        problems.append(f"{where}: 'key_generator' must be a table like "
-                        f'{{ type = "chaining", primary = "/11", secondary = ["/41"] }}')
-        return
     for u in sorted(set(kg) - _KEY_GENERATOR_FIELDS):
         problems.append(f"{where}: 'key_generator': unknown field '{u}'")
+    kg = _check_shapes(where, kg, _KEY_GENERATOR_SHAPES, "key_generator.", problems)
     kind = kg.get("type", "default")
     if kind not in KEY_GENERATORS:
         problems.append(f"{where}: 'key_generator': type must be one of "
@@ -311,8 +425,11 @@ def _check_key_generator(where: str, t: dict[str, Any], d: dict[str, Any],
             problems.append(f"{where}: 'key_generator': primary, secondary and validation "
                             "apply to type \"chaining\" only")
         return
-    primary = _check_paths(where, "key_generator.primary", kg.get("primary", []), problems)
-    secondary = _check_paths(where, "key_generator.secondary", kg.get("secondary", []), problems)
+    primary = kg.get("primary", [])
+    primary = _check_paths(where, "key_generator.primary",
+                           [primary] if isinstance(primary, str) else primary, problems)
+    secondary = _check_paths(where, "key_generator.secondary", kg.get("secondary", []),
+                             problems)
     if len(primary) > 1:
         problems.append(f"{where}: 'key_generator': only one primary field")
     fields = list(primary) + list(d["key"]) + list(secondary)
@@ -323,11 +440,8 @@ def _check_key_generator(where: str, t: dict[str, Any], d: dict[str, Any],
         return
     if len(set(fields)) != len(fields):
         problems.append(f"{where}: 'key_generator': a field is listed twice: {fields}")
-    validation = kg.get("validation", False)
-    if not isinstance(validation, bool):
-        problems.append(f"{where}: 'key_generator': validation must be true or false")
     d.update(key_generator="chaining", chain_primary=fields[0],
-             chain_secondary=fields[1:], chain_validation=validation is True)
+             chain_secondary=fields[1:], chain_validation=kg.get("validation", False) is True)
     if not d["partition_by"]:
         if "partitions" in t and t["partitions"] != 1:
             problems.append(f"{where}: 'partitions': a chaining topic needs 'partition_by' (a "
@@ -345,26 +459,28 @@ def _check_fix(where: str, t: dict[str, Any], d: dict[str, Any], problems: list[
             problems.append(f"{where}: '{name}' applies to message_type \"fix\" only")
     if not is_fix:
         return
-    sep = t.get("field_separator", "\x01")
     try:
-        if not isinstance(sep, str):
-            raise ValueError(f"a FIX field separator is a string like \";\", got {sep!r}")
-        d["field_separator"] = separator(sep).decode()
+        d["field_separator"] = separator(t.get("field_separator", "\x01")).decode()
     except ValueError as exc:
         problems.append(f"{where}: 'field_separator': {exc}")
     skip = t.get("skip_msg_types", list(FIX_SESSION_MSG_TYPES))
-    if not isinstance(skip, list) or not all(isinstance(x, str) and x for x in skip):
+    if not all(skip):
         problems.append(f"{where}: 'skip_msg_types' must be a list of MsgType (35) values, "
                         'e.g. ["0", "A"]')
         skip = []
     d["skip_msg_types"] = skip
 
 
-def _check_expiration(where: str, t: dict[str, Any], problems: list[str]) -> None:
+def _check_expiration(where: str, t: dict[str, Any], d: dict[str, Any],
+                      problems: list[str]) -> None:
+    """``expiration``, ``expiration_policy``, ``dead_letter`` (a topic name; whether it is
+    defined is checked against the registry by :func:`apply_topics`) and ``idle_expiration``.
+    Durations are stored as :func:`duration_text` gives them, so what is checked here is what
+    workers parse later."""
     exp = t.get("expiration", "disabled")
     if exp not in ("enabled", "disabled"):
         try:
-            parse_duration_ms(exp)
+            d["expiration"] = duration_text(exp)
         except ValueError as exc:
             problems.append(f"{where}: 'expiration' must be a duration, \"enabled\" or "
                             f"\"disabled\": {exc}")
@@ -372,28 +488,146 @@ def _check_expiration(where: str, t: dict[str, Any], problems: list[str]) -> Non
     if pol not in EXPIRATION_POLICIES:
         problems.append(f"{where}: 'expiration_policy' must be \"override\" or \"min\", got {pol!r}")
     dl = t.get("dead_letter", "")
-    if dl and (not isinstance(dl, str) or not TOPIC_NAME.match(dl)):
+    if dl and not TOPIC_NAME.match(dl):
         problems.append(f"{where}: 'dead_letter' must be a topic name")
     if "idle_expiration" in t:
         try:
-            if parse_duration_ms(t["idle_expiration"]) <= 0:
+            d["idle_expiration"] = duration_text(t["idle_expiration"])
+            if parse_duration_ms(d["idle_expiration"]) <= 0:
                 problems.append(f"{where}: 'idle_expiration' must be > 0")
         except ValueError as exc:
             problems.append(f"{where}: 'idle_expiration': {exc}")
 
 
 def load_file(path: str) -> list[TopicConfig]:
-    """Read and validate a TOML file (see :func:`parse_topics`). Raises ConfigError."""
+    """Read and validate a TOML file (see :func:`parse_topics`).
+
+    Raises:
+        ConfigError: unreadable, not UTF-8, or invalid (one line per problem).
+    """
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror}"]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{path}: not UTF-8 text (TOML files are UTF-8): invalid byte "
+                           f"0x{raw[exc.start]:02x} at offset {exc.start}"]) from None
     return parse_topics(text, source=path)
 
 
-def apply_topics(r: Any, topics: list[TopicConfig]) -> int:
-    """Store topics in the registry (replacing same-named ones) and announce the change.
+# -- registry ---------------------------------------------------------------------------
+SHAPE_FIELDS = ("partitions", "key", "key_domain", "key_generator", "message_type",
+                "partition_by")
+"""Fields that decide where a message's record lives (SOW key, partition, stored form):
+changing one strands what a topic holds (issue 7.4), see :func:`shape_changes`."""
+
+
+def _show(v: Any) -> str:
+    return str(v) if isinstance(v, int) else orjson.dumps(v).decode()
+
+
+def shape_changes(old: TopicConfig, new: TopicConfig) -> list[str]:
+    """What differs between two definitions of a topic in :data:`SHAPE_FIELDS`, one text per
+    field like ``'partitions' 8 → 4``; empty when records and logs stay valid as they are.
+
+    The key domain is compared as used (the topic name when unset); ``key`` of a chaining
+    topic as its chain fields (primary, then secondary); ``partition_by`` only when either
+    definition has more than one partition.
+    """
+    out = []
+
+    def diff(name: str, a: Any, b: Any) -> None:
+        if a != b:
+            out.append(f"'{name}' {_show(a)} → {_show(b)}")
+
+    diff("partitions", old.partitions, new.partitions)
+    if old.chaining or new.chaining:
+        diff("key_generator", [old.key_generator, *old.chain_fields],
+             [new.key_generator, *new.chain_fields])
+    else:
+        diff("key", list(old.key), list(new.key))
+    diff("key_domain", old.domain, new.domain)
+    diff("message_type", old.message_type, new.message_type)
+    if max(old.partitions, new.partitions) > 1:
+        diff("partition_by", list(old.partition_by), list(new.partition_by))
+    return out
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What a stored topic holds: records, log entries not yet applied (counted up to
+    100,000 per partition) and chain identifiers (chaining key generator)."""
+
+    records: int = 0
+    queued: int = 0
+    chain_ids: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.queued or self.chain_ids)
+
+    def __str__(self) -> str:
+        parts = [f"{self.records} stored record(s)"]
+        if self.queued:
+            parts.append(f"{self.queued} queued message(s)")
+        if self.chain_ids:
+            parts.append(f"{self.chain_ids} chain identifier(s)")
+        return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
+
+def holdings(r: Any, topic: TopicConfig) -> Holdings:
+    """What ``topic`` (as stored) holds in its partitions; see :class:`Holdings`."""
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        pipe.hlen(keys.records(topic.name, p))
+        pipe.hlen(keys.chain(topic.name, p))
+        pipe.hget(keys.state(topic.name, p), "cursor")
+    res = pipe.execute()
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        pipe.xrange(keys.log(topic.name, p), min=b"(" + (res[3 * p + 2] or b"0-0"),
+                    count=100_000)
+    queued = sum(len(x) for x in pipe.execute())
+    return Holdings(sum(res[0::3]), queued, sum(res[1::3]))
+
+
+def registry_problems(r: Any, topics: list[TopicConfig], source: str = "<config>",
+                      migrate: bool = False) -> list[str]:
+    """Check topics against the registry before they are stored; one line per problem.
+
+    * ``dead_letter`` must name a topic of ``topics`` or of the registry;
+    * unless ``migrate``: a shape change (:func:`shape_changes`) of a stored topic that holds
+      anything (:func:`holdings`) is refused, naming what it would strand and the command
+      that moves it (:mod:`sow_redis.migrate`). A topic holding nothing changes freely.
+    """
+    stored = load_topics(r)
+    names = {t.name for t in topics} | set(stored)
+    problems = []
+    for t in topics:
+        if t.dead_letter and t.dead_letter not in names:
+            problems.append(f"{source}: topic '{t.name}': 'dead_letter' names topic "
+                            f"'{t.dead_letter}', which is neither in this file nor in the "
+                            "registry")
+    if migrate:
+        return problems
+    for t in topics:
+        old = stored.get(t.name)
+        changes = shape_changes(old, t) if old is not None else []
+        if not changes:
+            continue
+        held = holdings(r, old)  # type: ignore[arg-type]
+        if held:
+            how = (f"run 'sow-redis config apply --migrate {source}'" if source != "<config>"
+                   else "apply with migrate=True (sow-redis config apply --migrate FILE)")
+            problems.append(f"{source}: topic '{t.name}': {', '.join(changes)} would strand "
+                            f"{held}; {how} to move them")
+    return problems
+
+
+def store_topics(r: Any, topics: list[TopicConfig]) -> int:
+    """Write topics to the registry as they are (no checks), bump the version, announce it.
 
     Returns:
         The new registry version.
@@ -407,6 +641,22 @@ def apply_topics(r: Any, topics: list[TopicConfig]) -> int:
     version = pipe.execute()[-1]
     r.publish(keys.REGISTRY_CHANNEL, str(version))
     return int(version)
+
+
+def apply_topics(r: Any, topics: list[TopicConfig], source: str = "<config>") -> int:
+    """Check topics against the registry (:func:`registry_problems`), then store them
+    (replacing same-named ones) and announce the change.
+
+    Returns:
+        The new registry version.
+
+    Raises:
+        ConfigError: one line per problem; nothing is stored.
+    """
+    problems = registry_problems(r, topics, source)
+    if problems:
+        raise ConfigError(problems)
+    return store_topics(r, topics)
 
 
 def load_topics(r: Any) -> dict[str, TopicConfig]:

@@ -41,10 +41,10 @@ def test_config_apply_invalid_file_one_line_per_problem(url, tmp_path, topic_nam
     conf.write_text(f'[[topic]]\nname = "{topic_name}"\nkey = ["x"]\npartitions = "8"\n')
     out = run_cli(url, "config", "apply", str(conf), check=False)
     assert out.returncode == 1
-    err = out.stderr.decode().splitlines()
+    err = sorted(out.stderr.decode().splitlines())
     assert err == [
         f"error: {conf}: topic #1 '{topic_name}': 'key': field path must look like /name or /a/b, got 'x'",
-        f"error: {conf}: topic #1 '{topic_name}': 'partitions' must be an integer from 1 to 1024",
+        f"error: {conf}: topic #1 '{topic_name}': 'partitions' must be an integer, got a string",
     ]
     shown = run_cli(url, "config", "show").stdout.decode()
     assert topic_name not in shown

@@ -94,3 +94,219 @@ def test_lua_headers_match_keys_and_argv_used(name):
         documented = {int(n) for n in re.findall(kind + r"\[(\d+)\]", header)}
         assert used <= documented, f"{name}: {kind} {sorted(used - documented)} not in header"
     assert "..\"}" not in body and "keys." not in body  # scripts never build key names
+
+
+# -- wrong shapes and types (issues 8.10, 7.12, 7.5) ------------------------------------
+@pytest.mark.parametrize("line, problem", [
+    ('key = "/orderId"',
+     "'key' must be a list of field paths like [\"/orderId\"], got a string"),
+    ('hash_index = ["/sym"]',
+     "'hash_index' must be a list of lists of field paths like [[\"/region\"]], got an array "
+     "of strings"),
+    ("expiration = inf", "'expiration' must be a duration, \"enabled\" or \"disabled\": a "
+     "duration must be a finite number, got inf"),
+    ("idle_expiration = inf", "'idle_expiration': a duration must be a finite number, got inf"),
+    ("expiration = nan", "got nan"),
+    ("expiration = 1e16", "a duration can be at most 100 years (36525d), got 1e+16"),
+    ('expiration = "36526d"', "at most 100 years"),
+    ("idle_expiration = 3155760001", "at most 100 years"),
+    ("max_message_bytes = 9999999999", "'max_message_bytes' must be an integer from 16 to"),
+])
+def test_wrong_shape_one_line_naming_file_topic_field(line, problem):
+    with pytest.raises(ConfigError) as e:
+        parse_topics(f'[[topic]]\nname = "orders"\n{line}\n', source="sow.toml")
+    assert len(e.value.problems) == 1
+    assert e.value.problems[0].startswith("sow.toml: topic #1 'orders': ")
+    assert problem in e.value.problems[0]
+
+
+@pytest.mark.parametrize("text", ['topic = ["a"]\n', "topic = [1, 2]\n", 'topic = "x"\n',
+                                  "topic = [[1]]\n", "[topic]\nname = 'a'\n"])
+def test_topic_not_an_array_of_tables(text):
+    with pytest.raises(ConfigError) as e:
+        parse_topics(text, source="sow.toml")
+    assert all(p.startswith("sow.toml: ") for p in e.value.problems)
+
+
+def test_longest_durations_fit_and_store_as_they_parse():
+    (a, b, c) = parse_topics('[[topic]]\nname = "a"\nexpiration = "36525d"\n'
+                             '[[topic]]\nname = "b"\nexpiration = 3155760000\n'
+                             'idle_expiration = 1.5e3\n'
+                             '[[topic]]\nname = "c"\nexpiration = 1e-3\n')
+    from sow_redis.config import MAX_DURATION_MS, TopicConfig
+
+    assert a.default_ttl_ms == b.default_ttl_ms == MAX_DURATION_MS == 3_155_760_000_000
+    assert b.idle_ms == 1_500_000 and c.default_ttl_ms == 1
+    for t in (a, b, c):  # what workers read back from the registry parses the same
+        back = TopicConfig.from_json(t.to_json())
+        assert (back.default_ttl_ms, back.idle_ms) == (t.default_ttl_ms, t.idle_ms)
+
+
+def test_longest_expiration_publishes(sow, topic_name):
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\nexpiration = "36525d"\n')
+    res = sow.publish(topic_name, {"k": 1}, wait=True, timeout=30)
+    (rec,) = sow.sow(topic_name)
+    sid_ms = int(next(iter(res.last_ids.values())).split("-")[0])
+    assert rec.expiry_ms == sid_ms + 3_155_760_000_000
+    assert sow.errors(topic_name) == []
+
+
+# Every TOML value kind; each field accepts only some of them.
+KINDS = {
+    "str": '"x"', "path": '"/a"', "int": "8", "float": "1.5", "inf": "inf", "-inf": "-inf",
+    "nan": "nan", "bool": "true", "datetime": "1979-05-27T07:32:00Z", "date": "1979-05-27",
+    "empty": "[]", "paths": '["/a"]', "ints": "[1, 2]", "nested": '[["/a"]]',
+    "mixed": '[["/a"], "/b"]', "table": "{ a = 1 }", "tables": "[{ a = 1 }]",
+}
+ACCEPTED_TYPES = {  # kinds whose TOML type a field takes (the value may still be refused)
+    "name": {"str", "path"}, "key_domain": {"str", "path"}, "message_type": {"str", "path"},
+    "expiration_policy": {"str", "path"}, "dead_letter": {"str", "path"},
+    "field_separator": {"str", "path"},
+    "key": {"empty", "paths"}, "partition_by": {"empty", "paths"},
+    "skip_msg_types": {"empty", "paths"},
+    "hash_index": {"empty", "nested"},
+    "partitions": {"int"}, "max_message_bytes": {"int"},
+    "expiration": {"str", "path", "int", "float"},  # inf, nan: refused as values
+    "idle_expiration": {"str", "path", "int", "float"},
+    "key_generator": {"table"},
+}
+
+
+@pytest.mark.parametrize("field", sorted(ACCEPTED_TYPES))
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_field_refuses_every_wrong_type(field, kind):
+    name = "" if field == "name" else 'name = "t"\n'
+    text = f'[[topic]]\n{name}{field} = {KINDS[kind]}\n'
+    if kind in ACCEPTED_TYPES[field]:
+        try:
+            parse_topics(text)
+        except ConfigError:
+            pass
+        return
+    with pytest.raises(ConfigError) as e:
+        parse_topics(text, source="f.toml")
+    # one line naming the field (a float inf / nan passes the type check of a duration and
+    # is then refused as a value)
+    assert any(p.startswith("f.toml: topic #1") and f"'{field}'" in p
+               for p in e.value.problems), e.value.problems
+
+
+KEY_GENERATOR_ACCEPTED = {"type": {"str", "path"}, "primary": {"str", "path", "empty", "paths"},
+                          "secondary": {"empty", "paths"}, "validation": {"bool"}}
+
+
+@pytest.mark.parametrize("sub", sorted(KEY_GENERATOR_ACCEPTED))
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_key_generator_fields_refuse_wrong_types(sub, kind):
+    chaining = "" if sub == "type" else 'type = "chaining", '
+    text = (f'[[topic]]\nname = "t"\nkey = ["/x", "/y"]\n'
+            f'key_generator = {{ {chaining}{sub} = {KINDS[kind]} }}\n')
+    if kind in KEY_GENERATOR_ACCEPTED[sub]:
+        try:
+            parse_topics(text)
+        except ConfigError:
+            pass
+        return
+    with pytest.raises(ConfigError) as e:
+        parse_topics(text)
+    assert any(f"'key_generator.{sub}' must be" in p for p in e.value.problems), e.value.problems
+
+
+def _toml(v):
+    """TOML inline text of a Python value (strings as JSON text: valid TOML basic strings)."""
+    import json
+    import math
+
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf") if math.isinf(v) \
+            else repr(v)
+    if isinstance(v, (int, str)):
+        return json.dumps(v, ensure_ascii=False) if isinstance(v, str) else str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(x)}" for k, x in v.items()) + " }"
+
+
+def test_any_value_in_any_field_is_a_topic_or_a_config_error():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from sow_redis.config import TopicConfig
+
+    text = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12)
+    specials = st.sampled_from([float("inf"), float("-inf"), float("nan"), 1e16, 2**63 - 1,
+                                -1, 0, 0.5, "/a", "/11", "30s", "36526d", "enabled", "chaining",
+                                "fix", "min", "", "SOH", "1e400"])
+    scalars = (specials | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats()
+               | text)
+    values = st.recursive(scalars, lambda kids: st.lists(kids, max_size=3)
+                          | st.dictionaries(st.sampled_from(["type", "primary", "secondary",
+                                                             "validation", "x"]), kids,
+                                            max_size=3), max_leaves=6)
+    fields = st.dictionaries(st.sampled_from(sorted(ACCEPTED_TYPES)), values, max_size=4)
+
+    @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(fields, st.none() | values)
+    def check(table, whole):
+        body = "".join(f"{k} = {_toml(v)}\n" for k, v in table.items())
+        if "name" not in table:
+            body = 'name = "t"\n' + body
+        # sometimes the whole "topic" entry is an arbitrary value instead of a table
+        doc = "[[topic]]\n" + body if whole is None else f"topic = {_toml(whole)}\n"
+        try:
+            topics = parse_topics(doc)
+        except ConfigError as exc:
+            assert exc.problems and all(isinstance(p, str) for p in exc.problems)
+            return
+        for t in topics:  # stored and read back by workers: every derived value computes
+            back = TopicConfig.from_json(t.to_json())
+            assert back == t
+            _ = (back.default_ttl_ms, back.idle_ms, back.partition_parts, back.index_parts)
+
+    check()
+
+
+def test_invalid_utf8_file_one_line(url, tmp_path):
+    from conftest import run_cli
+
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b'[[topic]]\nname = "\xff\xfe"\n')
+    proc = run_cli(url, "config", "apply", str(path), check=False)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in err
+    assert err == (f"error: {path}: not UTF-8 text (TOML files are UTF-8): invalid byte 0xff "
+                   "at offset 18\n")
+
+
+def test_dead_letter_must_be_defined(sow, topic_name):
+    from sow_redis.config import load_topics
+
+    before = load_topics(sow.r)
+    with pytest.raises(ConfigError) as e:
+        sow.apply_config(f'[[topic]]\nname = "{topic_name}"\ndead_letter = "nowhere"\n')
+    assert e.value.problems == [
+        f"<config>: topic '{topic_name}': 'dead_letter' names topic 'nowhere', which is "
+        "neither in this file nor in the registry"]
+    assert load_topics(sow.r) == before
+    with pytest.raises(ConfigError, match="'dead_letter' cannot be the topic itself"):
+        sow.apply_config(f'[[topic]]\nname = "{topic_name}"\ndead_letter = "{topic_name}"\n')
+    # defined in the same file, or already in the registry
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\ndead_letter = "{topic_name}x"\n'
+                     f'[[topic]]\nname = "{topic_name}x"\n')
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}y"\ndead_letter = "{topic_name}x"\n')
+    assert load_topics(sow.r)[f"{topic_name}y"].dead_letter == f"{topic_name}x"
+
+
+def test_dead_letter_undefined_cli_one_line(url, topic_name, tmp_path):
+    from conftest import run_cli
+
+    path = tmp_path / "sow.toml"
+    path.write_text(f'[[topic]]\nname = "{topic_name}"\ndead_letter = "nowhere"\n')
+    proc = run_cli(url, "config", "apply", str(path), check=False)
+    assert proc.returncode == 1 and proc.stderr.decode() == (
+        f"error: {path}: topic '{topic_name}': 'dead_letter' names topic 'nowhere', which is "
+        "neither in this file nor in the registry\n")
+    proc = run_cli(url, "config", "show")
+    assert topic_name not in proc.stdout.decode()

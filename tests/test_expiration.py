@@ -273,7 +273,13 @@ def test_cli_expiration_stats_and_with_key(url, r, topic_name, tmp_path):
 
 def test_undefined_dead_letter_topic_keeps_copies_until_defined(sow, topic_name):
     dl = topic_name + "dl"
-    sow.apply_config(cfg(topic_name, f'expiration = "100ms"\ndead_letter = "{dl}"'))
+    # config apply refuses an undefined dead_letter; the topic can still vanish later (e.g.
+    # by its idle_expiration), which is what this test stands for
+    sow.apply_config(cfg(topic_name, f'expiration = "100ms"\ndead_letter = "{dl}"')
+                     + f'[[topic]]\nname = "{dl}"\n')
+    from sow_redis.expirer import remove_topic
+
+    remove_topic(sow.r, sow.topic(dl))
     sow.publish(topic_name, {"id": 1})
     time.sleep(0.2)
     assert expire(sow, topic_name) == 1  # the expirer survives the missing topic

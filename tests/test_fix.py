@@ -112,7 +112,7 @@ def test_fix_settings_are_checked():
         parse_topics('[[topic]]\nname = "o"\nmessage_type = "fix"\nfield_separator = "=="\n'
                      'skip_msg_types = "0"\n[[topic]]\nname = "j"\nfield_separator = ";"\n')
     assert [p.split(": ", 2)[2][:40] for p in ei.value.problems] == [
-        "'field_separator': a FIX field separator", "'skip_msg_types' must be a list of MsgTy",
+        "'skip_msg_types' must be a list of MsgTy", "'field_separator': a FIX field separator",
         "'field_separator' applies to message_typ"]
     (named,) = parse_topics('[[topic]]\nname = "o"\nmessage_type = "fix"\nfield_separator = "SOH"\n')
     assert named.field_separator == "\x01"
