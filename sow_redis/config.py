@@ -520,9 +520,10 @@ def load_file(path: str) -> list[TopicConfig]:
 
 # -- registry ---------------------------------------------------------------------------
 SHAPE_FIELDS = ("partitions", "key", "key_domain", "key_generator", "message_type",
-                "partition_by")
-"""Fields that decide where a message's record lives (SOW key, partition, stored form):
-changing one strands what a topic holds (issue 7.4), see :func:`shape_changes`."""
+                "partition_by", "hash_index")
+"""Fields that decide where a message's record lives (SOW key, partition, stored form) or
+what finds it: changing one strands what a topic holds (issue 7.4), and an index added or
+changed would cover only records written after it, see :func:`shape_changes`."""
 
 
 def _show(v: Any) -> str:
@@ -553,6 +554,7 @@ def shape_changes(old: TopicConfig, new: TopicConfig) -> list[str]:
     diff("message_type", old.message_type, new.message_type)
     if max(old.partitions, new.partitions) > 1:
         diff("partition_by", list(old.partition_by), list(new.partition_by))
+    diff("hash_index", [list(ix) for ix in old.hash_index], [list(ix) for ix in new.hash_index])
     return out
 
 
