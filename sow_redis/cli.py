@@ -211,13 +211,79 @@ def _separator(text: str | None) -> bytes | None:
         raise click.BadParameter(str(exc), param_hint="--separator") from None
 
 
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+"""``publish`` exit status: every line published (or skipped); an error (unknown topic,
+unreadable file, a --sow-key the topic cannot take: nothing published; Redis unreachable); a
+usage error (click); some lines rejected, the others published; ``--wait`` timed out (the
+published messages are in the log and will be applied; takes precedence over 3)."""
+
+SAMPLES = 5
+"""Rejected lines shown one by one after the per-reason counts."""
+
+
+def _check_sow_key_option(t: Any, sow_key: str | None) -> None:
+    """Refuse a --sow-key the topic cannot take, before anything is read or published."""
+    from .sowkey import is_valid_user_key
+
+    if sow_key is None:
+        return
+    if t.chaining:
+        raise click.ClickException(f"topic '{t.name}' uses the chaining key generator: its SOW "
+                                   "keys come from the chains, --sow-key cannot be given")
+    if not t.publisher_keys:
+        raise click.ClickException(f"topic '{t.name}' has key fields ({', '.join(t.key)}): its "
+                                   "SOW keys are generated from them, --sow-key cannot be given")
+    if not is_valid_user_key(sow_key):
+        raise click.ClickException(f"--sow-key {sow_key!r} is not 1-512 Base64 characters "
+                                   "(A-Z a-z 0-9 + / =)")
+
+
+def _samples(rejected: list[Any], n: int) -> list[Any]:
+    """Up to ``n`` rejected lines in line order: the first of each reason, then the earliest."""
+    first: dict[str, Any] = {}
+    for rej in rejected:
+        first.setdefault(rej.reason, rej)
+    chosen = {id(x): x for x in list(first.values())[:n]}
+    for rej in rejected:
+        if len(chosen) >= n:
+            break
+        chosen.setdefault(id(rej), rej)
+    return sorted(chosen.values(), key=lambda x: x.position)
+
+
+def _report_rejected(rejected: list[Any]) -> dict[str, int]:
+    """Print (stderr) the rejected lines' counts by reason, then a few sample lines.
+
+    Returns:
+        reason → count (the counts add up to ``len(rejected)``).
+    """
+    reasons: dict[str, int] = {}
+    for rej in rejected:
+        reasons[rej.reason] = reasons.get(rej.reason, 0) + 1
+    if not rejected:
+        return reasons
+    width = max(len("reason"), *(len(k) for k in reasons))
+    click.echo(f"rejected {len(rejected)} line(s):", err=True)
+    click.echo(f"  {'reason':<{width}}  {'count':>7}", err=True)
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        click.echo(f"  {reason:<{width}}  {n:>7}", err=True)
+    shown = _samples(rejected, SAMPLES)
+    for rej in shown:
+        click.echo(f"rejected line {rej.position}: {rej.reason}: {rej.detail}", err=True)
+    if len(rejected) > len(shown):
+        click.echo(f"… and {len(rejected) - len(shown)} more rejected line(s)", err=True)
+    return reasons
+
+
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
              wait: bool, timeout: float, expiration: float | None,
              separator: str | None) -> None:
+    from .errors import WaitTimeout
     from .publisher import PublishResult, append
 
     sow = _sow(ctx)
     t = sow.topic(topic)
+    _check_sow_key_option(t, sow_key)
     sep = _separator(separator)
     fh: BinaryIO
     if file == "-":
@@ -243,28 +309,35 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         result = append(sow.r, t, items, fix_separator=sep)
     if fh is not sys.stdin.buffer:
         fh.close()
-    sow._after_append(t, result.last_ids, wait, timeout)
+    timed_out: WaitTimeout | None = None
+    try:
+        sow._after_append(t, result.last_ids, wait, timeout)
+    except WaitTimeout as exc:
+        timed_out = exc
     elapsed = time.perf_counter() - started
-    for rej in result.rejected[:20]:
-        click.echo(f"rejected line {rej.position}: {rej.reason}: {rej.detail}", err=True)
-    if len(result.rejected) > 20:
-        click.echo(f"… and {len(result.rejected) - 20} more rejected lines", err=True)
-    reasons: dict[str, int] = {}
-    for rej in result.rejected:
-        reasons[rej.reason] = reasons.get(rej.reason, 0) + 1
+    reasons = _report_rejected(result.rejected)
     why = (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) + ")") if reasons else ""
     rate = result.published / elapsed if elapsed > 0 else 0.0
     skipped = (f", skipped {result.skipped} (MsgType in skip_msg_types: "
                f"{','.join(t.skip_msg_types)})") if result.skipped else ""
+    applied = " (applied)" if (wait or sow.memory) and timed_out is None else ""
     click.echo(f"published {result.published} message(s) to {topic}{skipped}, rejected "
-               f"{len(result.rejected)}{why}; {elapsed:.2f} s, {rate:,.0f} msg/s"
-               + (" (applied)" if wait or sow.memory else ""))
+               f"{len(result.rejected)}{why}; read {result.read} line(s); {elapsed:.2f} s, "
+               f"{rate:,.0f} msg/s{applied}")
+    if timed_out is not None:
+        click.echo(f"Error: --wait timed out: {timed_out}; the {result.published} published "
+                   "message(s) are in the transaction log and will be applied when workers run",
+                   err=True)
+        ctx.exit(EXIT_TIMEOUT)
+    if result.rejected:
+        ctx.exit(EXIT_REJECTED)
 
 
 _publish_options = [
     click.option("-t", "--topic", required=True, help="SOW topic."),
     click.argument("file", default="-"),
-    click.option("--sow-key", help="SOW key for topics without key fields (Base64 characters)."),
+    click.option("--sow-key", help="SOW key for topics without key fields (1-512 Base64 "
+                 "characters); refused on topics with key fields."),
     click.option("--wait", is_flag=True, help="Return only after the workers applied everything."),
     click.option("--timeout", default=300.0, show_default=True, help="Seconds --wait waits."),
     click.option("--expiration", type=click.FloatRange(min=0),
@@ -297,6 +370,15 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
     A line may be an envelope with per-message options:
     {"$sow": {"expiration": 30, "sow_key": "QUJD"}, "data": {...}}.
     On a FIX topic a line is a FIX message (a log prefix before 8=FIX is skipped).
+    Rejected lines are counted by reason on stderr, with a few examples.
+
+    \b
+    Exit status:
+      0  every line published (or skipped)
+      1  error (unknown topic, unreadable file, a --sow-key the topic cannot take, …)
+      2  usage error
+      3  some lines rejected (the others were published)
+      4  --wait timed out (the messages are in the log and will be applied)
 
     Example: sow-redis publish -t orders orders.jsonl --wait
     """
@@ -311,7 +393,8 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
 def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
                   timeout: float, expiration: float | None, separator: str | None) -> None:
     """delta_publish JSON Lines: fields in each update replace those fields of the stored
-    record, nested objects merge, other fields stay (same as publish --delta).
+    record, nested objects merge, other fields stay (same as publish --delta). Same exit
+    status as publish: 0 all published, 1 error, 2 usage, 3 lines rejected, 4 --wait timed out.
 
     Example: echo '{"orderId": 1, "price": 95}' | sow-redis delta-publish -t orders
     """

@@ -122,7 +122,8 @@ class Sow:
             from .fix import separator as fix_separator
 
             sep = fix_separator(separator)
-        result = append(self.r, t, ((cmd, _to_bytes(m), sow_key, expiration) for m in messages),
+        # each message is encoded inside append: one that cannot be is rejected, not raised
+        result = append(self.r, t, ((cmd, m, sow_key, expiration) for m in messages),
                         fix_separator=sep)
         self._after_append(t, result.last_ids, wait, timeout)
         return result
@@ -149,17 +150,24 @@ class Sow:
         Args:
             messages: one message or an iterable; a message is a dict, JSON text or bytes;
                 on a FIX topic also ``tag=value`` text (a log prefix before ``8=FIX`` is
-                skipped; session-level messages are skipped and counted).
+                skipped; session-level messages are skipped and counted). A dict that JSON
+                cannot carry exactly is rejected, not altered: a non-string key
+                (``bad_key_type``), NaN or an infinity (``not_finite``), an int outside 64 bits
+                (``number_out_of_range``), nesting deeper than 254 (``too_deep``).
             separator: FIX field separator of these messages (``"SOH"``, ``";"``, ``"|"``;
                 default: the topic's ``field_separator``).
-            sow_key: the SOW key for topics without key fields (Base64 characters only).
+            sow_key: the SOW key for topics without key fields (1-512 Base64 characters); on a
+                topic with key fields every message is rejected ``bad_sow_key``.
             expiration: message lifetime in seconds (overrides the topic default under policy
-                "override"; ``0`` = never expire); every publish resets the lifetime.
+                "override"; ``0`` = never expire); every publish resets the lifetime. Not a
+                finite number >= 0 (or a bool): every message is rejected ``bad_expiration``.
             wait: return only after the workers applied every message (read-your-writes).
             timeout: seconds to wait at most with ``wait``.
 
         Returns:
-            Counts and per-message rejections (bad JSON, missing key field, too large, …).
+            Counts and per-message rejections (bad JSON, missing key field, too large, …):
+            every message is either published or rejected with its position and reason
+            (``read == published + skipped + len(rejected)``).
 
         Raises:
             UnknownTopicError, WaitTimeout, ValueError (bad ``separator``).

@@ -18,6 +18,7 @@ In a JSON Lines file a line may be an *envelope* that carries per-message option
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,20 +50,168 @@ def check_size(data: bytes, topic: TopicConfig) -> None:
         )
 
 
-def decode(data: bytes, topic: TopicConfig) -> dict[str, Any]:
-    """Decode one message of ``topic``.
+MAX_DEPTH = 254
+"""Deepest nesting of objects and arrays a message may have: what the JSON encoder (orjson
+3.x, "Recursion limit reached") can write back when a worker merges a delta or builds an
+event. Deeper messages are rejected ``too_deep``."""
+
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+"""Integers JSON messages may hold: the 64-bit range the decoder keeps exact (signed 64-bit
+and unsigned 64-bit). The decoder turns a longer integer literal into a float, so
+``123456789012345678901234567890`` and ``…891`` would be one value (one SOW key): such a
+message is rejected ``number_out_of_range`` (send the number as a string)."""
+
+_SCAN = bytes(48 if 48 <= c <= 57 else 91 if c in b"{[" else 32 for c in range(256))
+"""Byte map for the cheap scans: digits → ``0``, ``{`` and ``[`` → ``[``, the rest → space."""
+_LONG_DIGITS = b"0" * 19  # the shortest integer outside the range has 19 digits (-2^63 - 1)
+
+
+class _OutOfRange(Exception):
+    pass
+
+
+def _int_in_range(text: str) -> int:
+    if len(text) > 21 or not INT_MIN <= int(text) <= INT_MAX:
+        raise _OutOfRange(text)
+    return 0
+
+
+def _exact_integer_check(data: bytes) -> None:
+    import json
+
+    try:
+        json.loads(data, parse_int=_int_in_range)
+    except _OutOfRange as exc:
+        text = str(exc)
+        shown = text if len(text) <= 40 else f"{text[:20]}…({len(text)} digits)"
+        raise MessageError("number_out_of_range", f"integer {shown} is outside the 64-bit range "
+                           f"({INT_MIN} … {INT_MAX}): send it as a string") from None
+    except (ValueError, RecursionError):
+        pass  # orjson accepted the text: its verdict stands
+
+
+def _depth_check(obj: Any) -> None:
+    try:
+        orjson.dumps(obj)
+    except TypeError:
+        raise MessageError("too_deep", f"objects and arrays nested deeper than {MAX_DEPTH} "
+                           "levels") from None
+
+
+def check_integers(data: bytes) -> None:
+    """Reject a JSON text holding an integer literal outside ``INT_MIN … INT_MAX``.
+
+    Cheap unless ``data`` has a run of 19 or more digits (one byte translation and one
+    substring search); only then the text is parsed again by the standard library to see
+    every integer literal exactly (a 19-digit nanosecond timestamp takes that slow path, a
+    few microseconds; scripts/bench_decode.py).
 
     Raises:
-        MessageError: ``too_large`` (over ``max_message_bytes``), ``bad_json``, ``not_object``.
+        MessageError: ``number_out_of_range``.
     """
-    check_size(data, topic)
+    if _LONG_DIGITS in data.translate(_SCAN):
+        _exact_integer_check(data)
+
+
+def _decode_error(exc: Exception) -> MessageError:
+    text = str(exc)
+    if "infinity" in text:
+        return MessageError("number_out_of_range", f"number beyond the double range: {text}")
+    if "depth limit" in text:
+        return MessageError("too_deep", f"objects and arrays nested deeper than {MAX_DEPTH} "
+                            f"levels: {text}")
+    return MessageError("bad_json", text)
+
+
+def loads(data: bytes) -> Any:
+    """Decode JSON text (orjson) with the checks every message gets: nesting depth (exact
+    check only for a text over ``2 * MAX_DEPTH`` bytes with over ``MAX_DEPTH`` brackets) and
+    the integer range (see :func:`check_integers`).
+
+    Raises:
+        MessageError: ``bad_json``, ``too_deep``, ``number_out_of_range``.
+    """
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise MessageError("bad_json", str(exc)) from None
+        raise _decode_error(exc) from None
+    scan = data.translate(_SCAN)
+    if len(data) > 2 * MAX_DEPTH and scan.count(b"[") > MAX_DEPTH:
+        _depth_check(obj)  # before the integer check: the stdlib parser recurses
+    if _LONG_DIGITS in scan:
+        _exact_integer_check(data)
+    return obj
+
+
+def decode(data: bytes, topic: TopicConfig) -> dict[str, Any]:
+    """Decode one message of ``topic`` (publisher and worker alike).
+
+    Raises:
+        MessageError: ``too_large`` (over ``max_message_bytes``), ``bad_json``, ``not_object``,
+            ``too_deep`` (over :data:`MAX_DEPTH`), ``number_out_of_range`` (an integer outside
+            :data:`INT_MIN` … :data:`INT_MAX`).
+    """
+    check_size(data, topic)
+    obj = loads(data)
     if not isinstance(obj, dict):
         raise MessageError("not_object", f"a message must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _encode_reason(text: str) -> str:
+    if "Dict key must be" in text:
+        return "bad_key_type"
+    if "Recursion limit" in text:
+        return "too_deep"
+    if "64-bit" in text:
+        return "number_out_of_range"
+    return "bad_message"
+
+
+def _non_finite(obj: Any) -> str | None:
+    """Path (``/a/0/b``) of the first NaN or infinite float in ``obj``, or None."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return path or "/"
+        elif isinstance(v, dict):
+            stack += [(f"{path}/{k}", x) for k, x in v.items()]
+        elif isinstance(v, (list, tuple)):
+            stack += [(f"{path}/{i}", x) for i, x in enumerate(v)]
+    return None
+
+
+def encode(msg: Any) -> bytes:
+    """A message given to the Python API as bytes: bytes as they are, ``str`` as UTF-8, any
+    other value (a dict) as JSON text.
+
+    Raises:
+        MessageError: ``bad_key_type`` (a dict key that is not a string), ``too_deep`` (over
+            :data:`MAX_DEPTH`), ``number_out_of_range`` (an int outside 64 bits),
+            ``not_finite`` (NaN or an infinite float: JSON has no such numbers, and the
+            encoder would write ``null``), ``bad_message`` (anything else that cannot be
+            encoded, with the encoder's words).
+    """
+    if isinstance(msg, bytes):
+        return msg
+    if isinstance(msg, (bytearray, memoryview)):
+        return bytes(msg)
+    if isinstance(msg, str):
+        try:
+            return msg.encode()
+        except UnicodeEncodeError as exc:
+            raise MessageError("bad_message", f"text is not valid UTF-8: {exc}") from None
+    try:
+        out = orjson.dumps(msg)
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        raise MessageError(_encode_reason(str(exc)), str(exc)) from None
+    if b"null" in out:  # NaN and infinities are written as null: look for them only then
+        where = _non_finite(msg)
+        if where is not None:
+            raise MessageError("not_finite", f"{where}: NaN and infinite numbers are not JSON")
+    return out
 
 
 def _values(obj: dict[str, Any], paths: tuple[str, ...], parts: tuple[tuple[str, ...], ...],
@@ -84,14 +233,21 @@ def key_of(obj: dict[str, Any], topic: TopicConfig, supplied: str | None = None)
 
     Raises:
         MessageError: ``missing_key_field``; ``missing_sow_key`` / ``bad_sow_key`` on topics
-            without key fields (the key must be supplied, Base64 characters only).
+            without key fields (the key must be supplied: a string of 1-512 Base64
+            characters); ``bad_sow_key`` when a key is supplied on a topic with key fields
+            (its keys are generated from them; a supplied key would be silently ignored).
     """
     if topic.publisher_keys:
-        if not supplied:
+        if supplied is None or supplied == "":
             raise MessageError("missing_sow_key", f"topic '{topic.name}' has no key fields: give a SOW key")
         if not is_valid_user_key(supplied):
-            raise MessageError("bad_sow_key", f"SOW key {supplied!r} has characters outside Base64")
-        return supplied
+            raise MessageError("bad_sow_key", f"SOW key {supplied!r} is not 1-512 Base64 "
+                               "characters (A-Z a-z 0-9 + / =)")
+        return supplied  # type: ignore[return-value]
+    if supplied:
+        raise MessageError("bad_sow_key", f"topic '{topic.name}' has key fields "
+                           f"({', '.join(topic.key)}): its SOW keys are generated from them, "
+                           "a publisher cannot give one")
     return generate(topic.domain, _values(obj, topic.key, topic.key_parts, "key_field"))
 
 
@@ -150,35 +306,51 @@ ENVELOPE_PREFIX = b'{"$sow"'
 def unwrap(line: bytes) -> tuple[bytes, dict[str, Any]]:
     """Split an envelope line into (message bytes, options); other lines pass through.
 
+    Options: ``sow_key`` (a string; validated by :func:`key_of`), ``expiration`` (checked by
+    :func:`check_expiration`); ``null`` means absent.
+
     Raises:
-        MessageError: ``bad_envelope`` (not an object with ``$sow`` options and ``data``).
+        MessageError: ``bad_json``, ``too_deep``, ``number_out_of_range`` (as :func:`loads`);
+            ``bad_envelope`` (not an object with ``$sow`` options and ``data``, or an unknown
+            option); ``bad_sow_key`` (a ``sow_key`` that is not a string).
     """
     if not line.startswith(ENVELOPE_PREFIX):
         return line, {}
     try:
         env = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise MessageError("bad_json", str(exc)) from None
+        raise _decode_error(exc) from None
     opts, data = env.get("$sow"), env.get("data")
     if not isinstance(opts, dict) or not isinstance(data, dict) or set(env) != {"$sow", "data"}:
         raise MessageError("bad_envelope", 'envelope must be {"$sow": {options}, "data": {message}}')
     unknown = set(opts) - {"expiration", "sow_key"}
     if unknown:
         raise MessageError("bad_envelope", f"unknown envelope option(s): {', '.join(sorted(unknown))}")
-    return orjson.dumps(data), opts
+    key = opts.get("sow_key")
+    if key is not None and not isinstance(key, str):
+        raise MessageError("bad_sow_key", f"envelope sow_key must be a string, got {key!r}")
+    check_integers(line)  # the data is written again below: a long integer must not become a float
+    try:
+        return orjson.dumps(data), opts
+    except TypeError:  # the line holds one more level than its data
+        raise MessageError("too_deep", f"objects and arrays nested deeper than {MAX_DEPTH} "
+                           "levels") from None
 
 
 def check_expiration(value: Any) -> float | None:
     """A message expiration in seconds (None when absent).
 
     Raises:
-        MessageError: ``bad_expiration`` (not a number >= 0).
+        MessageError: ``bad_expiration`` (not a finite number >= 0; a boolean is not a number).
     """
     if value is None or value == b"" or value == "":
         return None
+    if isinstance(value, bool):
+        raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got the boolean "
+                           f"{str(value).lower()}")
     try:
         secs = float(value.decode() if isinstance(value, bytes) else value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, UnicodeDecodeError):
         raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got {value!r}") from None
     if not secs >= 0 or secs == float("inf"):
         raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got {value!r}")

@@ -16,7 +16,7 @@ from . import keys
 from .config import TopicConfig
 from .errors import MessageError, WaitTimeout
 from .fix import to_message
-from .messages import check_expiration, parse, unwrap
+from .messages import check_expiration, encode, parse, unwrap
 
 CHUNK = 1000
 """Messages sent per pipeline round trip."""
@@ -33,9 +33,10 @@ class Rejected:
 
 @dataclass
 class PublishResult:
-    """Outcome of a publish call.
+    """Outcome of a publish call: ``read == published + skipped + len(rejected)``.
 
     Attributes:
+        read: messages (lines, items) taken from the input.
         published: messages appended to the log.
         skipped: FIX messages of a MsgType the topic skips (``skip_msg_types``: session-level
             messages by default); not errors, not in the log.
@@ -47,15 +48,17 @@ class PublishResult:
     rejected: list[Rejected] = field(default_factory=list)
     last_ids: dict[int, str] = field(default_factory=dict)
     skipped: int = 0
+    read: int = 0
 
     def merge(self, other: PublishResult) -> None:
+        self.read += other.read
         self.published += other.published
         self.skipped += other.skipped
         self.rejected += other.rejected
         self.last_ids.update(other.last_ids)
 
 
-Item = tuple[str, bytes, "str | None"] | tuple[str, bytes, "str | None", "float | None"]
+Item = tuple[str, Any, "str | None"] | tuple[str, Any, "str | None", "float | None"]
 
 
 def _entry(cmd: str, data: bytes, sow_key: str | None,
@@ -73,11 +76,16 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            fix_separator: bytes | None = None) -> PublishResult:
     """Validate and append messages to the log.
 
+    Every item is either appended or rejected with its reason, whatever the other items do:
+    a problem with one item (including an exception no check foresaw, reported as
+    ``bad_message`` with the exception text) never stops the others.
+
     Args:
-        items: ``(cmd, message bytes, publisher SOW key or None[, expiration seconds or None])``;
+        items: ``(cmd, message, publisher SOW key or None[, expiration seconds or None])``;
             cmd is ``publish``, ``delta_publish`` or ``sow_delete`` (delete the record this data
-            would update). A message may be an envelope line (see :func:`messages.unwrap`)
-            whose options override the item's.
+            would update). A message is bytes (a line), ``str``, or a JSON-encodable value
+            such as a dict (see :func:`messages.encode`). A message may be an envelope line
+            (see :func:`messages.unwrap`) whose options override the item's.
         start: position number of the first item (for error reports: line numbers).
         on_chunk: called with the number of items handled after each pipeline round trip.
         fix_separator: FIX topics: the field separator of these messages (default: the
@@ -86,6 +94,11 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
+
+    Raises:
+        Whatever iterating ``items`` raises (e.g. an OSError reading a file), after appending
+        the items validated before it (a note on the exception says how many were published);
+        Redis errors.
     """
     result = PublishResult()
     pipe = r.pipeline(transaction=False)
@@ -105,31 +118,60 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             on_chunk(handled)
         parts, handled = [], 0
 
-    for pos, item in enumerate(items, start):
+    def check(item: Item) -> tuple[int, dict[str, bytes | str]] | None:
+        """(partition, log entry) of one item; None for a skipped FIX message."""
         cmd, data, sow_key = item[0], item[1], item[2]
         expiration = item[3] if len(item) > 3 else None  # type: ignore[misc]
-        handled += 1
-        data = data.strip()
+        data = encode(data).strip()
         if not data:
-            result.rejected.append(Rejected(pos, "empty", "empty message"))
-            continue
+            raise MessageError("empty", "empty message")
+        data, opts = unwrap(data)
+        obj = None
+        if is_fix:
+            converted = to_message(data, sep, skip)
+            if converted is None:
+                return None
+            data, obj = converted
+        if opts:  # envelope options override the item's; null means absent
+            sow_key = opts.get("sow_key") or sow_key
+            if opts.get("expiration") is not None:
+                expiration = opts["expiration"]
+        expiration = check_expiration(expiration)
+        parsed = parse(data, topic, sow_key, obj)
+        return parsed.partition, _entry(cmd, data, sow_key, expiration)
+
+    pos = start - 1
+    it = iter(items)
+    while True:
         try:
-            data, opts = unwrap(data)
-            obj = None
-            if is_fix:
-                converted = to_message(data, sep, skip)
-                if converted is None:
-                    result.skipped += 1
-                    continue
-                data, obj = converted
-            sow_key = opts.get("sow_key", sow_key)
-            expiration = check_expiration(opts.get("expiration", expiration))
-            parsed = parse(data, topic, sow_key, obj)
+            item = next(it)
+        except StopIteration:
+            break
+        except Exception as exc:
+            flush()
+            if result.last_ids:
+                touch(r, topic.name, result.last_ids)
+            exc.add_note(f"sow_redis: reading item {pos + 1} failed; the {result.published} "
+                         f"earlier message(s) were appended to the log, {len(result.rejected)} "
+                         "rejected")
+            raise
+        pos += 1
+        result.read += 1
+        handled += 1
+        try:
+            checked = check(item)
         except MessageError as exc:
             result.rejected.append(Rejected(pos, exc.reason, exc.detail))
             continue
-        pipe.xadd(keys.log(topic.name, parsed.partition), _entry(cmd, data, sow_key, expiration))
-        parts.append(parsed.partition)
+        except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
+            result.rejected.append(Rejected(pos, "bad_message", f"{type(exc).__name__}: {exc}"))
+            continue
+        if checked is None:
+            result.skipped += 1
+            continue
+        p, entry = checked
+        pipe.xadd(keys.log(topic.name, p), entry)
+        parts.append(p)
         if len(parts) >= CHUNK:
             flush()
     flush()

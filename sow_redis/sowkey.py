@@ -14,8 +14,9 @@ import re
 import orjson
 import xxhash
 
-USER_KEY = re.compile(r"^[A-Za-z0-9+/=]{1,512}$")
-"""A publisher-supplied SOW key: 1-512 characters of the Base64 alphabet (incl. ``=``)."""
+USER_KEY = re.compile(r"[A-Za-z0-9+/=]{1,512}")
+"""A publisher-supplied SOW key: 1-512 characters of the Base64 alphabet (incl. ``=``); always
+matched against the whole string (``fullmatch``: ``$`` would accept a trailing newline)."""
 
 
 def generate(domain: str, values: list[str]) -> str:
@@ -23,9 +24,10 @@ def generate(domain: str, values: list[str]) -> str:
     return xxhash.xxh3_128_hexdigest(orjson.dumps([domain, *values]))
 
 
-def is_valid_user_key(key: str) -> bool:
-    """True when ``key`` uses only Base64 characters (AMPS rule for user-generated keys)."""
-    return bool(USER_KEY.match(key))
+def is_valid_user_key(key: object) -> bool:
+    """True when ``key`` is a string of 1-512 Base64 characters and nothing else (AMPS rule for
+    user-generated keys); False for anything else (a number, a trailing newline, …)."""
+    return isinstance(key, str) and USER_KEY.fullmatch(key) is not None
 
 
 def partition_of(values: list[str], partitions: int) -> int:
