@@ -25,6 +25,7 @@ from .messages import (
     COMMANDS,
     check_expiration,
     check_size,
+    decode,
     expiry_for,
     index_members,
     key_of,
@@ -226,9 +227,8 @@ def _chain_ids(topic: TopicConfig, entries: list) -> dict[str, _Pre]:
         if data is None:
             continue
         try:
-            obj = orjson.loads(data)
-            if isinstance(obj, dict):
-                out[sid.decode()] = (fields.get(b"cmd"), obj, chaining.chain_values(obj, topic))
+            obj = decode(data, topic)  # the same checks as every message (size, depth, range)
+            out[sid.decode()] = (fields.get(b"cmd"), obj, chaining.chain_values(obj, topic))
         except Exception:  # noqa: BLE001 - such entries are rejected with a reason when planned
             continue
     return out

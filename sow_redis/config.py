@@ -353,7 +353,7 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
         where = f"{source}: topic #{i}" + (f" '{name}'" if isinstance(name, str) else "")
         before = len(problems)
         t = _check_shapes(where, raw, _SHAPES, "", problems)
-        if not isinstance(name, str) or not TOPIC_NAME.match(name):
+        if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name):
             if "name" in t or "name" not in raw:
                 problems.append(
                     f"{where}: 'name' must be 1-200 characters of A-Z a-z 0-9 _ . - /")
@@ -488,7 +488,7 @@ def _check_expiration(where: str, t: dict[str, Any], d: dict[str, Any],
     if pol not in EXPIRATION_POLICIES:
         problems.append(f"{where}: 'expiration_policy' must be \"override\" or \"min\", got {pol!r}")
     dl = t.get("dead_letter", "")
-    if dl and not TOPIC_NAME.match(dl):
+    if dl and not TOPIC_NAME.fullmatch(dl):
         problems.append(f"{where}: 'dead_letter' must be a topic name")
     if "idle_expiration" in t:
         try:

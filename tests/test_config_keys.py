@@ -310,3 +310,13 @@ def test_dead_letter_undefined_cli_one_line(url, topic_name, tmp_path):
         "neither in this file nor in the registry\n")
     proc = run_cli(url, "config", "show")
     assert topic_name not in proc.stdout.decode()
+
+
+def test_topic_names_are_validated_whole():
+    """A trailing newline is not part of a valid name (the check's `$` matched before it)."""
+    from sow_redis.config import parse_topics
+
+    with pytest.raises(ConfigError, match="name"):
+        parse_topics('[[topic]]\nname = "orders\\n"\nkey = ["/k"]\n')
+    with pytest.raises(ConfigError, match="dead_letter"):
+        parse_topics('[[topic]]\nname = "orders"\nkey = ["/k"]\ndead_letter = "dl\\n"\n')
