@@ -37,6 +37,10 @@ class FilterSyntaxError(SowError):
     """A content filter does not parse; the message names the position (1-based column)."""
 
 
+class FilterEvalError(SowError):
+    """A compiled content filter failed while evaluating a record (one-line message)."""
+
+
 class FencedError(SowError):
     """A worker's fencing token is stale: another worker took over the partition lease."""
 

@@ -113,20 +113,27 @@ def query(r: Any, topic: TopicConfig, filter: str | None = None, sow_keys: list[
     Args:
         filter: AMPS content filter (``None`` = every record).
         sow_keys: only these SOW keys.
-        top_n: at most this many records (after ordering).
+        top_n: at most this many records (after ordering); ``0`` returns none (the filter
+            and order-by are still checked), ``None`` every match.
         order_by: ``"/f DESC, /g"``.
 
     Returns:
         The matching records.
 
     Raises:
-        FilterSyntaxError: the filter or order-by does not parse.
+        FilterSyntaxError: the filter or order-by does not parse, or nests too deeply.
+        FilterEvalError: evaluating the filter on a record failed.
+        ValueError: ``top_n`` is negative.
     """
     from .filter import compile_filter
     from .orderby import parse_order_by, sort_records
 
+    if top_n is not None and top_n < 0:
+        raise ValueError(f"top_n must be 0 or more, got {top_n}")
     pred = compile_filter(filter) if filter else None
     order = parse_order_by(order_by) if order_by else None
+    if top_n == 0:
+        return []
     if sow_keys is not None:
         source: Iterator[Record] = get_records(r, topic, sow_keys)
     else:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import operator
 import re
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sow_redis.errors import FilterSyntaxError, SowError
+from sow_redis.errors import FilterEvalError, FilterSyntaxError, SowError
 from sow_redis.filter import Filter, compile_filter
 
 
@@ -131,6 +132,66 @@ def test_not_binds_tighter_than_and() -> None:
 def test_not_not() -> None:
     assert match("NOT NOT /a = 1", {"a": 1}) is True
     assert match("NOT NOT NOT /a = 1", {"a": 1}) is False
+
+
+def test_five_thousand_term_or_chain() -> None:
+    # issue 7.12: 494 OR terms used to raise RecursionError
+    disj = " OR ".join(f"/a = {i}" for i in range(5000))
+    t0 = time.perf_counter()
+    f = compile_filter(disj)
+    compiled = time.perf_counter() - t0
+    assert f({"a": 4999}) is True
+    assert f({"a": 0}) is True
+    assert f.evaluate({"a": 5000}) is False
+    assert f.evaluate({}) is None
+    conj = " AND ".join(f"/f{i} = {i}" for i in range(5000))
+    rec = {f"f{i}": i for i in range(5000)}
+    g = compile_filter(conj)
+    assert g(rec) is True
+    assert g.evaluate({**rec, "f4999": 0}) is False
+    assert len(g.equality_terms() or {}) == 5000
+    assert compile_filter(" + ".join(["1"] * 5000) + " = 5000 AND /a = 1")({"a": 1})
+    assert compile_filter(" - ".join(["/a"] * 3000) + " = -2998")({"a": 1})
+    assert compile_filter(" * ".join(["/a"] * 3000) + " = 1")({"a": 1})
+    print(f"5,000-term OR chain: compiled in {compiled * 1000:.0f} ms")
+
+
+_DEEP = {
+    "493 NOTs": "NOT " * 493 + "/a = 1",
+    "2,000 unary minus": "-" * 2000 + "1 = /a",
+    "2,000 spaced unary minus": "- " * 2000 + "1 = /a",
+    "1,000 parentheses": "(" * 1000 + "/a = 1" + ")" * 1000,
+    "300 nested functions": "UPPER(" * 300 + "/s" + ")" * 300 + " = 'A'",
+    "nested OR / AND in parentheses": "(/a = 1 OR " * 300 + "/a = 2" + ")" * 300,
+}
+
+
+@pytest.mark.parametrize("text", list(_DEEP.values()), ids=list(_DEEP))
+def test_deep_nesting_is_one_clear_syntax_error(text: str) -> None:
+    with pytest.raises(FilterSyntaxError) as info:
+        compile_filter(text)
+    message = str(info.value)
+    assert message.startswith("filter nests deeper than 200 levels (")
+    assert "\n" not in message and len(message) < 500
+    assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+def test_nesting_up_to_the_limit_compiles_and_evaluates() -> None:
+    from sow_redis.filter import MAX_DEPTH
+
+    # NOT × n over "/a = 1" is n + 2 levels (the comparison and the path are one each)
+    n = MAX_DEPTH - 2
+    assert compile_filter("NOT " * n + "/a = 1")({"a": 1}) is (n % 2 == 0)
+    with pytest.raises(FilterSyntaxError, match="nests deeper than"):
+        compile_filter("NOT " * (n + 1) + "/a = 1")
+    assert compile_filter("(" * (MAX_DEPTH - 2) + "/a = 1" + ")" * (MAX_DEPTH - 2))({"a": 1})
+    # evaluated from a deep caller stack, the deepest allowed filter still fits
+    deepest = compile_filter("-" * (MAX_DEPTH - 3) + "/a = -1")
+
+    def nested(k: int) -> bool:
+        return deepest({"a": 1}) if k == 0 else nested(k - 1)
+
+    assert nested(300) is True
 
 
 def test_long_and_or_chains() -> None:
@@ -451,6 +512,103 @@ def test_like_dynamic_pattern() -> None:
 def test_invalid_like_regex_is_a_syntax_error() -> None:
     with pytest.raises(FilterSyntaxError, match=r"column 9: invalid LIKE regular expression"):
         compile_filter("/a LIKE '('")
+
+
+def test_like_catastrophic_pattern_runs_in_bounded_time() -> None:
+    # issue 7.6: a backtracking engine takes ~2^32 steps here (minutes, a stuck worker)
+    f = compile_filter("/s LIKE '(a+)+$'")
+    rec = {"s": "a" * 32 + "!"}
+    t0 = time.perf_counter()
+    assert f.evaluate(rec) is False
+    assert compile_filter("/s LIKE '^(a+)+!$'")(rec) is True
+    assert compile_filter("/s LIKE '(a|aa)+$'").evaluate({"s": "a" * 40 + "!"}) is False
+    assert compile_filter("/s NOT LIKE '(a+)+$'")(rec) is True
+    elapsed = time.perf_counter() - t0
+    print(f"catastrophic LIKE patterns: {elapsed * 1000:.2f} ms")
+    assert elapsed < 2.0
+
+
+def test_like_time_is_linear_in_the_text() -> None:
+    f = compile_filter("/s LIKE '(x+x+)+y'")
+    text = "x" * 1_000_000
+    t0 = time.perf_counter()
+    assert f.evaluate({"s": text}) is False
+    assert f({"s": text + "y"}) is True
+    elapsed = time.perf_counter() - t0
+    print(f"(x+x+)+y on 1,000,000 characters: {elapsed * 1000:.1f} ms")
+    assert elapsed < 2.0
+
+
+@pytest.mark.parametrize(
+    "pattern, construct",
+    [
+        (r"(a)\1", r"a backreference \1"),
+        (r"(?P<x>a)(?P=x)", "a named backreference"),
+        (r"foo(?=bar)", "a lookahead"),
+        (r"foo(?!bar)", "a negative lookahead"),
+        (r"(?<=a)b", "a lookbehind"),
+        (r"(?<!a)b", "a negative lookbehind"),
+        (r"(?>a+)b", "an atomic group"),
+        (r"a++b", "a possessive quantifier ++"),
+        (r"a{2}+", "a possessive quantifier {2}+"),
+        (r"abc\Z", r"\Z (use \z or $ for the end of the text)"),
+    ],
+)
+def test_like_backtracking_only_constructs_are_named_at_compile_time(
+    pattern: str, construct: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(FilterSyntaxError) as info:
+        compile_filter(f"/s LIKE '{pattern}'")
+    message = str(info.value)
+    assert message.startswith("filter syntax error at column 9: LIKE pattern uses ")
+    assert f"LIKE pattern uses {construct}" in message, message
+    assert "not supported (LIKE runs on RE2" in message and "\n" not in message
+    assert capfd.readouterr().err == ""  # RE2 logs nothing of its own on stderr
+
+
+def test_like_pcre_syntax_that_re2_takes() -> None:
+    rec = {"s": "Order IBM-042 filled", "u": "Zürich"}
+    assert match(r"/s LIKE '\bIBM-\d{3}\b'", rec)
+    assert match(r"/s LIKE '(?i)^order\s+ibm'", rec)
+    assert match(r"/s LIKE '(?P<sym>[A-Z]{3})-0(4|5)2'", rec)
+    assert match(r"/s LIKE '(?:filled|cancelled)$'", rec)
+    assert not match(r"/s LIKE '\AIBM'", rec)
+    assert match(r"/u LIKE '^Z.rich$'", rec)  # one character, not one byte
+    assert match(r"/u LIKE '\p{L}+'", rec)
+
+
+def test_like_dynamic_pattern_with_unsupported_construct_is_unknown() -> None:
+    assert ev("/s LIKE /p", {"s": "aa", "p": r"(a)\1"}) is None
+    assert ev("/s LIKE /p", {"s": "a" * 32 + "!", "p": "(a+)+$"}) is False
+
+
+def test_like_searcher_fallback_agrees() -> None:
+    import re2
+
+    from sow_redis.filter import _RE2_OPTIONS, _searcher
+
+    class PublicOnly:  # a google-re2 release without the compiled-object fast path
+        def __init__(self, regex: object) -> None:
+            self.search = regex.search  # type: ignore[attr-defined]
+
+    for pattern in ["IBM", "^a", "(?i)X$", "é."]:
+        regex = re2.compile(pattern, _RE2_OPTIONS)
+        fast, slow = _searcher(regex), _searcher(PublicOnly(regex))
+        for text in ["IBM", "xIBMy", "abc", "bbx", "x", "éa", "é", ""]:
+            assert fast(text) is slow(text) is (re.search(pattern, text) is not None)
+
+
+def test_evaluation_failure_is_a_sow_error() -> None:
+    class Exploding(dict):
+        def get(self, *args: object) -> object:
+            raise ValueError("boom")
+
+    f = compile_filter("/a = 1")
+    expected = r'^filter evaluation failed: ValueError: boom in "/a = 1"$'
+    with pytest.raises(FilterEvalError, match=expected):
+        f(Exploding())
+    with pytest.raises(SowError):
+        f.evaluate(Exploding())
 
 
 # ----------------------------------------------------------------------- functions
