@@ -36,6 +36,6 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
     echo "setup: pip install failed (log above, also in $log)" >&2
     exit 1
   fi
-  "$root/.venv/bin/python" -c "import sow_redis, redis, rq, orjson, lark, xxhash"
+  "$root/.venv/bin/python" -c "import sow_redis, redis, rq, orjson, lark, xxhash, re2"
   touch "$stamp"
 fi
