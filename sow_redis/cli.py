@@ -483,7 +483,9 @@ def dashboard(ctx: click.Context, port: int) -> None:
     Example: sow-redis dashboard --port 9181
     """
     url = ctx.obj["settings"].redis_url
-    os.execvp("rq-dashboard", ["rq-dashboard", "--redis-url", url, "--port", str(port)])
+    # --json: sow_redis jobs are JSON; the dashboard must never unpickle a job payload
+    os.execvp("rq-dashboard", ["rq-dashboard", "--redis-url", url, "--port", str(port),
+                               "--json"])
 
 
 if __name__ == "__main__":

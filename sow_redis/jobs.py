@@ -6,6 +6,8 @@ the partition lease (fencing token), applies batches for up to ``job_budget_s`` 
 re-enqueues itself while the log has more. Publishers enqueue on publish; every worker also
 sweeps all partitions every ``sweep_interval_s`` seconds, so entries written by any Redis
 client, or left by a dead worker, are picked up.
+
+Jobs are JSON-serialized and only sow_redis's own job functions run (:mod:`sow_redis.safejob`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def _tools(r: Any) -> tuple[Scripts, TopicCache]:
 def _enqueue(r: Any, topic: str, p: int) -> None:
     from rq import Queue
 
-    Queue(QUEUE_NAME, connection=r).enqueue(
+    from .safejob import SERIALIZER
+
+    Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER).enqueue(
         JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
         description=f"ingest {topic}[{p}]",
     )

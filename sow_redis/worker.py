@@ -2,7 +2,8 @@
 
 The rq worker (``SimpleWorker``: jobs run in the worker process, no fork per job) executes the
 per-partition ingest jobs of :mod:`sow_redis.jobs`, so rq-dashboard shows workers, queue and
-jobs. rq owns signals: SIGINT/SIGTERM finish the current job, then exit (warm shutdown).
+jobs. It reads jobs as JSON and runs only sow_redis's own job functions
+(:mod:`sow_redis.safejob`). rq owns signals: SIGINT/SIGTERM finish the current job, then exit (warm shutdown).
 The sweeper enqueues jobs for partitions with lag every ``sweep_interval_s`` seconds, with
 capped exponential backoff while Redis is unreachable.
 """
@@ -17,6 +18,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .jobs import sweep
+from .safejob import SERIALIZER, SowJob
 from .settings import QUEUE_NAME, Settings
 
 log = logging.getLogger(__name__)
@@ -59,13 +61,14 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     from rq import Queue, SimpleWorker
 
     r = Redis.from_url(settings.redis_url)
-    queue = Queue(QUEUE_NAME, connection=r)
+    queue = Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER, job_class=SowJob)
     sweep(r, settings)  # start with everything that is already waiting
     sweeper = None
     if not burst:
         sweeper = Sweeper(Redis.from_url(settings.redis_url), settings)
         sweeper.start()
-    worker = SimpleWorker([queue], connection=r, name=name)
+    worker = SimpleWorker([queue], connection=r, name=name, serializer=SERIALIZER,
+                          job_class=SowJob)
     try:
         return worker.work(burst=burst, logging_level="WARNING")
     finally:
