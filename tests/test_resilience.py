@@ -323,3 +323,69 @@ def test_kill9_workers_during_mixed_ingest_loses_and_duplicates_nothing(url, r, 
     assert kills >= 5
     assert lost == 0 and duplicated == 0 and not wrong
     assert applied == n
+
+
+def test_expirer_retries_at_least_every_2s_while_redis_is_down(tmp_path):
+    """The expirer's backoff is capped at 2 s: during a 7 s outage no two attempts are more
+    than 2 s apart (a doubling backoff capped at 10 s waits 3.2 s, then 6.4 s), and it runs a
+    pass within about 2 s of Redis answering."""
+    from sow_redis.expirer import Expirer
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    exp = Expirer(Redis.from_url(url, socket_connect_timeout=0.5), Settings.from_env(redis_url=url))
+    attempts: list[float] = []
+    passes: list[float] = []
+    real_loop = exp.loop
+
+    def loop():
+        attempts.append(time.monotonic())
+        out = real_loop()
+        passes.append(time.monotonic())
+        return out
+
+    exp.loop = loop
+    th = threading.Thread(target=exp.run, daemon=True)
+    th.start()
+    time.sleep(7.0)  # Redis is down all this time
+    assert not passes
+    proc = spawn_redis(port, tmp_path / "redis", persist=False)
+    answered = time.monotonic()
+    try:
+        wait_until(lambda: passes, 15, "expirer pass after Redis answered")
+        down = [t for t in attempts if t <= answered]
+        gap = max(b - a for a, b in zip(down, down[1:]))
+        resumed = passes[0] - answered
+        print(f"\nexpirer: {len(down)} attempts in a 7 s outage, longest gap {gap:.2f} s; "
+              f"first pass {resumed:.2f} s after redis answered")
+        assert gap < 2.2 and resumed < 2.5
+    finally:
+        exp.stop()
+        th.join(timeout=5)
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_up_restarts_a_child_that_keeps_dying_with_backoff(capsys):
+    """A child that exits at once is restarted at once, then after 0.5, 1, 2 s ... (``up``
+    used to restart it every 0.2 s forever)."""
+    from sow_redis import server
+
+    child = server._Child("crasher", [sys.executable, "-c", "raise SystemExit(3)"],
+                          dict(os.environ))
+    spawned = [time.monotonic()]
+    t_end = time.monotonic() + 4.0
+    while time.monotonic() < t_end:
+        before = child.proc
+        child.check()
+        if child.proc is not before:
+            spawned.append(time.monotonic())
+        time.sleep(0.02)
+    child.proc.wait(timeout=10)
+    gaps = [round(b - a, 1) for a, b in zip(spawned, spawned[1:])]
+    err = capsys.readouterr().err
+    print(f"\ncrasher started {len(spawned)} times in 4 s, gaps {gaps}")
+    assert "crasher exited (3); restarting in 0.0 s" in err
+    assert "crasher exited (3); restarting in 0.5 s" in err
+    assert "crasher exited (3); restarting in 1.0 s" in err
+    assert 3 <= len(spawned) <= 5
