@@ -200,7 +200,7 @@ def test_up_restarts_killed_workers_and_cleans_their_registrations(tmp_path):
             os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)  # a batch the dead sent before it died is still applied by Redis
         seq0 = seq_total(r, "busy", 1)
-        first, probe_s = applied_after_outage(r, sow, "busy", "probe", seq0)
+        first, probe_s = (x + 0.2 for x in applied_after_outage(r, sow, "busy", "probe", seq0))
         clean_s = wait_until(lambda: {w.name for w in _rq_workers(r)}.isdisjoint(dead)
                              and len(_rq_workers(r)) == 2, 30, "dead registrations removed")
         names = [w.name for w in _rq_workers(r)]
