@@ -600,18 +600,33 @@ def chains(ctx: click.Context, topic: str, ident: str | None) -> None:
 
 # -- processes --------------------------------------------------------------------------
 @main.command()
-@click.option("--burst", is_flag=True, help="Drain every partition, then exit.")
-@click.option("--name", help="Worker name shown in rq-dashboard.")
+@click.option("--burst", is_flag=True,
+              help="Drain every partition, then exit (status 1 if entries remain unapplied).")
+@click.option("--name", help="Prefix of the worker name shown in rq-dashboard "
+              "(the name is <prefix>-<host>-<pid>-<random>; default prefix 'sow').")
 @click.pass_context
 @_friendly
 def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
     """Run a worker: applies the transaction logs (rq worker on queue 'sow').
 
-    Run as many as the load needs, on any host. Example: sow-redis worker --burst
+    Run as many as the load needs, on any host. It rides out Redis outages (retries every
+    0.1 s doubling to 2 s). With --burst it exits with status 1, naming topics and
+    partitions, when log entries remain unapplied (e.g. another worker holds a partition).
+
+    Example: sow-redis worker --burst
     """
     from .worker import run_worker
 
-    run_worker(_settings(ctx), burst=burst, name=name)
+    settings = _settings(ctx)
+    run_worker(settings, burst=burst, name=name)
+    if burst:
+        from .client import connect
+        from .jobs import unapplied_partitions
+
+        left = unapplied_partitions(connect(settings.redis_url))
+        if left:
+            where = "; ".join(f"{t} partitions {','.join(map(str, ps))}" for t, ps in left.items())
+            raise click.ClickException(f"worker --burst: entries remain unapplied: {where}")
 
 
 @main.command()
@@ -660,7 +675,9 @@ def dashboard(ctx: click.Context, port: int) -> None:
     Example: sow-redis dashboard --port 9181
     """
     url = ctx.obj["settings"].redis_url
-    os.execvp("rq-dashboard", ["rq-dashboard", "--redis-url", url, "--port", str(port)])
+    # --json: sow_redis jobs are JSON; the dashboard must never unpickle a job payload
+    os.execvp("rq-dashboard", ["rq-dashboard", "--redis-url", url, "--port", str(port),
+                               "--json"])
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys
 from .config import TopicCache, TopicConfig
@@ -44,8 +45,12 @@ BATCH = 1000
 IDLE_CHECK_S = 1.0
 """Seconds between two idle-topic checks."""
 
-BACKOFF_MAX_S = 10.0
-"""Longest pause in seconds while Redis does not answer."""
+BACKOFF_MIN_S = 0.1
+"""First pause in seconds after Redis did not answer; it doubles per failure."""
+
+BACKOFF_MAX_S = 2.0
+"""Longest pause in seconds while Redis does not answer (the expirer resumes within this
+long of Redis answering again)."""
 
 
 def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig) -> tuple[int, int, int]:
@@ -190,7 +195,11 @@ class Expirer:
         return expired, (0.0 if expired else wait_s)
 
     def run(self, burst: bool = False) -> int:
-        """Run passes until stopped (``burst``: until nothing is due now). Returns expired."""
+        """Run passes until stopped (``burst``: until nothing is due now). Returns expired.
+
+        While Redis does not answer (connection refused or lost, timeouts, AOF loading after
+        a restart) it waits ``BACKOFF_MIN_S`` doubling to ``BACKOFF_MAX_S`` seconds between
+        passes and never exits; other errors propagate (``up`` restarts the process)."""
         total, pause = 0, 0.0
         while not self._stop.is_set():
             try:
@@ -201,8 +210,8 @@ class Expirer:
                 pause = 0.0
                 if wait_s > 0:
                     self._stop.wait(wait_s)
-            except RedisConnectionError as exc:
-                pause = min(BACKOFF_MAX_S, max(0.1, pause * 2))
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                pause = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, pause * 2))
                 log.warning("expirer: redis unreachable (%s); retry in %.1f s", exc, pause)
                 self._stop.wait(pause)
         return total

@@ -6,6 +6,14 @@ the partition lease (fencing token), applies batches for up to ``job_budget_s`` 
 re-enqueues itself while the log has more. Publishers enqueue on publish; every worker also
 sweeps all partitions every ``sweep_interval_s`` seconds, so entries written by any Redis
 client, or left by a dead worker, are picked up.
+
+Jobs are JSON-serialized and only sow_redis's own job functions run (:mod:`sow_redis.safejob`).
+A sweep also takes back what a dead job left behind (a lease and a marker), so a partition
+moves on within one sweep instead of after ``lease_ms`` / ``marker_ttl_ms``: the lease of a
+process of this host that no longer runs, and this process's own lease when no job of this
+process works on the partition (its job died on a lost Redis connection). ``recover=True``
+(after an outage) also drops the marker of every lagging partition that no one leases, since
+the job it stands for may have been lost with the connection.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from typing import Any
@@ -30,8 +39,13 @@ JOB_FUNC = "sow_redis.jobs.ingest_job"
 JOB_TIMEOUT_S = 600
 """rq job timeout in seconds (a job normally returns after ``job_budget_s``)."""
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-"""This process's lease owner id."""
+HOST = socket.gethostname()
+OWNER = f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+"""This process's lease owner id: ``<host>:<pid>:<random>``."""
+
+_active: set[tuple[str, int]] = set()
+"""Partitions an ingest job of this process is working on (under ``_active_lock``)."""
+_active_lock = threading.Lock()
 
 def _tools(r: Any) -> tuple[Scripts, TopicCache]:
     """The scripts and registry cache of client ``r`` (made once per client)."""
@@ -41,7 +55,9 @@ def _tools(r: Any) -> tuple[Scripts, TopicCache]:
 def _enqueue(r: Any, topic: str, p: int) -> None:
     from rq import Queue
 
-    Queue(QUEUE_NAME, connection=r).enqueue(
+    from .safejob import SERIALIZER
+
+    Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER).enqueue(
         JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
         description=f"ingest {topic}[{p}]",
     )
@@ -84,13 +100,91 @@ def _tuple(sid: bytes) -> tuple[int, int]:
     return int(a), int(b or 0)
 
 
-def sweep(r: Any, settings: Settings) -> int:
-    """Enqueue jobs for every lagging partition of every topic. Returns jobs enqueued."""
+def unapplied_partitions(r: Any) -> dict[str, list[int]]:
+    """Topic → partitions whose log has entries after the applied cursor (topics without
+    lag are left out)."""
+    _scripts, cache = _tools(r)
+    out = {}
+    for name, topic in sorted(cache.all().items()):
+        lag = lagging_partitions(r, topic)
+        if lag:
+            out[name] = lag
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host exists and is not a zombie (Linux ``/proc``)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def owner_dead(owner: str) -> bool:
+    """Whether lease owner id ``owner`` (``<host>:<pid>:<random>``) is a process of this host
+    that no longer runs. Owners on other hosts are never declared dead here: their leases
+    lapse after ``lease_ms``."""
+    parts = owner.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != HOST:
+        return False
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return False
+    return pid != os.getpid() and not pid_alive(pid)
+
+
+def reclaim(r: Any, topic: str, partitions: list[int], recover: bool = False) -> list[int]:
+    """Release the leases of ``partitions`` left by dead jobs (see the module docstring) and
+    drop their job markers, so the next :func:`ensure_jobs` enqueues a fresh job.
+
+    Returns:
+        The partitions whose marker was dropped.
+    """
+    scripts, _cache = _tools(r)
+    owners = r.mget([keys.lease(topic, p) for p in partitions])
+    stale = []
+    for p, raw in zip(partitions, owners):
+        if raw is None:
+            if recover:
+                stale.append(p)
+            continue
+        owner = raw.decode()
+        if owner == OWNER:
+            with _active_lock:  # an ingest job of ours marks a partition before leasing it
+                if (topic, p) in _active:
+                    continue
+                scripts.lease_release(keys.lease(topic, p), owner)
+        elif owner_dead(owner):
+            scripts.lease_release(keys.lease(topic, p), owner)
+        else:
+            continue
+        log.warning("%s[%d]: released the lease of dead job %s", topic, p, owner)
+        stale.append(p)
+    if stale:
+        r.delete(*[keys.job_marker(topic, p) for p in stale])
+    return stale
+
+
+def sweep(r: Any, settings: Settings, recover: bool = False) -> int:
+    """Enqueue jobs for every lagging partition of every topic, after :func:`reclaim`.
+
+    Returns:
+        The number of jobs enqueued.
+    """
     _scripts, cache = _tools(r)
     n = 0
     for topic in cache.all().values():
         lag = lagging_partitions(r, topic)
         if lag:
+            reclaim(r, topic.name, lag, recover)
             n += ensure_jobs(r, topic.name, lag, settings)
     return n
 
@@ -174,11 +268,16 @@ def ingest_job(topic: str, partition: int) -> int:
         return 0
     marker = keys.job_marker(topic, partition)
     r.pexpire(marker, settings.marker_ttl_ms)
+    with _active_lock:
+        _active.add((topic, partition))
     try:
         done, drained = drain_partition(r, t, partition, settings)
     except FencedError:
         log.warning("%s[%d]: lease taken over by another worker", topic, partition)
         return 0
+    finally:
+        with _active_lock:
+            _active.discard((topic, partition))
     if done == 0 and not drained:
         # another worker holds the lease: it re-enqueues or retires the partition itself
         return 0

@@ -95,13 +95,74 @@ def start_redis(url: str, data_dir: str) -> subprocess.Popen[bytes]:
     return spawn_redis(port, Path(data_dir, f"redis-{port}"))
 
 
+RESTART_MIN_S = 0.5
+"""Pause in seconds before the second restart of a child that keeps dying; it doubles per
+quick death (the first restart is immediate)."""
+
+RESTART_MAX_S = 30.0
+"""Longest pause in seconds before restarting a child process or the redis-server."""
+
+HEALTHY_S = 10.0
+"""A child that ran this many seconds before it died is restarted at once."""
+
+REDIS_RESTART_TIMEOUT_S = 120.0
+"""Seconds a restarted redis-server may take to load its AOF and answer."""
+
+
+class _Child:
+    """One supervised process of ``up``: its command, label and restart schedule."""
+
+    def __init__(self, label: str, args: list[str], env: dict[str, str]):
+        self.label, self.args, self.env = label, args, env
+        self.quick_deaths = 0
+        self.restart_at: float | None = None
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.started = time.monotonic()
+        return subprocess.Popen(self.args, env=self.env, start_new_session=True)
+
+    def check(self) -> None:
+        """Schedule a restart when the process died (capped exponential backoff for a child
+        that dies quickly again and again); restart it when its time has come."""
+        now = time.monotonic()
+        if self.restart_at is None and self.proc.poll() is not None:
+            if now - self.started >= HEALTHY_S:
+                self.quick_deaths = 0
+            delay = 0.0 if self.quick_deaths == 0 else min(
+                RESTART_MAX_S, RESTART_MIN_S * 2 ** (self.quick_deaths - 1))
+            self.quick_deaths += 1
+            self.restart_at = now + delay
+            click.echo(f"{self.label} exited ({self.proc.returncode}); restarting in "
+                       f"{delay:.1f} s", err=True)
+        if self.restart_at is not None and now >= self.restart_at:
+            self.restart_at = None
+            self.proc = self._spawn()
+
+
+def _respawn_redis(url: str, data_dir: str) -> subprocess.Popen[bytes]:
+    """Start the redis-server of ``up`` again, on the same port and data dir (AOF).
+
+    Raises:
+        SowError: as :func:`spawn_redis`.
+    """
+    port = urlparse(url).port or 6379
+    return spawn_redis(port, Path(data_dir, f"redis-{port}"), timeout_s=REDIS_RESTART_TIMEOUT_S)
+
+
 def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool = True) -> None:
-    """Run redis (if needed) + config + ``workers`` worker processes until interrupted."""
+    """Run redis (if needed) + config + ``workers`` worker processes until interrupted.
+
+    Supervision: a worker or expirer that dies is restarted (at once, then after
+    ``RESTART_MIN_S`` doubling to ``RESTART_MAX_S`` while it keeps dying within
+    ``HEALTHY_S``); a redis-server started here that dies is started again on the same port
+    and data dir, which reloads its AOF. Each event is one line on stderr.
+    """
     redis_proc = None
     if not _ping(settings.redis_url):
         redis_proc = start_redis(settings.redis_url, data_dir)
         click.echo(f"started redis-server at {settings.redis_url} (data in {data_dir})", err=True)
-    procs: list[subprocess.Popen[bytes]] = []
+    children: list[_Child] = []
     stopping = False
 
     def stop(*_a: object) -> None:
@@ -116,24 +177,34 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
             Sow(settings=settings).apply_config(settings.config_path)
             click.echo(f"applied {settings.config_path}", err=True)
         env = dict(os.environ, SOW_REDIS_URL=settings.redis_url)
+        cli = [sys.executable, "-m", "sow_redis.cli"]
         for i in range(workers):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "sow_redis.cli", "worker", "--name",
-                 f"sow-{os.getpid()}-{i}"], env=env, start_new_session=True))
-        procs.append(subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "expirer"],
-                                      env=env, start_new_session=True))
+            children.append(_Child(f"worker {i}", cli + ["worker", "--name", f"sow-{i}"], env))
+        children.append(_Child("expirer", cli + ["expirer"], env))
         click.echo(f"{workers} worker(s) and the expirer running; Ctrl-C stops everything",
                    err=True)
+        redis_deaths, redis_retry_at = 0, 0.0
         while not stopping:
-            for i, p in enumerate(procs):
-                if p.poll() is not None:
-                    click.echo(f"process {' '.join(map(str, p.args[3:]))} exited "
-                               f"({p.returncode}); restarting", err=True)
-                    procs[i] = subprocess.Popen(p.args, env=env, start_new_session=True)
-            time.sleep(0.2)
+            if redis_proc is not None and redis_proc.poll() is not None \
+                    and time.monotonic() >= redis_retry_at:
+                click.echo(f"redis-server at {settings.redis_url} exited ({redis_proc.returncode});"
+                           f" restarting it (data in {data_dir})", err=True)
+                try:
+                    redis_proc = _respawn_redis(settings.redis_url, data_dir)
+                    redis_deaths = 0
+                    click.echo(f"redis-server restarted at {settings.redis_url}", err=True)
+                except SowError as exc:
+                    redis_deaths += 1
+                    delay = min(RESTART_MAX_S, RESTART_MIN_S * 2 ** (redis_deaths - 1))
+                    redis_retry_at = time.monotonic() + delay
+                    click.echo(f"{exc}; retrying in {delay:.1f} s", err=True)
+            for child in children:
+                child.check()
+            time.sleep(0.1)
     except KeyboardInterrupt:
         pass
     finally:
+        procs = [c.proc for c in children]
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)

@@ -1,41 +1,249 @@
-"""The ``sow-redis worker`` process: an rq worker plus a sweeper thread.
+"""The ``sow-redis worker`` process: an rq worker plus a sweeper thread, surviving Redis outages.
 
-The rq worker (``SimpleWorker``: jobs run in the worker process, no fork per job) executes the
-per-partition ingest jobs of :mod:`sow_redis.jobs`, so rq-dashboard shows workers, queue and
-jobs. rq owns signals: SIGINT/SIGTERM finish the current job, then exit (warm shutdown).
-The sweeper enqueues jobs for partitions with lag every ``sweep_interval_s`` seconds, with
-capped exponential backoff while Redis is unreachable.
+The rq worker (:class:`SowWorker`, a ``SimpleWorker``: jobs run in the worker process, no
+fork per job) executes the per-partition ingest jobs of :mod:`sow_redis.jobs`, so rq-dashboard
+shows workers, queue and jobs. It reads jobs as JSON and runs only sow_redis's own job
+functions (:mod:`sow_redis.safejob`). rq owns signals while it works: SIGINT/SIGTERM finish
+the current job, then exit (warm shutdown).
+
+Failures (issue 7.7): rq quits its work loop on the first Redis connection error that is not
+raised while it waits for a job. :func:`run_worker` then waits for Redis with capped
+exponential backoff (``BACKOFF_MIN_S`` doubling to ``BACKOFF_MAX_S``), takes back what the
+interrupted job left (:func:`sow_redis.jobs.reclaim`) and starts the rq loop again, under the
+same name: the name is unique per process start (``<prefix>-<host>-<pid>-<random>``), so a
+registration left under it by a lost connection is this process's own and is replaced.
+Registrations of dead workers (this host's processes that no longer run, or no heartbeat for
+``STALE_AFTER_S``) are removed at start and by the sweeper every ``CLEAN_EVERY_S``.
+
+The sweeper enqueues jobs for partitions with lag every ``sweep_interval_s`` seconds, with the
+same backoff while Redis is unreachable; its first sweep after an outage also drops the job
+markers of partitions that no one leases (their job may have died with the connection).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
+import time
+import uuid
+from datetime import datetime, timezone
 from typing import Any
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import Queue, SimpleWorker
+from rq.exceptions import StopRequested
 
-from .jobs import sweep
+from .jobs import HOST, owner_dead, sweep
+from .safejob import SERIALIZER, SowJob
 from .settings import QUEUE_NAME, Settings
 
 log = logging.getLogger(__name__)
 
-BACKOFF_MAX_S = 10.0
-"""Longest pause in seconds between sweeps while Redis does not answer."""
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+"""Errors that mean Redis does not answer (BusyLoadingError, while it loads its AOF after a
+restart, is a ConnectionError)."""
+
+BACKOFF_MIN_S = 0.1
+"""First pause in seconds before trying an unreachable Redis again; it doubles per failure."""
+
+BACKOFF_MAX_S = 2.0
+"""Longest pause in seconds between two attempts while Redis does not answer."""
+
+HEALTHY_S = 10.0
+"""An rq loop that ran this many seconds before it quit restarts without backoff."""
+
+WORKER_TTL_S = 60
+"""rq ``worker_ttl`` in seconds: an idle worker heartbeats every ``WORKER_TTL_S - 15`` s."""
+
+STALE_AFTER_S = 2 * WORKER_TTL_S
+"""A registered worker whose last heartbeat is older than this (seconds) is dead."""
+
+CLEAN_EVERY_S = 30.0
+"""Seconds between two removals of dead workers' registrations by the sweeper."""
+
+
+def worker_name(prefix: str | None = None) -> str:
+    """``<prefix>-<host>-<pid>-<random>`` (prefix default ``sow``): unique per process start."""
+    return f"{prefix or 'sow'}-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def sow_queue(r: Any) -> Queue:
+    """The rq queue of the ingest jobs, read as JSON into :class:`SowJob`."""
+    return Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER, job_class=SowJob)
+
+
+def wait_for_redis(r: Any, stop: threading.Event) -> bool:
+    """Ping ``r`` until it answers, with capped exponential backoff, logging each failure.
+
+    Returns:
+        True when Redis answers; False when ``stop`` was set first.
+    """
+    pause = BACKOFF_MIN_S
+    while not stop.is_set():
+        try:
+            r.ping()
+            return True
+        except REDIS_DOWN as exc:
+            log.warning("redis unreachable (%s); retry in %.1f s", exc, pause)
+        stop.wait(pause)
+        pause = min(BACKOFF_MAX_S, pause * 2)
+    return False
+
+
+def clean_dead_workers(r: Any, keep: str | None = None) -> list[str]:
+    """Remove the rq registrations of dead workers of the ``sow`` queue: a worker that
+    registered its death, a process of this host that no longer runs, or a worker without a
+    heartbeat for ``STALE_AFTER_S`` seconds. ``keep``: this process's own worker name.
+
+    Returns:
+        The names removed.
+    """
+    from rq.utils import utcparse
+    from rq.worker_registration import clean_worker_registry, get_keys, unregister
+
+    queue = sow_queue(r)
+    now = datetime.now(timezone.utc)
+    removed = []
+    for key in sorted(get_keys(queue=queue)):
+        w = SimpleWorker.find_by_key(key, connection=r, serializer=SERIALIZER)
+        if w is None or w.name == keep:
+            continue
+        death, beat, host, pid = r.hmget(key, "death", "last_heartbeat", "hostname", "pid")
+        age = (now - utcparse(beat.decode())).total_seconds() if beat else STALE_AFTER_S + 1
+        local_dead = (host is not None and pid is not None
+                      and owner_dead(f"{host.decode()}:{pid.decode()}:-"))
+        if death is None and not local_dead and age <= STALE_AFTER_S:
+            continue
+        with r.pipeline() as pipe:
+            unregister(w, pipe)
+            pipe.delete(w.key, w.executions_key)
+            pipe.execute()
+        log.warning("removed the registration of dead worker %s", w.name)
+        removed.append(w.name)
+    clean_worker_registry(queue)
+    return removed
+
+
+def _noting_redis_down(name: str) -> Any:
+    """A SowWorker method that calls SimpleWorker's ``name`` and notes a lost connection."""
+
+    def method(self: SowWorker, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(SimpleWorker, name)(self, *args, **kwargs)
+        except REDIS_DOWN:
+            self.lost_connection = True
+            raise
+
+    method.__name__ = name
+    return method
+
+
+class SowWorker(SimpleWorker):
+    """rq's SimpleWorker for sow_redis: JSON jobs of :class:`SowJob` only, a short reconnect
+    backoff, a registration that survives a lost connection, and a stop flag shared with
+    :func:`run_worker`.
+
+    Attributes:
+        lost_connection: set when the work loop quit because Redis did not answer.
+    """
+
+    max_connection_wait_time = BACKOFF_MAX_S
+
+    def __init__(self, *args: Any, stop: threading.Event, **kwargs: Any):
+        kwargs.setdefault("serializer", SERIALIZER)
+        kwargs.setdefault("job_class", SowJob)
+        kwargs.setdefault("worker_ttl", WORKER_TTL_S)
+        super().__init__(*args, **kwargs)
+        self.stop = stop
+        self.lost_connection = False
+
+    execute_job = _noting_redis_down("execute_job")
+    run_maintenance_tasks = _noting_redis_down("run_maintenance_tasks")
+    dequeue_job_and_maintain_ttl = _noting_redis_down("dequeue_job_and_maintain_ttl")
+
+    def check_for_suspension(self, burst: bool) -> None:
+        if self.stop.is_set():
+            raise StopRequested
+        try:
+            super().check_for_suspension(burst)
+        except REDIS_DOWN:
+            self.lost_connection = True
+            raise
+
+    def register_birth(self) -> None:
+        # the name is this process's own: a registration under it was left by a lost
+        # connection of this process (rq would refuse to start: "active worker named …")
+        self.connection.delete(self.key)
+        super().register_birth()
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        self.stop.set()
+        super().request_stop(signum, frame)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
+            return
+        try:
+            with self.connection.pipeline() as pipe:
+                super().heartbeat(timeout, pipe)
+                created = pipe.execute()[0]
+            if created and self.birth_date is not None:
+                # the registration was lost (a Redis restart without it): register again
+                self.connection.delete(self.key)
+                with self.connection.pipeline() as pipe:
+                    pipe.hset(self.key, mapping=self.serialize())
+                    from rq.worker_registration import register
+
+                    register(self, pipe)
+                    pipe.expire(self.key, self.worker_ttl + 60)
+                    pipe.execute()
+        except REDIS_DOWN:
+            self.lost_connection = True
+            raise
+
+    def teardown(self) -> None:
+        """Register death and stop the pub/sub thread, even when Redis is gone."""
+        try:
+            self.register_death()
+        except REDIS_DOWN as exc:
+            self.lost_connection = True
+            log.warning("worker %s: could not register its death (%s)", self.name, exc)
+        if self.pubsub_thread is not None:
+            try:
+                self.pubsub.unsubscribe()  # wakes the thread up
+            except REDIS_DOWN:
+                pass  # the thread's own reconnect loop sees the stop flag within 2 s
+            self.pubsub_thread.stop()
+            self.pubsub_thread.join(timeout=1)
+            if not self.pubsub_thread.is_alive():
+                self.pubsub.close()
+            self.pubsub_thread = None
 
 
 class Sweeper(threading.Thread):
     """Daemon thread: ``loop()`` sweeps once; ``run()`` repeats it until stopped."""
 
-    def __init__(self, r: Any, settings: Settings):
+    def __init__(self, r: Any, settings: Settings, keep: str | None = None):
         super().__init__(name="sow-sweeper", daemon=True)
-        self.r, self.settings = r, settings
+        self.r, self.settings, self.keep = r, settings, keep
         self.stopped = threading.Event()
+        self.recover = False
+        self._next_clean = time.monotonic() + CLEAN_EVERY_S
 
     def loop(self) -> int:
-        """One unit of work: enqueue jobs for every lagging partition."""
-        return sweep(self.r, self.settings)
+        """One unit of work: enqueue jobs for every lagging partition (after an outage, also
+        those whose marker may stand for a lost job); now and then remove dead workers."""
+        n = sweep(self.r, self.settings, recover=self.recover)
+        self.recover = False
+        if time.monotonic() >= self._next_clean:
+            self._next_clean = time.monotonic() + CLEAN_EVERY_S
+            clean_dead_workers(self.r, keep=self.keep)
+        return n
 
     def run(self) -> None:
         pause = self.settings.sweep_interval_s
@@ -43,31 +251,72 @@ class Sweeper(threading.Thread):
             try:
                 self.loop()
                 pause = self.settings.sweep_interval_s
-            except RedisConnectionError as exc:
-                pause = min(BACKOFF_MAX_S, pause * 2)
+            except REDIS_DOWN as exc:
+                pause = BACKOFF_MIN_S if not self.recover else min(BACKOFF_MAX_S, pause * 2)
+                self.recover = True
                 log.warning("sweeper: redis unreachable (%s); retry in %.1f s", exc, pause)
             except Exception:  # noqa: BLE001 - the sweeper must outlive any single failure
                 log.exception("sweeper failed; retrying")
 
 
+def _on_signals(stop: threading.Event) -> None:
+    """Outside rq's work loop, SIGINT/SIGTERM only set ``stop``."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_a: stop.set())
+
+
 def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> bool:
-    """Run one worker until stopped (or, with ``burst``, until every partition is drained).
+    """Run one worker until stopped (or, with ``burst``, until the queue is empty).
+
+    Survives Redis outages (see the module docstring). ``name``: prefix of the worker name.
 
     Returns:
         True when the worker processed at least one job.
-    """
-    from rq import Queue, SimpleWorker
 
+    Raises:
+        redis.exceptions.ConnectionError: with ``burst``, Redis does not answer at start.
+    """
     r = Redis.from_url(settings.redis_url)
-    queue = Queue(QUEUE_NAME, connection=r)
-    sweep(r, settings)  # start with everything that is already waiting
+    stop = threading.Event()
+    _on_signals(stop)
+    wname = worker_name(name)
+    if burst:
+        r.ping()
+    elif not wait_for_redis(r, stop):
+        return False
     sweeper = None
     if not burst:
-        sweeper = Sweeper(Redis.from_url(settings.redis_url), settings)
+        sweeper = Sweeper(Redis.from_url(settings.redis_url), settings, keep=wname)
         sweeper.start()
-    worker = SimpleWorker([queue], connection=r, name=name)
+    # a burst worker drains whatever lags, even behind a marker whose job is gone
+    worked, pause, recover = False, BACKOFF_MIN_S, burst
     try:
-        return worker.work(burst=burst, logging_level="WARNING")
+        while not stop.is_set():
+            started = time.monotonic()
+            worker = None
+            try:
+                clean_dead_workers(r, keep=wname)
+                sweep(r, settings, recover=recover)  # start with everything already waiting
+                worker = SowWorker([sow_queue(r)], connection=r, name=wname, stop=stop)
+                worked = worker.work(burst=burst, logging_level="WARNING") or worked
+                down = worker.lost_connection
+            except REDIS_DOWN as exc:
+                log.warning("worker %s: redis unreachable (%s)", wname, exc)
+                down = True
+            finally:
+                _on_signals(stop)
+            if stop.is_set() or (worker is not None and worker._stop_requested):
+                break
+            if burst and not down:
+                break
+            # rq quit its loop (a lost connection, or an error it logged): start it again
+            pause = BACKOFF_MIN_S if time.monotonic() - started >= HEALTHY_S else pause
+            log.warning("worker %s: work loop ended; restarting in %.1f s", wname, pause)
+            if stop.wait(pause) or not wait_for_redis(r, stop):
+                break
+            pause = min(BACKOFF_MAX_S, pause * 2)
+            recover = True
     finally:
         if sweeper is not None:
             sweeper.stopped.set()
+    return worked
