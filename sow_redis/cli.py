@@ -475,15 +475,54 @@ def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool) -> None
 
 
 @main.command()
-@click.option("--port", default=9181, show_default=True)
+@click.option("--port", default=9181, show_default=True, help="HTTP port.")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 = every interface (then set a user and "
+              "password: rq-dashboard shows and deletes jobs).")
+@click.option("--username", envvar="SOW_DASHBOARD_USERNAME",
+              help="HTTP basic auth user (env SOW_DASHBOARD_USERNAME); default: no auth.")
+@click.option("--password", envvar="SOW_DASHBOARD_PASSWORD",
+              help="HTTP basic auth password; prefer env SOW_DASHBOARD_PASSWORD, which other "
+              "users cannot read in the process list.")
 @click.pass_context
-def dashboard(ctx: click.Context, port: int) -> None:
-    """Run rq-dashboard on this Redis to watch workers, the 'sow' queue and jobs.
+@_friendly
+def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
+              password: str | None) -> None:
+    """Run rq-dashboard on this Redis to watch workers, the 'sow' queue and jobs; it
+    listens on 127.0.0.1 unless --bind says otherwise.
 
-    Example: sow-redis dashboard --port 9181
+    \b
+    Example (then open http://127.0.0.1:9181/):
+      sow-redis --redis-url redis://127.0.0.1:6390/0 dashboard --port 9181
     """
+    from redis import Redis
+
     url = ctx.obj["settings"].redis_url
-    os.execvp("rq-dashboard", ["rq-dashboard", "--redis-url", url, "--port", str(port)])
+    if url.startswith("memory://"):
+        raise click.ClickException("dashboard needs a redis:// URL; memory:// runs inside "
+                                   "each process")
+    if bool(username) != bool(password):
+        raise click.UsageError("give both --username and --password (or neither)")
+    try:
+        import rq_dashboard.cli  # noqa: F401 - fail here, in one line, not in the child
+    except ImportError as exc:
+        raise click.ClickException(f"rq-dashboard cannot start: {exc} "
+                                   "(reinstall: pip install -e .)") from None
+    Redis.from_url(url, socket_connect_timeout=2.0).ping()
+    env = dict(os.environ)
+    if username:
+        # handed over in the environment, not argv, so `ps` does not show the password
+        env.update(RQ_DASHBOARD_USERNAME=username, RQ_DASHBOARD_PASSWORD=password or "")
+    elif bind not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: rq-dashboard on {bind} without --username/--password: anyone "
+                   "who reaches this port can see and delete jobs", err=True)
+    host = f"[{bind}]" if ":" in bind else bind
+    click.echo(f"rq-dashboard on http://{host}:{port}/ for {url}"
+               + (f" (basic auth, user {username})" if username else "")
+               + "; Ctrl-C stops it", err=True)
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "rq_dashboard", "--bind", bind,
+                               "--port", str(port), "--redis-url", url], env)
 
 
 if __name__ == "__main__":
