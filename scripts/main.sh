@@ -12,9 +12,9 @@
 # 4. clears what a previous run left in the topics, publishes weather then flights and waits
 #    until the workers applied everything;
 # 5. queries the SOW (one record per aircraft, per airport) and shows status and errors;
-# 6. second demo: the real FIX order logs of ../shared/data/fix (read from there) into a
-#    FIX topic with the chaining key generator (examples/fix_orders.toml): one record per
-#    order, checked against the distinct 37 OrderIDs of the logs;
+# 6. second demo: the real FIX order logs of ../shared/data/fix (read from there) into the
+#    FIX topic fix_orders with the chaining key generator (examples/fix_orders.toml): one
+#    record per order, checked against the distinct 37 OrderIDs of the logs;
 # 7. stops everything cleanly.
 #
 # Environment: SOW_REDIS_URL (default redis://127.0.0.1:6390/0, never the machine's 6379
@@ -213,16 +213,16 @@ if [ ! -d "$fix_dir" ]; then
   echo "skipped: $fix_dir is not there"
 else
   sow-redis config apply examples/fix_orders.toml
-  read -r n pending <<<"$(records_of orders)"
+  read -r n pending <<<"$(records_of fix_orders)"
   if [ "${n:-0}" -gt 0 ] || [ "${pending:-0}" -gt 0 ]; then
-    note "orders holds $n record(s) from a previous run: sow-redis sow-delete -t orders -f \"1=1\""
-    sow-redis sow-delete -t orders -f "1=1"
+    note "fix_orders holds $n record(s) from a previous run: sow-redis sow-delete -t fix_orders -f \"1=1\""
+    sow-redis sow-delete -t fix_orders -f "1=1"
   fi
-  note "sow-redis delta-publish -t orders --separator ';' Ireach_test_logs.fix.txt --wait"
-  sow-redis delta-publish -t orders --separator ';' "$fix_dir/Ireach_test_logs.fix.txt" --wait
-  note "sow-redis delta-publish -t orders FIX.4.2-KOD-BON.messages.current.log --wait   (SOH)"
-  sow-redis delta-publish -t orders "$fix_dir/FIX.4.2-KOD-BON.messages.current.log" --wait
-  fix_in_sow="$(sow-redis sow -t orders | wc -l)"
+  note "sow-redis delta-publish -t fix_orders --separator ';' Ireach_test_logs.fix.txt --wait"
+  sow-redis delta-publish -t fix_orders --separator ';' "$fix_dir/Ireach_test_logs.fix.txt" --wait
+  note "sow-redis delta-publish -t fix_orders FIX.4.2-KOD-BON.messages.current.log --wait   (SOH)"
+  sow-redis delta-publish -t fix_orders "$fix_dir/FIX.4.2-KOD-BON.messages.current.log" --wait
+  fix_in_sow="$(sow-redis sow -t fix_orders | wc -l)"
   fix_expected="$("$py" -c '
 import sys
 ids = set()
@@ -234,16 +234,16 @@ for path, sep in ((sys.argv[1], ";"), (sys.argv[2], "\x01")):
 print(len(ids))' "$fix_dir/Ireach_test_logs.fix.txt" "$fix_dir/FIX.4.2-KOD-BON.messages.current.log")"
   [ "$fix_in_sow" -eq "$fix_expected" ] || fix_verdict=MISMATCH
   echo "SOW records: $fix_in_sow; distinct 37 OrderIDs in the two logs: $fix_expected -> $fix_verdict"
-  note "chain table (sow-redis chains -t orders): identifiers, conflicts, chains that would merge"
-  sow-redis chains -t orders
-  note "the deepest Ireach replace chain, from its last ClOrdID (sow-redis chains -t orders --id …)"
-  sow-redis chains -t orders --id 'IREACH_t186_AGLIM.o3kt3.j#a1'
-  note "its one record: sow -t orders -f \"/37 = 'UUKO20030300001w'\" (tags 35 11 41 39 38 44 151)"
-  sow-redis sow -t orders -f "/37 = 'UUKO20030300001w'" | cols 37 35 11 41 39 38 44 151 55
-  note "orders in LLOYLN (hash index /55), as FIX: sow -t orders -f \"/55 = 'LLOYLN'\" --format fix --separator '|'"
-  sow-redis sow -t orders -f "/55 = 'LLOYLN'" --format fix --separator '|' | cut -c1-150
+  note "chain table (sow-redis chains -t fix_orders): identifiers, conflicts, chains that would merge"
+  sow-redis chains -t fix_orders
+  note "the deepest Ireach replace chain, from its last ClOrdID (sow-redis chains -t fix_orders --id …)"
+  sow-redis chains -t fix_orders --id 'IREACH_t186_AGLIM.o3kt3.j#a1'
+  note "its one record: sow -t fix_orders -f \"/37 = 'UUKO20030300001w'\" (tags 35 11 41 39 38 44 151)"
+  sow-redis sow -t fix_orders -f "/37 = 'UUKO20030300001w'" | cols 37 35 11 41 39 38 44 151 55
+  note "orders in LLOYLN (hash index /55), as FIX: sow -t fix_orders -f \"/55 = 'LLOYLN'\" --format fix --separator '|'"
+  sow-redis sow -t fix_orders -f "/55 = 'LLOYLN'" --format fix --separator '|' | cut -c1-150
   note "order states across both logs (39 OrdStatus: 2 filled, 3 done for day, 4 canceled, 8 rejected, A pending new)"
-  sow-redis sow -t orders | "$py" -c '
+  sow-redis sow -t fix_orders | "$py" -c '
 import sys, orjson, collections
 c = collections.Counter(orjson.loads(line).get("39", "none") for line in sys.stdin.buffer)
 print(", ".join(f"39={k}: {v}" for k, v in sorted(c.items())))'

@@ -51,11 +51,12 @@ def main(ctx: click.Context, redis_url: str, config_path: str) -> None:
     """sow_redis: a State of the World message database on Redis.
 
     \b
-    Example:
-      sow-redis up --workers 2 &
-      sow-redis config apply sow.toml
-      echo '{"orderId": 1, "price": 120}' | sow-redis publish -t orders
+    Example (topics in sow.toml):
+      export SOW_REDIS_URL=redis://127.0.0.1:6390/0
+      sow-redis up --workers 2 --detach
+      echo '{"orderId": 1, "price": 120}' | sow-redis publish -t orders --wait
       sow-redis sow -t orders -f "/price > 100"
+      sow-redis down
     """
     ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path)}
 
@@ -459,19 +460,58 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
 @main.command()
 @click.option("--workers", default=2, show_default=True, help="Worker processes to run.")
 @click.option("--data-dir", default=".sow-redis", show_default=True,
-              help="Folder for the redis-server started here (AOF files, log).")
+              help="Folder for the redis-server started here (AOF files, log), the pidfile "
+              "up.pid and, with --detach, the log up.log.")
 @click.option("--no-config", is_flag=True, help="Do not apply --config at start.")
+@click.option("--detach", is_flag=True,
+              help="Run in the background; return once Redis answers, the config is applied "
+              "and the workers are idle (exit 1 with the reason otherwise). "
+              "`sow-redis down` stops it.")
+@click.option("--wait-ready", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="With --detach: seconds to wait until ready (default 60).")
 @click.pass_context
 @_friendly
-def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool) -> None:
+def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach: bool,
+       wait_ready: float | None) -> None:
     """Start a local redis-server (if none answers at --redis-url), apply --config, run
-    N workers; Ctrl-C stops them all cleanly.
+    N workers and the expirer; Ctrl-C (or `sow-redis down`) stops them all cleanly.
 
-    Example: sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2 --detach
+      sow-redis --redis-url redis://127.0.0.1:6390/0 down
     """
-    from .server import run_up
+    from .server import READY_TIMEOUT_S, run_up, start_detached
 
+    if wait_ready is not None and not detach:
+        raise click.UsageError("--wait-ready needs --detach")
+    if detach:
+        click.echo(start_detached(ctx.obj["settings"], workers, data_dir,
+                                  apply_config=not no_config,
+                                  timeout_s=READY_TIMEOUT_S if wait_ready is None
+                                  else wait_ready))
+        return
     run_up(ctx.obj["settings"], workers, data_dir, apply_config=not no_config)
+
+
+@main.command()
+@click.option("--data-dir", default=".sow-redis", show_default=True,
+              help="The --data-dir of the `up` to stop.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait for it to stop.")
+@click.pass_context
+@_friendly
+def down(ctx: click.Context, data_dir: str, timeout: float) -> None:
+    """Stop the `sow-redis up` of --data-dir (detached or not; it must serve --redis-url):
+    its workers finish their current job, the redis-server it started flushes its AOF and
+    exits. Exit status 0 also when none runs; 1 when it did not stop within --timeout.
+
+    Example: sow-redis --redis-url redis://127.0.0.1:6390/0 down
+    """
+    from .server import stop_detached
+
+    _stopped, report = stop_detached(ctx.obj["settings"], data_dir, timeout)
+    click.echo(report)
 
 
 @main.command()
