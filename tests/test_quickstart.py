@@ -248,3 +248,30 @@ def test_readme_top_to_bottom_gives_the_second_demos_figure(tmp_path):
     assert res.returncode == 0, out + err
     assert figure == "642" and out.splitlines().count(figure) == 1, out + err
     assert "LEFT none" in out and "Traceback" not in err, out + err
+
+
+def test_main_sh_shows_the_publish_report_whole(tmp_path):
+    """scripts/main.sh's publish step shows the CLI's rejection report whole, so its counts
+    add up (8.13), and still sums the published counts. Run with a stub `sow-redis`."""
+    main_sh = (ROOT / "scripts" / "main.sh").read_text()
+    start = main_sh.index("published_total=0\npublish() {")
+    func = main_sh[start:main_sh.index("\n}\n", start) + 3]
+    report = ["missing_key_field: 2512"] + [
+        f"rejected line {i}: missing_key_field: key field /tailnum is missing or null"
+        for i in range(1, 21)] + ["… and 2492 more rejected lines"]
+    stub = tmp_path / "bin" / "sow-redis"
+    stub.parent.mkdir()
+    stub.write_text("#!/usr/bin/env bash\ncat >&2 <<'EOF'\n" + "\n".join(report) + "\nEOF\n"
+                    "echo 'published 334264 message(s) to flights, rejected 2512'\n")
+    stub.chmod(0o755)
+    script = f"set -euo pipefail\nnote() {{ :; }}\n{func}\npublish flights x.jsonl\n" \
+             "publish flights x.jsonl\necho \"total=$published_total\"\n"
+    res = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, cwd=tmp_path,
+                         env=dict(os.environ, PATH=f"{stub.parent}{os.pathsep}"
+                                  f"{os.environ.get('PATH', '')}"))
+    out = res.stdout.decode().splitlines()
+    assert res.returncode == 0, res.stderr.decode()
+    assert out.count("… and 2492 more rejected lines") == 2
+    for line in report:
+        assert line in out, line
+    assert out[-1] == "total=668528"
