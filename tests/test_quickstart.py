@@ -49,18 +49,23 @@ def documented_output(block: str) -> str:
     return line.split("# ", 1)[1].strip()
 
 
-def marked(mark: str) -> list[int]:
-    """Pids of the processes whose environment holds ``SOW_TEST_MARK=<mark>``: everything a
-    run started (bash, up, workers, expirer, redis-server inherit it)."""
+def leftovers(mark: str, cwd: Path) -> list[int]:
+    """Pids of the live processes a run started: those whose environment holds
+    ``SOW_TEST_MARK=<mark>`` (bash, up, workers, expirer inherit it) or whose working
+    directory is under ``cwd`` (redis-server, which overwrites its environment with its
+    process title, works in ``cwd/.sow-redis/redis-<port>``)."""
     needle = f"SOW_TEST_MARK={mark}".encode()
     pids = []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if needle in (d / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(d.name))
-            except OSError:
-                continue
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            here = Path(os.readlink(d / "cwd"))
+            if needle in (d / "environ").read_bytes().split(b"\0") or here == cwd \
+                    or cwd in here.parents:
+                pids.append(int(d.name))
+        except OSError:  # gone, a zombie, or not ours
+            continue
     return pids
 
 
@@ -94,13 +99,12 @@ def run_bash(script: str, cwd: Path, mark: str, timeout_s: float = 180) -> \
         except ProcessLookupError:
             pass
         proc.wait()
-        if left := marked(mark):
-            # a test assertion reports these; here they are only cleaned up
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # a test assertion reports what was left (LEFT …); here it is only cleaned up
+        for pid in leftovers(mark, cwd.resolve()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_readme_quick_start_prints_its_result_every_time(tmp_path):
@@ -120,7 +124,8 @@ def test_readme_quick_start_prints_its_result_every_time(tmp_path):
         assert res.returncode == 0, f"run {i}: exit {res.returncode}\n{out}\n{err}"
         assert out.splitlines().count(expected) == 1, f"run {i}:\n{out}\n{err}"
         assert "Error" not in err and "Traceback" not in err, err
-        assert "LEFT none" in out, f"run {i}: processes left after `sow-redis down`:\n{out}"
+        assert "LEFT none" in out and "REDIS down" in out, \
+            f"run {i}: processes left after `sow-redis down`:\n{out}"
         assert not (cwd / ".sow-redis" / "up.pid").exists()
         ok += 1
     print(f"quick start: {ok}/{RUNS} runs printed {expected}; seconds per run: "
@@ -128,17 +133,24 @@ def test_readme_quick_start_prints_its_result_every_time(tmp_path):
 
 
 def _checked(block: str, url: str, mark: str) -> str:
-    """The block on ``url``, followed by a check (run from inside the same shell, before
-    any cleanup) that no process of this run other than the shell is left."""
+    """The block on ``url``, followed by a check run inside the same shell, before any
+    cleanup, printing ``LEFT none`` when no process of this run but the shell is alive (as
+    :func:`leftovers`) and ``REDIS down`` when nothing answers at ``url`` any more."""
     assert f"export SOW_REDIS_URL={README_URL}\n" in block
+    port = url.rsplit(":", 1)[1].split("/")[0]
     probe = textwrap.dedent(f"""\
-        left=""
-        for e in /proc/[0-9]*/environ; do
-          p="${{e#/proc/}}"; p="${{p%/environ}}"
+        left="" here="$(pwd -P)"
+        for d in /proc/[0-9]*; do
+          p="${{d#/proc/}}"
           [ "$p" = "$$" ] && continue
-          tr '\\0' '\\n' 2>/dev/null < "$e" | grep -qx 'SOW_TEST_MARK={mark}' && left="$left $p"
+          if tr '\\0' '\\n' 2>/dev/null < "$d/environ" | grep -qx 'SOW_TEST_MARK={mark}'; then
+            left="$left $p"
+          else
+            case "$(readlink "$d/cwd" 2>/dev/null)" in "$here"|"$here"/*) left="$left $p";; esac
+          fi
         done
         echo "LEFT ${{left:-none}}"
+        if (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; then echo "REDIS up"; else echo "REDIS down"; fi
         """)
     return block.replace(README_URL, url) + probe
 
@@ -160,7 +172,7 @@ def test_help_example_runs_as_written(tmp_path):
     out = res.stdout.decode()
     assert res.returncode == 0, out + res.stderr.decode()
     assert '{"orderId": 1, "price": 120}' in out.splitlines(), out
-    assert "LEFT none" in out, out
+    assert "LEFT none" in out and "REDIS down" in out, out
 
 
 def test_up_detach_failure_is_one_line_and_leaves_nothing(tmp_path):
@@ -181,7 +193,7 @@ def test_up_detach_failure_is_one_line_and_leaves_nothing(tmp_path):
     up_err = [x for x in err.splitlines() if "sow-redis up exited" in x]
     assert len(up_err) == 1 and "'partitions' must be an integer" in up_err[0], err
     assert "no sow-redis up runs from .sow-redis" in out
-    assert "Traceback" not in err and "LEFT none" in out, out + err
+    assert "Traceback" not in err and "LEFT none" in out and "REDIS down" in out, out + err
 
 
 def test_second_up_and_down_of_another_redis(tmp_path):
@@ -206,7 +218,8 @@ def test_second_up_and_down_of_another_redis(tmp_path):
     assert f"sow-redis up already runs at {url} from .sow-redis" in out
     assert "elsewhere=1" in out and f"a sow-redis up of {url} runs from .sow-redis" in err
     assert f"serves {url}, not {other}" in err
-    assert f"stopped sow-redis up (pid" in out and "LEFT none" in out, out + err
+    assert "stopped sow-redis up (pid" in out, out + err
+    assert "LEFT none" in out and "REDIS down" in out, out + err
 
 
 def _topics(toml_text: str) -> list[str]:
@@ -247,7 +260,7 @@ def test_readme_top_to_bottom_gives_the_second_demos_figure(tmp_path):
     out, err = res.stdout.decode(), res.stderr.decode()
     assert res.returncode == 0, out + err
     assert figure == "642" and out.splitlines().count(figure) == 1, out + err
-    assert "LEFT none" in out and "Traceback" not in err, out + err
+    assert "LEFT none" in out and "REDIS down" in out and "Traceback" not in err, out + err
 
 
 def test_main_sh_shows_the_publish_report_whole(tmp_path):
