@@ -18,10 +18,9 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import ROOT, cli_env
 
 from sow_redis.server import free_port
-
-from conftest import ROOT, cli_env
 
 STARTUP_TIMEOUT_S = 20.0
 
@@ -116,7 +115,7 @@ def test_dashboard_serves_its_page_on_loopback_only(url, tmp_path):
             with pytest.raises(OSError):
                 socket.create_connection((outward, d.port), timeout=2).close()
         assert listening or outward, "no way to check the bind address on this host"
-        assert "http://127.0.0.1:%d/" % d.port in d.output()
+        assert f"http://127.0.0.1:{d.port}/" in d.output()
     finally:
         d.stop()
 
@@ -139,7 +138,7 @@ def test_dashboard_basic_auth_from_env_hides_the_password(url, tmp_path):
 
 def test_dashboard_refuses_a_user_without_password(url):
     proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", "dashboard", "--username",
-                           "watcher"], env=cli_env(url, PYTHONPATH=str(ROOT)),
+                           "watcher"], env=cli_env(url, PYTHONPATH=str(ROOT)), check=False,
                           capture_output=True, timeout=30)
     assert proc.returncode == 2 and b"give both --username and --password" in proc.stderr
     assert b"Traceback" not in proc.stderr

@@ -21,10 +21,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, SHARED
 
 from sow_redis.server import free_port
-
-from conftest import ROOT, SHARED
 
 README = ROOT / "README.md"
 README_URL = "redis://127.0.0.1:6390/0"
@@ -38,7 +37,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(),
 def readme_block(heading: str) -> str:
     """The first ```bash block after ``heading`` in README.md."""
     text = README.read_text()
-    m = re.compile(r"```bash\n(.*?)```", re.S).search(text, text.index(heading))
+    m = re.compile(r"```bash\n(.*?)```", re.DOTALL).search(text, text.index(heading))
     assert m, f"no bash block under {heading!r}"
     return m.group(1)
 
@@ -150,7 +149,7 @@ def _checked(block: str, url: str, mark: str) -> str:
           fi
         done
         echo "LEFT ${{left:-none}}"
-        if (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; then echo "REDIS up"; else echo "REDIS down"; fi
+        (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo "REDIS up" || echo "REDIS down"
         """)
     return block.replace(README_URL, url) + probe
 
@@ -280,6 +279,7 @@ def test_main_sh_shows_the_publish_report_whole(tmp_path):
     script = f"set -euo pipefail\nnote() {{ :; }}\n{func}\npublish flights x.jsonl\n" \
              "publish flights x.jsonl\necho \"total=$published_total\"\n"
     res = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, cwd=tmp_path,
+                         check=False,
                          env=dict(os.environ, PATH=f"{stub.parent}{os.pathsep}"
                                   f"{os.environ.get('PATH', '')}"))
     out = res.stdout.decode().splitlines()
