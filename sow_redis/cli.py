@@ -126,11 +126,12 @@ def main(ctx: click.Context, redis_url: str, config_path: str) -> None:
     """sow_redis: a State of the World message database on Redis.
 
     \b
-    Example:
-      sow-redis up --workers 2 &
-      sow-redis config apply sow.toml
-      echo '{"orderId": 1, "price": 120}' | sow-redis publish -t orders
+    Example (topics in sow.toml):
+      export SOW_REDIS_URL=redis://127.0.0.1:6390/0
+      sow-redis up --workers 2 --detach
+      echo '{"orderId": 1, "price": 120}' | sow-redis publish -t orders --wait
       sow-redis sow -t orders -f "/price > 100"
+      sow-redis down
     """
     ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path)}
 
@@ -651,33 +652,107 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
 @main.command()
 @click.option("--workers", default=2, show_default=True, help="Worker processes to run.")
 @click.option("--data-dir", default=".sow-redis", show_default=True,
-              help="Folder for the redis-server started here (AOF files, log).")
+              help="Folder for the redis-server started here (AOF files, log), the pidfile "
+              "up.pid and, with --detach, the log up.log.")
 @click.option("--no-config", is_flag=True, help="Do not apply --config at start.")
+@click.option("--detach", is_flag=True,
+              help="Run in the background; return once Redis answers, the config is applied "
+              "and the workers are idle (exit 1 with the reason otherwise). "
+              "`sow-redis down` stops it.")
+@click.option("--wait-ready", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="With --detach: seconds to wait until ready (default 60).")
 @click.pass_context
 @_friendly
-def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool) -> None:
+def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach: bool,
+       wait_ready: float | None) -> None:
     """Start a local redis-server (if none answers at --redis-url), apply --config, run
-    N workers; Ctrl-C stops them all cleanly.
+    N workers and the expirer; Ctrl-C (or `sow-redis down`) stops them all cleanly.
 
-    Example: sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2 --detach
+      sow-redis --redis-url redis://127.0.0.1:6390/0 down
     """
-    from .server import run_up
+    from .server import READY_TIMEOUT_S, run_up, start_detached
 
-    run_up(_settings(ctx), workers, data_dir, apply_config=not no_config)
+    if wait_ready is not None and not detach:
+        raise click.UsageError("--wait-ready needs --detach")
+    settings = _settings(ctx)
+    if detach:
+        click.echo(start_detached(settings, workers, data_dir, apply_config=not no_config,
+                                  timeout_s=READY_TIMEOUT_S if wait_ready is None
+                                  else wait_ready))
+        return
+    run_up(settings, workers, data_dir, apply_config=not no_config)
 
 
 @main.command()
-@click.option("--port", default=9181, show_default=True)
+@click.option("--data-dir", default=".sow-redis", show_default=True,
+              help="The --data-dir of the `up` to stop.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait for it to stop.")
 @click.pass_context
-def dashboard(ctx: click.Context, port: int) -> None:
-    """Run rq-dashboard on this Redis to watch workers, the 'sow' queue and jobs.
+@_friendly
+def down(ctx: click.Context, data_dir: str, timeout: float) -> None:
+    """Stop the `sow-redis up` of --data-dir (detached or not; it must serve --redis-url):
+    its workers finish their current job, the redis-server it started flushes its AOF and
+    exits. Exit status 0 also when none runs; 1 when it did not stop within --timeout.
 
-    Example: sow-redis dashboard --port 9181
+    Example: sow-redis --redis-url redis://127.0.0.1:6390/0 down
     """
-    url = ctx.obj["settings"].redis_url
+    from .server import stop_detached
+
+    _stopped, report = stop_detached(_settings(ctx), data_dir, timeout)
+    click.echo(report)
+
+
+@main.command()
+@click.option("--port", default=9181, show_default=True, help="HTTP port.")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 = every interface (then set a user and "
+              "password: rq-dashboard shows and deletes jobs).")
+@click.option("--username", envvar="SOW_DASHBOARD_USERNAME",
+              help="HTTP basic auth user (env SOW_DASHBOARD_USERNAME); default: no auth.")
+@click.option("--password", envvar="SOW_DASHBOARD_PASSWORD",
+              help="HTTP basic auth password; prefer env SOW_DASHBOARD_PASSWORD, which other "
+              "users cannot read in the process list.")
+@click.pass_context
+@_friendly
+def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
+              password: str | None) -> None:
+    """Run rq-dashboard on this Redis to watch workers, the 'sow' queue and jobs; it
+    listens on 127.0.0.1 unless --bind says otherwise.
+
+    \b
+    Example (then open http://127.0.0.1:9181/):
+      sow-redis --redis-url redis://127.0.0.1:6390/0 dashboard --port 9181
+    """
+    from redis import Redis
+
+    url = _settings(ctx).redis_url
+    if bool(username) != bool(password):
+        raise click.UsageError("give both --username and --password (or neither)")
+    try:
+        import rq_dashboard.cli  # noqa: F401 - fail here, in one line, not in the child
+    except ImportError as exc:
+        raise click.ClickException(f"rq-dashboard cannot start: {exc} "
+                                   "(reinstall: pip install -e .)") from None
+    Redis.from_url(url, socket_connect_timeout=2.0).ping()
+    env = dict(os.environ)
+    if username:
+        # handed over in the environment, not argv, so `ps` does not show the password
+        env.update(RQ_DASHBOARD_USERNAME=username, RQ_DASHBOARD_PASSWORD=password or "")
+    elif bind not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: rq-dashboard on {bind} without --username/--password: anyone "
+                   "who reaches this port can see and delete jobs", err=True)
+    host = f"[{bind}]" if ":" in bind else bind
+    click.echo(f"rq-dashboard on http://{host}:{port}/ for {redact(url)}"
+               + (f" (basic auth, user {username})" if username else "")
+               + "; Ctrl-C stops it", err=True)
+    sys.stderr.flush()
     # --json: sow_redis jobs are JSON; the dashboard must never unpickle a job payload
-    os.execvp("rq-dashboard", ["rq-dashboard", "--redis-url", url, "--port", str(port),
-                               "--json"])
+    os.execve(sys.executable, [sys.executable, "-m", "rq_dashboard", "--bind", bind,
+                               "--port", str(port), "--redis-url", url, "--json"], env)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,12 @@ Starts a local ``redis-server`` (AOF on, data under ``--data-dir``, settings of
 ``--redis-url``, applies the topic configuration, runs N worker processes and the expirer, and stops them all
 cleanly on Ctrl-C (SIGINT) or SIGTERM: workers finish their current job, then the
 redis-server started here is shut down (AOF flushed).
+
+Once the config is applied and the processes are started, the supervisor writes the pidfile
+``<data-dir>/up.pid`` (its pid, the Redis URL, the worker pids: one line each) and removes it
+when it stops. ``up --detach`` (:func:`start_detached`) runs the supervisor in the background
+(output in ``<data-dir>/up.log``) and returns once it is ready; ``down``
+(:func:`stop_detached`) stops the one of a data dir.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -151,7 +158,8 @@ def _respawn_redis(url: str, data_dir: str) -> subprocess.Popen[bytes]:
 
 
 def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool = True) -> None:
-    """Run redis (if needed) + config + ``workers`` worker processes until interrupted.
+    """Run redis (if needed) + config + ``workers`` worker processes until interrupted; the
+    pidfile (:func:`write_pidfile`) exists while they run.
 
     Supervision: a worker or expirer that dies is restarted (at once, then after
     ``RESTART_MIN_S`` doubling to ``RESTART_MAX_S`` while it keeps dying within
@@ -184,6 +192,7 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
         click.echo(f"{workers} worker(s) and the expirer running; Ctrl-C stops everything",
                    err=True)
         redis_deaths, redis_retry_at = 0, 0.0
+        write_pidfile(data_dir, settings.redis_url, [c.proc.pid for c in children[:workers]])
         while not stopping:
             if redis_proc is not None and redis_proc.poll() is not None \
                     and time.monotonic() >= redis_retry_at:
@@ -204,6 +213,7 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
     except KeyboardInterrupt:
         pass
     finally:
+        remove_pidfile(data_dir)
         procs = [c.proc for c in children]
         for p in procs:
             if p.poll() is None:
@@ -225,3 +235,212 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
             except subprocess.TimeoutExpired:
                 redis_proc.kill()
         click.echo("stopped", err=True)
+
+
+# -- pidfile, up --detach, down ----------------------------------------------------------
+PIDFILE = "up.pid"
+"""File in ``--data-dir`` naming the running ``up`` supervisor (see :func:`write_pidfile`)."""
+
+UP_LOG = "up.log"
+"""File in ``--data-dir`` receiving the output of a detached ``up`` and its processes."""
+
+READY_TIMEOUT_S = 60.0
+"""Default seconds ``up --detach`` waits for Redis, the config and the workers."""
+
+DOWN_TIMEOUT_S = 60.0
+"""Default seconds ``down`` waits for the supervisor to stop."""
+
+
+@dataclass(frozen=True)
+class UpProcess:
+    """What a pidfile says: supervisor ``pid``, its ``redis_url`` and its ``workers`` (pids
+    at start; a restarted worker has a new pid)."""
+
+    pid: int
+    redis_url: str
+    workers: tuple[int, ...]
+
+
+def write_pidfile(data_dir: str | Path, redis_url: str, worker_pids: list[int]) -> Path:
+    """Write ``<data_dir>/up.pid`` for this process: three lines, the pid, the Redis URL and
+    the worker pids (space-separated). Written whole (rename), so a reader never sees half."""
+    d = Path(data_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path, tmp = d / PIDFILE, d / f"{PIDFILE}.{os.getpid()}.tmp"
+    tmp.write_text(f"{os.getpid()}\n{redis_url}\n{' '.join(map(str, worker_pids))}\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_pidfile(data_dir: str | Path) -> UpProcess | None:
+    """The pidfile of ``data_dir``, or None when there is none (or it is unreadable)."""
+    try:
+        lines = (Path(data_dir) / PIDFILE).read_text().split("\n")
+        return UpProcess(int(lines[0]), lines[1], tuple(int(x) for x in lines[2].split()))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def remove_pidfile(data_dir: str | Path, pid: int | None = None) -> None:
+    """Remove the pidfile of ``data_dir`` if it names ``pid`` (default: this process)."""
+    found = read_pidfile(data_dir)
+    if found is not None and found.pid == (os.getpid() if pid is None else pid):
+        (Path(data_dir) / PIDFILE).unlink(missing_ok=True)
+
+
+def is_up_process(pid: int) -> bool:
+    """True when ``pid`` is alive and runs ``sow-redis … up`` or ``python -m sow_redis.cli …
+    up`` (checked in /proc where there is one), so a stale pidfile whose pid was reused
+    never gets a signal."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not Path("/proc/self/cmdline").exists():
+        return True
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    cli = any(a == b"sow_redis.cli" or a.endswith(b"sow-redis") for a in argv)
+    return cli and b"up" in argv  # a zombie's cmdline is empty
+
+
+def ready_workers(redis_url: str, pids: set[int]) -> int:
+    """How many of the rq workers registered in Redis are one of ``pids`` on this host and
+    idle or busy (past start-up); 0 when Redis does not answer."""
+    import socket
+
+    from redis import Redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from rq import Worker
+
+    try:
+        r = Redis.from_url(redis_url, socket_connect_timeout=1.0)
+        found = Worker.all(connection=r)
+    except (RedisConnectionError, OSError):
+        return 0
+    host = socket.gethostname()
+    return sum(1 for w in found if w.pid in pids and w.hostname == host
+               and w.get_state() in ("idle", "busy"))
+
+
+def _shutdown_redis(url: str) -> None:
+    from redis import Redis
+
+    try:
+        Redis.from_url(url, socket_connect_timeout=1.0).shutdown(save=False)
+    except Exception:  # noqa: BLE001 - it may already be gone
+        pass
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def start_detached(settings: Settings, workers: int, data_dir: str, apply_config: bool = True,
+                   timeout_s: float = READY_TIMEOUT_S) -> str:
+    """Start ``sow-redis up`` in the background (own session, output to ``<data_dir>/up.log``)
+    and return a one-line report once Redis answers, the config is applied and ``workers``
+    rq workers are registered and idle.
+
+    When an ``up`` of ``data_dir`` already runs on the same Redis, says so and starts nothing.
+
+    Raises:
+        SowError: an ``up`` of ``data_dir`` runs on another Redis; the supervisor exited during
+            start-up; or it was not ready within ``timeout_s`` seconds (it is stopped then).
+    """
+    url = settings.redis_url
+    if url.startswith("memory://"):
+        raise SowError("up needs a redis:// URL; memory:// runs inside each process")
+    d = Path(data_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    old = read_pidfile(d)
+    if old is not None and is_up_process(old.pid):
+        if _same_redis(old.redis_url, url):
+            return (f"sow-redis up already runs at {url} from {data_dir} (pid {old.pid}); "
+                    "nothing started")
+        raise SowError(f"a sow-redis up of {old.redis_url} runs from {data_dir} (pid "
+                       f"{old.pid}): `sow-redis down` stops it, or give another --data-dir")
+    log = d / UP_LOG
+    had_redis = _ping(url)
+    args = [sys.executable, "-m", "sow_redis.cli", "--redis-url", url,
+            "--config", settings.config_path, "up", "--workers", str(workers),
+            "--data-dir", str(data_dir)] + ([] if apply_config else ["--no-config"])
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, SOW_REDIS_URL=url))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            raise SowError(f"sow-redis up exited (status {rc}) before it was ready: "
+                           f"{_last_line(log)} (log: {log})")
+        mine = read_pidfile(d)
+        if (mine is not None and mine.pid == proc.pid
+                and ready_workers(url, set(mine.workers)) >= workers):
+            break
+        if time.monotonic() > deadline:
+            why = _last_line(log)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            remove_pidfile(d, proc.pid)
+            if not had_redis and _ping(url):  # stopped before it could stop its redis-server
+                _shutdown_redis(url)
+            raise SowError(f"sow-redis up was not ready within {timeout_s:g} s, stopped it; "
+                           f"its last line: {why} (log: {log})")
+        time.sleep(0.05)
+    applied = (f", {settings.config_path} applied"
+               if apply_config and os.path.exists(settings.config_path) else "")
+    return (f"sow-redis up ready at {url}{applied}: {workers} worker(s) and the expirer "
+            f"(pid {proc.pid}, log {log}); `sow-redis down` stops it")
+
+
+def _same_redis(a: str, b: str) -> bool:
+    """Whether two redis:// URLs name the same server and database (localhost = 127.0.0.1)."""
+    def norm(url: str) -> tuple[str, int, str]:
+        u = urlparse(url)
+        host = "127.0.0.1" if (u.hostname or "") in LOCAL_HOSTS else u.hostname or ""
+        return host, u.port or 6379, u.path.strip("/") or "0"
+
+    return norm(a) == norm(b)
+
+
+def stop_detached(settings: Settings, data_dir: str,
+                  timeout_s: float = DOWN_TIMEOUT_S) -> tuple[bool, str]:
+    """Stop the ``up`` that runs from ``data_dir`` (detached or not): SIGTERM to the
+    supervisor, which stops its workers and the expirer and shuts down the redis-server it
+    started; wait until it is gone.
+
+    Returns:
+        (stopped, one-line report); ``stopped`` is False when nothing ran.
+
+    Raises:
+        SowError: that ``up`` serves another Redis than ``settings.redis_url``, or it did not
+            stop within ``timeout_s`` seconds.
+    """
+    found = read_pidfile(data_dir)
+    if found is None or not is_up_process(found.pid):
+        if found is not None:
+            remove_pidfile(data_dir, found.pid)  # stale: its process is gone
+        return False, f"no sow-redis up runs from {data_dir}; nothing to stop"
+    if not _same_redis(found.redis_url, settings.redis_url):
+        raise SowError(f"the sow-redis up of {data_dir} (pid {found.pid}) serves "
+                       f"{found.redis_url}, not {settings.redis_url}: give that --redis-url")
+    os.kill(found.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while is_up_process(found.pid):
+        if time.monotonic() > deadline:
+            raise SowError(f"sow-redis up (pid {found.pid}) did not stop within {timeout_s:g} s"
+                           f"; see {Path(data_dir) / UP_LOG}")
+        time.sleep(0.05)
+    remove_pidfile(data_dir, found.pid)
+    return True, f"stopped sow-redis up (pid {found.pid}) at {found.redis_url}"
