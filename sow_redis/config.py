@@ -581,18 +581,11 @@ class Holdings:
 
 def holdings(r: Any, topic: TopicConfig) -> Holdings:
     """What ``topic`` (as stored) holds in its partitions; see :class:`Holdings`."""
-    pipe = r.pipeline(transaction=False)
-    for p in range(topic.partitions):
-        pipe.hlen(keys.records(topic.name, p))
-        pipe.hlen(keys.chain(topic.name, p))
-        pipe.hget(keys.state(topic.name, p), "cursor")
-    res = pipe.execute()
-    pipe = r.pipeline(transaction=False)
-    for p in range(topic.partitions):
-        pipe.xrange(keys.log(topic.name, p), min=b"(" + (res[3 * p + 2] or b"0-0"),
-                    count=100_000)
-    queued = sum(len(x) for x in pipe.execute())
-    return Holdings(sum(res[0::3]), queued, sum(res[1::3]))
+    from .partition_state import read_partitions
+
+    parts = read_partitions(r, topic.name, topic.partitions)
+    return Holdings(sum(x.records for x in parts), sum(x.pending for x in parts),
+                    sum(x.chain_ids for x in parts))
 
 
 def registry_problems(r: Any, topics: list[TopicConfig], source: str = "<config>",

@@ -6,6 +6,7 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
+from .partition_state import read_partitions
 
 
 def topic_status(r: Any, topic: TopicConfig) -> dict[str, Any]:
@@ -14,19 +15,10 @@ def topic_status(r: Any, topic: TopicConfig) -> dict[str, Any]:
     ``pending`` counts log entries after the applied cursor (not yet applied; counted up to
     100,000 per partition).
     """
-    pipe = r.pipeline(transaction=False)
-    for p in range(topic.partitions):
-        pipe.hlen(keys.records(topic.name, p))
-        pipe.xlen(keys.log(topic.name, p))
-        pipe.hget(keys.state(topic.name, p), "cursor")
-    res = pipe.execute()
-    pipe = r.pipeline(transaction=False)
-    for p in range(topic.partitions):
-        cursor = res[3 * p + 2] or b"0-0"
-        pipe.xrange(keys.log(topic.name, p), min=b"(" + cursor, count=100_000)
-    pending = [len(x) for x in pipe.execute()]
-    parts = [{"partition": p, "records": res[3 * p], "log": res[3 * p + 1], "pending": pending[p]}
-             for p in range(topic.partitions)]
+    states = read_partitions(r, topic.name, topic.partitions)
+    parts = [{"partition": x.partition, "records": x.records, "log": x.log,
+              "pending": x.pending} for x in states]
+    pending = [x.pending for x in states]
     return {
         "topic": topic.name,
         "records": sum(x["records"] for x in parts),

@@ -1,0 +1,45 @@
+"""Readers of a topic's partition state: records, log length, applied cursor and the entries
+not yet applied, read for every partition in two pipelined round trips. One definition, used
+by ``status``, the config registry's shape-change check and ``--migrate``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import keys
+
+PENDING_COUNT_MAX = 100_000
+"""Unapplied log entries counted per partition at most."""
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One partition: ``records`` stored, ``log`` entries in its stream (applied ones until
+    trimmed), ``cursor`` (last applied stream id, ``0-0`` before any), ``pending`` entries
+    after the cursor (at most :data:`PENDING_COUNT_MAX`), ``chain_ids`` in its chain table."""
+
+    partition: int
+    records: int
+    log: int
+    cursor: str
+    pending: int
+    chain_ids: int
+
+
+def read_partitions(r: Any, topic: str, partitions: int) -> list[PartitionState]:
+    """The state of partitions ``0 … partitions-1`` of ``topic``."""
+    pipe = r.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.hlen(keys.records(topic, p))
+        pipe.xlen(keys.log(topic, p))
+        pipe.hget(keys.state(topic, p), "cursor")
+        pipe.hlen(keys.chain(topic, p))
+    res = pipe.execute()
+    cursors = [(res[4 * p + 2] or b"0-0") for p in range(partitions)]
+    pipe = r.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.xrange(keys.log(topic, p), min=b"(" + cursors[p], count=PENDING_COUNT_MAX)
+    pending = [len(x) for x in pipe.execute()]
+    return [PartitionState(p, res[4 * p], res[4 * p + 1], cursors[p].decode(), pending[p],
+                           res[4 * p + 3]) for p in range(partitions)]
