@@ -1,11 +1,23 @@
-"""Worker side: read a partition's log from its applied cursor and apply it with apply.lua.
+"""The worker's pipeline: a partition's log entries → typed ops → one atomic ``apply.lua`` call.
 
-One :func:`apply_batch` call reads up to ``batch_size`` entries after the cursor, turns them
-into apply ops (SOW keys, delta merges, hash-index members) and rejections, and makes one
-atomic Lua call (ARCHITECTURE §3). The Lua call checks the fencing token and the cursor, so
-each log entry is applied, or written to the partition's error stream, exactly once, in order.
-Every entry sees the SOW as of its own log time: a record due at or before an entry's stream
-id time is gone for that entry (expired first, with its event and dead letter).
+One :func:`apply_batch` call
+
+1. reads up to ``batch_size`` entries after the partition's applied cursor (:func:`read_log`),
+2. decodes each once into a typed :class:`~sow_redis.entries.LogEntry`,
+3. resolves SOW keys with the topic's :class:`~sow_redis.keying.KeyResolver` (plain keys, or
+   the chaining key generator with its batch look-ahead),
+4. reads in one HMGET the stored records that delta merges and deletes by data need, and
+   plans typed :mod:`~sow_redis.ops` (merges done here, guarded by compare-and-set),
+5. makes one :meth:`Scripts.apply <sow_redis.scripts.Scripts.apply>` call, which checks the
+   fencing token and the cursor, so each entry is applied, or written to the partition's error
+   stream, exactly once, in order (ARCHITECTURE §3).
+
+Every entry sees the SOW as of its own log time: a record due at or before an entry's stream id
+time is gone for that entry (apply.lua expires it first, with its event and dead letter).
+A ``sow_delete`` by filter sees every change before it, so the batch is cut there.
+A bad entry becomes a :class:`~sow_redis.ops.Reject` with its reason; when the Lua call of a
+whole batch fails, the batch is retried one entry per call, so one entry never holds back the
+others.
 """
 
 from __future__ import annotations
@@ -15,50 +27,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from . import chaining, keys
-from .chaining import ChainConflict, ChainIds, ChainResolver
+from .chaining import ChainConflict
 from .config import TopicConfig
+from .entries import Command, LogEntry, decode_entry, original
 from .errors import ConflictError, FencedError, FilterSyntaxError, MessageError
-from .messages import (
-    COMMANDS,
-    check_expiration,
-    check_size,
-    decode,
-    expiry_for,
-    index_members,
-    key_of,
-    merge,
-    parse,
-    partition_for,
-)
-from .records import seq_of
+from .keying import KeyResolver, Resolved, resolver
+from .messages import expiry_for, index_members, merge
+from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .scripts import Scripts, attached
-from .sowkey import is_valid_user_key
 
 log = logging.getLogger(__name__)
 
 
-
-@dataclass
-class _Plan:
-    ops: list[Any] = field(default_factory=list)
-    # rejected entries: (stream id, reason, detail, cmd, data, sow_key), written by apply.lua
-    errors: list[tuple[str, str, str, bytes, bytes, bytes]] = field(default_factory=list)
-    # validation reports of chain conflicts: (field, value) of keys.chain_conflicts
-    conflicts: list[tuple[str, bytes]] = field(default_factory=list)
-    # sow_key -> (obj or None if absent/deleted, expiry ms or 0) after the ops planned so far
-    state: dict[str, tuple[dict[str, Any] | None, int]] = field(default_factory=dict)
-    # sow_key -> the seq its record had when the worker read it (compare-and-set in apply.lua)
-    checks: dict[str, str] = field(default_factory=dict)
-
-
+# -- reading ----------------------------------------------------------------------------------
 def _raw_xrange_client(r: Any) -> Any:
-    if type(r).__module__.startswith("fakeredis"):
-        return r
-    from redis import Redis
-
     raw = Redis(connection_pool=r.connection_pool)
     raw.set_response_callback("XRANGE", lambda response, **_options: response)
     return raw
@@ -71,11 +57,8 @@ def read_log(r: Any, topic: str, p: int, cursor: str, count: int) -> list[tuple[
     field dicts here costs half of what redis-py's generic stream parser does.
     """
     raw = attached(r, "raw_xrange", _raw_xrange_client)
-    entries = raw.xrange(keys.log(topic, p), min="(" + cursor, count=count)
-    if raw is r:
-        return entries
     out = []
-    for sid, flat in entries:
+    for sid, flat in raw.xrange(keys.log(topic, p), min="(" + cursor, count=count):
         it = iter(flat)
         out.append((sid, dict(zip(it, it))))
     return out
@@ -87,9 +70,10 @@ def read_cursor(r: Any, topic: str, p: int) -> str:
     return c.decode() if c else "0-0"
 
 
+# -- rejections -------------------------------------------------------------------------------
 def _rejection(exc: BaseException) -> tuple[str, str]:
-    """``(reason, detail)`` for whatever one log entry raised while it was planned: a bad
-    entry goes to the error stream with its reason, it never stops the partition."""
+    """``(reason, detail)`` for whatever one log entry raised: a bad entry goes to the error
+    stream with its reason, it never stops the partition."""
     if isinstance(exc, MessageError):
         return exc.reason, exc.detail
     if isinstance(exc, FilterSyntaxError):
@@ -105,220 +89,166 @@ def _rejection(exc: BaseException) -> tuple[str, str]:
     return "bad_entry", f"{type(exc).__name__}: {exc}"
 
 
-def _reject(plan: _Plan, sid: str, fields: dict[bytes, bytes], exc: BaseException,
-            p: int) -> None:
+def _reject(sid: str, fields: dict[bytes, bytes], exc: BaseException, p: int) -> Reject:
     reason, detail = _rejection(exc)
-    plan.errors.append((sid, reason, detail, fields.get(b"cmd") or b"",
-                        fields.get(b"data") or fields.get(b"filter") or fields.get(b"keys")
-                        or b"", fields.get(b"sow_key") or b""))
     log.warning("partition %d: entry %s rejected: %s: %s", p, sid, reason, detail)
+    return Reject(sid, reason, detail, *original(fields))
 
 
-def _ms(sid: str) -> int:
-    return int(sid.split("-", 1)[0])
+_SERVER_STATES = frozenset(("OOM", "BUSY", "LOADING", "READONLY", "NOSCRIPT", "MASTERDOWN",
+                            "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "NOAUTH", "WRONGPASS",
+                            "NOPERM", "MISCONF"))
+"""Error reply codes that describe the server's state, not the entries being applied."""
 
 
-def _current(r: Any, topic: TopicConfig, p: int, plan: _Plan, key: str,
-             prefetched: dict[str, bytes | None], at_ms: int) -> dict[str, Any] | None:
-    """The record's object as an entry logged at ``at_ms`` sees it: as it stands in this batch
-    so far (reading Redis on first touch), or None when absent or, with expiration enabled,
-    due at or before ``at_ms`` (apply.lua then removes it as an expiry before the op)."""
-    if key in plan.state:
-        obj, exp = plan.state[key]
-    else:
-        raw = prefetched[key] if key in prefetched else r.hget(keys.records(topic.name, p), key)
+def _transient(exc: BaseException) -> bool:
+    """True for failures that say nothing about the entries (lease lost, record changed,
+    Redis unreachable, out of memory, read-only replica, …): never turned into rejections.
+    An error reply of the apply script itself (a Lua runtime error) is the entries' fault."""
+    if isinstance(exc, (FencedError, ConflictError)):
+        return True
+    if isinstance(exc, ResponseError):
+        return str(exc).split(" ", 1)[0] in _SERVER_STATES
+    return isinstance(exc, RedisError)
+
+
+# -- planning ---------------------------------------------------------------------------------
+@dataclass
+class _Segment:
+    """The ops of consecutive entries applied by one Lua call."""
+
+    first: str
+    last: str
+    ops: list[Op] = field(default_factory=list)
+    rejects: list[Reject] = field(default_factory=list)
+    # chain-conflict reports (validation): (field, value) of keys.chain_conflicts
+    conflicts: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+class _Planner:
+    """Plans one partition's entries into ops, keeping each record's state as of the ops
+    planned so far (``state``: SOW key → (object or None, expiry ms or 0)) and the version the
+    worker read it at (``checks``, compare-and-set in apply.lua)."""
+
+    def __init__(self, r: Any, topic: TopicConfig, p: int, keyer: KeyResolver):
+        self.r, self.topic, self.p, self.keyer = r, topic, p, keyer
+        self.state: dict[str, tuple[dict[str, Any] | None, int]] = {}
+        self.checks: dict[str, int] = {}
+
+    def prefetch(self, wanted: list[str]) -> None:
+        """Read, in one call, the stored records of ``wanted`` SOW keys not known yet."""
+        wanted = [k for k in dict.fromkeys(wanted) if k not in self.state]
+        if wanted:
+            raws = self.r.hmget(keys.records(self.topic.name, self.p), wanted)
+            for k, raw in zip(wanted, raws):
+                self._remember(k, raw)
+
+    def _remember(self, key: str, raw: bytes | None) -> None:
         if raw is None:
-            obj, exp = None, 0
-        else:
-            head, _, body = raw.partition(b"\n")
-            obj, exp = orjson.loads(body), int(head.split(b":", 2)[1])
-        plan.state[key] = (obj, exp)
-        # compare-and-set: the record must still be at this version when the batch applies
-        plan.checks[key] = seq_of(raw)
-    if obj is not None and exp and topic.expiration_enabled and exp <= at_ms:
-        return None
-    return obj
+            self.state[key], self.checks[key] = (None, 0), 0
+            return
+        head, _, body = raw.partition(b"\n")
+        seq, exp, _sid = head.split(b":", 2)
+        self.state[key] = (orjson.loads(body), int(exp))
+        self.checks[key] = int(seq)
 
+    def current(self, key: str, at_ms: int) -> dict[str, Any] | None:
+        """The record as an entry logged at ``at_ms`` sees it: None when absent or, with
+        expiration enabled, due at or before ``at_ms``."""
+        if key not in self.state:
+            self._remember(key, self.r.hget(keys.records(self.topic.name, self.p), key))
+        obj, exp = self.state[key]
+        if obj is not None and exp and self.topic.expiration_enabled and exp <= at_ms:
+            return None
+        return obj
 
-_COMMANDS = {c.encode(): c for c in COMMANDS}
+    def plan(self, e: LogEntry, res: Resolved | None) -> list[Op]:
+        """The ops of one entry (``res``: its resolved key, None for a delete by keys)."""
+        if e.delete_keys is not None:
+            for k in e.delete_keys:
+                self.state[k] = (None, 0)
+            return [*(Delete(e.id, k) for k in e.delete_keys), Ack(e.id)]
+        assert res is not None and e.obj is not None and e.data is not None
+        key = res.sow_key
+        if e.command is Command.SOW_DELETE:  # the record this data would update
+            self.current(key, e.ms)
+            self.state[key] = (None, 0)
+            return [Delete(e.id, key), Ack(e.id)]
+        obj, data = e.obj, e.data
+        delta = e.command is Command.DELTA_PUBLISH
+        if delta:
+            base = self.current(key, e.ms)
+            if base is not None:
+                obj = merge(base, obj)
+                data = orjson.dumps(obj)
+        ex = expiry_for(self.topic, e.expiration_s, e.id)
+        now = ex == "now"
+        expiry_ms = int(e.id.partition("-")[0]) if now else (int(ex) if ex else None)
+        op = Upsert(e.id, key, data, delta, expiry_ms, now,
+                    members=index_members(obj, self.topic, key))
+        self.state[key] = (None, 0) if now else (obj, expiry_ms or 0)
+        return [*(ChainLink(e.id, ident, head) for ident, head in res.links), op]
 
-
-def _delete_keys(fields: dict[bytes, bytes]) -> list[str]:
-    """The SOW keys of a ``sow_delete`` by keys. Raises MessageError ``bad_sow_key``."""
-    out = [k for k in fields[b"keys"].decode().split(",") if k]
-    for k in out:
-        if not is_valid_user_key(k):
-            raise MessageError("bad_sow_key", f"SOW key {k[:80]!r} has characters outside Base64")
-    return out
-
-
-def _plan_entry(r: Any, topic: TopicConfig, p: int, sid: str, fields: dict[bytes, bytes],
-                plan: _Plan, prefetched: dict[str, bytes | None],
-                chains: ChainResolver | None, pre: dict[str, _Pre]) -> None:
-    """Add the ops of one log entry to ``plan``. Everything that can fail runs before the plan,
-    the chain view or the batch state change, so a rejected entry leaves no trace."""
-    cmd_b = fields.get(b"cmd") or b"publish"
-    cmd = _COMMANDS.get(cmd_b) or cmd_b.decode(errors="replace")
-    if cmd not in COMMANDS:
-        raise MessageError("bad_command", f"unknown cmd {cmd[:80]!r}")
-    data = fields.get(b"data")
-    supplied = fields.get(b"sow_key")
-    supplied_s = supplied.decode() if supplied else None
-    if cmd == "sow_delete" and data is None:
-        if b"keys" in fields:
-            ks = _delete_keys(fields)
-            plan.ops += [("sow_delete", sid, k, "", "", "-", "") for k in ks]
-            plan.state.update((k, (None, 0)) for k in ks)
-        elif b"filter" in fields:
-            raise AssertionError("filter deletes are planned by _filter_delete_ops")
-        else:
-            raise MessageError("bad_command", "sow_delete needs data, keys or filter")
-        plan.ops.append(("ack", sid, "", "", "", "-", ""))
-        return
-    if data is None:
-        raise MessageError("bad_command", f"{cmd} without data")
-    res = None
-    hit = pre.get(sid)
-    if hit is not None:  # decoded with its chain identifiers while loading the chains
-        check_size(data, topic)
-        obj, part = hit[1], partition_for(hit[1], topic, "")
-    else:
-        parsed = parse(data, topic, supplied_s)
-        obj, part = parsed.obj, parsed.partition
-    if part != p:
-        raise MessageError("wrong_partition", f"message belongs to partition {part}")
-    if chains is not None:
-        res = chains.resolve(obj, hit[2] if hit is not None else None)
-        key = chaining.sow_key(topic, res.head)
-    else:
-        key = parsed.sow_key
-    at_ms = _ms(sid)
-    if cmd == "sow_delete":  # the record this data would update; chains are left as they are
-        _current(r, topic, p, plan, key, prefetched, at_ms)
-        plan.ops += [("sow_delete", sid, key, "", "", "-", ""), ("ack", sid, "", "", "", "-", "")]
-        plan.state[key] = (None, 0)
-        return
-    ttl = check_expiration(fields[b"expiration"]) if b"expiration" in fields else None
-    if cmd == "delta_publish":
-        base = _current(r, topic, p, plan, key, prefetched, at_ms)
-        if base is not None:
-            obj = merge(base, obj)
-            data = orjson.dumps(obj)
-    ex = expiry_for(topic, ttl, sid)
-    members = index_members(obj, topic, key)
-    # nothing below can fail: commit the chain view, the ops and the batch state
-    if res is not None:
-        plan.ops += [("chain", sid, ident, head, "", "-", "")
-                     for ident, head in chains.commit(res)]  # type: ignore[union-attr]
-    plan.state[key] = (None, 0) if ex == "now" else (obj, int(ex) if ex else 0)
-    plan.ops.append((cmd, sid, key, data, ex, "-", members))
-
-
-_Pre = tuple["bytes | None", "dict[str, Any]", ChainIds]
-
-
-def _chain_ids(topic: TopicConfig, entries: list) -> dict[str, _Pre]:
-    """stream id → ``(cmd, object, chain identifiers)`` of the entries of a chaining topic
-    that decode to an object with identifiers, in log order (the others are planned through
-    :func:`messages.parse`, which rejects them with a reason)."""
-    out: dict[str, _Pre] = {}
-    for sid, fields in entries:
-        data = fields.get(b"data")
-        if data is None:
-            continue
-        try:
-            obj = decode(data, topic)  # the same checks as every message (size, depth, range)
-            out[sid.decode()] = (fields.get(b"cmd"), obj, chaining.chain_values(obj, topic))
-        except Exception:  # noqa: BLE001 - such entries are rejected with a reason when planned
-            continue
-    return out
-
-
-def _prefetch(r: Any, topic: TopicConfig, p: int, entries: list, chains: ChainResolver | None,
-              pre: dict[str, _Pre]) -> dict[str, bytes | None]:
-    """Read in one call the stored records that delta merges and deletes by data need."""
-    wanted = []
-    if chains is not None:
-        if not any(cmd in (b"delta_publish", b"sow_delete") for cmd, _o, _i in pre.values()):
-            return {}
-        # look ahead on a copy of the chain view: the keys depend on earlier entries' chains
-        ahead = chains.fork()
-        for cmd, obj, ids in pre.values():
-            try:
-                res = ahead.resolve(obj, ids)
-            except MessageError:
+    def segment(self, entries: list[tuple[LogEntry | None, tuple[bytes, dict]]]) -> _Segment:
+        """Resolve keys for ``entries`` (decoded, or None when decoding failed), read the
+        records they need, and plan their ops."""
+        seg = _Segment(entries[0][1][0].decode(), entries[-1][1][0].decode())
+        self.keyer.prepare([e for e, _raw in entries if isinstance(e, LogEntry)])
+        resolved: list[tuple[LogEntry, Resolved | None]] = []
+        wanted: list[str] = []
+        for e, (sid, fields) in entries:
+            if isinstance(e, BaseException):
+                seg.rejects.append(_reject(sid.decode(), fields, e, self.p))
                 continue
-            if cmd in (b"delta_publish", b"sow_delete"):
-                wanted.append(chaining.sow_key(topic, res.head))
-            if cmd != b"sow_delete":
-                ahead.commit(res)
-    else:
-        for _sid, fields in entries:
-            cmd = fields.get(b"cmd")
-            if cmd in (b"delta_publish", b"sow_delete") and b"data" in fields:
-                try:
-                    obj = orjson.loads(fields[b"data"])
-                    sk = fields.get(b"sow_key")
-                    wanted.append(key_of(obj, topic, sk.decode() if sk else None))
-                except Exception:  # noqa: BLE001 - bad entries are rejected later with a reason
-                    continue
-    if not wanted:
-        return {}
-    wanted = list(dict.fromkeys(wanted))
-    return dict(zip(wanted, r.hmget(keys.records(topic.name, p), wanted)))
+            if e.obj is None:
+                resolved.append((e, None))
+                continue
+            try:
+                res = self.keyer.resolve(e)
+            except RedisError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - an entry-level failure is a rejection
+                seg.rejects.append(_reject(e.id, fields, exc, self.p))
+                if isinstance(exc, ChainConflict) and self.topic.chain_validation:
+                    seg.conflicts.append(chaining.conflict_report(self.p, e.id, exc))
+                continue
+            resolved.append((e, res))
+            if e.command is not Command.PUBLISH:
+                wanted.append(res.sow_key)
+        self.prefetch(wanted)
+        for e, res in resolved:
+            # a failure here after the key resolution changed the chain view: the caller
+            # retries the batch one entry per call (see apply_batch)
+            seg.ops += self.plan(e, res)
+        return seg
+
+    def filter_delete(self, e: LogEntry) -> _Segment:
+        """A ``sow_delete`` by filter: every stored record it matches (records due at the
+        entry's time are expired by apply.lua instead of deleted)."""
+        from .filter import compile_filter
+        from .query import scan_partition
+
+        assert e.delete_filter is not None
+        pred = compile_filter(e.delete_filter)
+        ops: list[Op] = [Delete(e.id, rec.sow_key)
+                         for rec in scan_partition(self.r, self.topic, self.p) if pred(rec.obj())]
+        ops.append(Ack(e.id))
+        self.state.clear()  # the records are re-read after this segment is applied
+        self.checks.clear()
+        return _Segment(e.id, e.id, ops)
+
+    def seal(self, seg: _Segment) -> _Segment:
+        """Give the first op on each record the worker read its compare-and-set version."""
+        for op in seg.ops:
+            if isinstance(op, (Upsert, Delete)) and op.sow_key in self.checks:
+                op.expect_seq = self.checks.pop(op.sow_key)
+        return seg
 
 
-def _filter_delete_ops(r: Any, topic: TopicConfig, p: int, sid: str, text: str) -> list:
-    from .filter import compile_filter
-    from .query import scan_partition
-
-    pred = compile_filter(text)
-    ops = [("sow_delete", sid, rec.sow_key, "", "", "-", "")
-           for rec in scan_partition(r, topic, p) if pred(rec.obj())]
-    ops.append(("ack", sid, "", "", "", "-", ""))
-    return ops
-
-
-_KEYED_OPS = frozenset(("publish", "delta_publish", "sow_delete"))
-
-
-def _flatten(plan: _Plan) -> list[Any]:
-    """ARGV tail for apply.lua: the rejected entries (6 fields each, after their count), then
-    5 fields per op (op, id, key, data, meta); the first op on a record the worker read
-    carries the seq it read (compare-and-set)."""
-    checks = dict(plan.checks)
-    argv: list[Any] = [len(plan.errors)]
-    for err in plan.errors:
-        argv += err
-    for o, sid, key, data, ex, expect, members in plan.ops:
-        if o in _KEYED_OPS and key in checks:
-            expect = checks.pop(key)
-        meta = "" if not ex and expect == "-" and not members else f"{ex}|{expect}|{members}"
-        argv += [o, sid, key, data, meta]
-    return argv
-
-
-def _call(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int, first: str,
-          last: str, plan: _Plan) -> Any:
-    if plan.conflicts:  # chain-conflict reports (validation): idempotent HSETs by stream id
-        r.hset(keys.chain_conflicts(topic.name), mapping=dict(plan.conflicts))
-    return scripts.apply(
-        keys.partition_keys(topic.name, p, len(topic.hash_index)),
-        [fence, keys.channel(topic.name), topic.name, first, last, len(topic.hash_index),
-         "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0", p,
-         *_flatten(plan)],
-    )
-
-
+# -- applying ---------------------------------------------------------------------------------
 def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                 batch_size: int, cursor: str | None = None) -> tuple[int, str]:
     """Apply the next batch of partition ``p``'s log.
-
-    A log entry that cannot be applied (bad JSON, missing key, two chains, a filter that
-    does not parse or evaluate, anything it raises) goes to the partition's error stream with
-    its reason, written by the same atomic call that moves the cursor past it. When the Lua
-    call of a whole batch fails, the batch is retried entry by entry, so one bad entry never
-    holds back the others.
 
     Args:
         cursor: the applied cursor when the caller knows it (saves a round trip), else read.
@@ -355,21 +285,9 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
     raise ConflictError(f"topic {topic.name} partition {p}: records keep changing under the worker")
 
 
-_SERVER_STATES = frozenset(("OOM", "BUSY", "LOADING", "READONLY", "NOSCRIPT", "MASTERDOWN",
-                            "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "NOAUTH", "WRONGPASS",
-                            "NOPERM", "MISCONF"))
-"""Error reply codes that describe the server's state, not the entries being applied."""
-
-
-def _transient(exc: BaseException) -> bool:
-    """True for failures that say nothing about the entries (lease lost, record changed,
-    Redis unreachable, out of memory, read-only replica, …): never turned into rejections.
-    An error reply of the apply script itself (a Lua runtime error) is the entries' fault."""
-    if isinstance(exc, (FencedError, ConflictError)):
-        return True
-    if isinstance(exc, ResponseError):
-        return str(exc).split(" ", 1)[0] in _SERVER_STATES
-    return isinstance(exc, RedisError)
+def _id_tuple(sid: str) -> tuple[int, int]:
+    a, _, b = sid.partition("-")
+    return int(a), int(b or 0)
 
 
 def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
@@ -386,62 +304,43 @@ def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fenc
         except Exception as exc:
             if _transient(exc):
                 raise
-            plan = _Plan()
-            _reject(plan, sid, fields, exc, p)
-            _call(r, scripts, topic, p, fence, sid, sid, plan)
+            _call(r, scripts, topic, p, fence,
+                  _Segment(sid, sid, rejects=[_reject(sid, fields, exc, p)]))
 
 
-def _id_tuple(sid: str) -> tuple[int, int]:
-    a, _, b = sid.partition("-")
-    return int(a), int(b or 0)
+def _call(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+          seg: _Segment) -> None:
+    if seg.conflicts:  # chain-conflict reports (validation): idempotent HSETs by stream id
+        r.hset(keys.chain_conflicts(topic.name), mapping=dict(seg.conflicts))
+    scripts.apply(topic, p, fence, seg.first, seg.last, seg.rejects, seg.ops)
 
 
-def _is_filter_delete(fields: dict[bytes, bytes]) -> bool:
-    return fields.get(b"cmd") == b"sow_delete" and b"filter" in fields and b"data" not in fields
+def _decode(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> LogEntry | Exception:
+    try:
+        return decode_entry(sid, fields, topic)
+    except Exception as exc:  # noqa: BLE001 - rejected with its reason when planned
+        return exc
 
 
 def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                    entries: list) -> None:
-    chains, pre = None, {}
-    if topic.chaining:
-        pre = _chain_ids(topic, entries)
-        chains = ChainResolver(r, topic, p)
-        chains.load([ids for _cmd, _obj, ids in pre.values()])
-    prefetched = _prefetch(r, topic, p, entries, chains, pre)
-    plan = _Plan()
-    seg_first: str | None = None
-    prev_sid = ""
-
-    def flush(last: str) -> None:
-        nonlocal plan, seg_first, prefetched
-        _call(r, scripts, topic, p, fence, seg_first or last, last, plan)
-        plan, seg_first, prefetched = _Plan(), None, {}
-
-    for raw_sid, fields in entries:
-        sid = raw_sid.decode()
-        if _is_filter_delete(fields):
+    planner = _Planner(r, topic, p, resolver(r, topic, p))
+    run: list[tuple[Any, tuple[bytes, dict]]] = []
+    for raw in entries:
+        e = _decode(raw[0], raw[1], topic)
+        if isinstance(e, LogEntry) and e.is_filter_delete:
             # a filter delete sees every change before it: apply what is planned so far first
-            if seg_first is not None:
-                flush(prev_sid)
+            if run:
+                _call(r, scripts, topic, p, fence, planner.seal(planner.segment(run)))
+                run = []
             try:
-                plan.ops = _filter_delete_ops(r, topic, p, sid, fields[b"filter"].decode())
+                seg = planner.filter_delete(e)
             except RedisError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a bad filter is this entry's problem
-                _reject(plan, sid, fields, exc, p)
-            seg_first = sid
-            flush(sid)
+                seg = _Segment(e.id, e.id, rejects=[_reject(e.id, raw[1], exc, p)])
+            _call(r, scripts, topic, p, fence, seg)
         else:
-            if seg_first is None:
-                seg_first = sid
-            try:
-                _plan_entry(r, topic, p, sid, fields, plan, prefetched, chains, pre)
-            except RedisError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any entry-level failure is a rejection
-                _reject(plan, sid, fields, exc, p)
-                if isinstance(exc, ChainConflict) and topic.chain_validation:
-                    plan.conflicts.append(chaining.conflict_report(p, sid, exc))
-        prev_sid = sid
-    if seg_first is not None:
-        flush(prev_sid)
+            run.append((e, raw))
+    if run:
+        _call(r, scripts, topic, p, fence, planner.seal(planner.segment(run)))

@@ -59,12 +59,9 @@ def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig) -> tuple[int, int
     Returns:
         ``(records expired, earliest next due ms or -1, server now ms)``.
     """
-    n_idx = len(topic.hash_index)
-    dl = "1" if topic.dead_letter else "0"
     pipe = r.pipeline(transaction=False)
     for p in range(topic.partitions):
-        scripts.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
-                      [keys.channel(topic.name), topic.name, n_idx, dl, BATCH])
+        scripts.queue_expire(pipe, topic, p, BATCH)
     expired, next_due, now, outbox = 0, -1, 0, 0
     for n, nd, t, dead in scripts.execute(pipe):
         expired += n

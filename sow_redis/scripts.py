@@ -9,13 +9,19 @@ one call share a hash tag) and on fakeredis for the ``memory://`` backend. Calle
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
+from . import keys
 from .errors import from_script_error
+from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
+
+if TYPE_CHECKING:
+    from .config import TopicConfig
 
 INCLUDE = re.compile(r"^--@include (\w+)$", re.M)
 
@@ -84,13 +90,38 @@ class Scripts:
             pipe.command_stack = commands
             return pipe.execute()
 
-    def apply(self, keys: list[str], args: list[Any]) -> Any:
-        """apply.lua: see its header. Raises FencedError, ConflictError."""
-        return self.call("apply", keys, args)
+    def apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
+              rejects: Sequence[Reject], ops: Sequence[Op]) -> tuple[int, str]:
+        """apply.lua: apply the batch of log entries ``first`` … ``last`` (stream ids) of
+        partition ``p``: write ``rejects`` to its error stream, apply ``ops`` in order, move the
+        cursor to ``last``; atomically.
 
-    def expire(self, keys: list[str], args: list[Any]) -> Any:
-        """expire.lua: ``[expired, next due ms or -1, server now ms]``."""
-        return self.call("expire", keys, args)
+        Returns:
+            ``(ops applied, cursor)``; ``(-1, cursor)`` when the batch was applied before.
+
+        Raises:
+            FencedError: ``fence`` is stale (another worker took the lease).
+            ConflictError: a record's ``expect_seq`` did not hold; nothing was written.
+        """
+        argv: list[Any] = [fence, keys.channel(topic.name), topic.name, first, last,
+                           len(topic.hash_index), "1" if topic.dead_letter else "0",
+                           "1" if topic.expiration_enabled else "0", p, len(rejects)]
+        for rj in rejects:
+            argv += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
+        for op in ops:
+            argv += _pack_op(op)
+        applied, cursor = self.call(
+            "apply", keys.partition_keys(topic.name, p, len(topic.hash_index)), argv)
+        return int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor
+
+    def queue_expire(self, pipe: Any, topic: TopicConfig, p: int, limit: int) -> None:
+        """Queue expire.lua for partition ``p`` on ``pipe`` (remove at most ``limit`` due
+        records); its reply (from :meth:`execute`) is ``[expired, next due ms or -1, server
+        now ms, dead-letter outbox length]``."""
+        n_idx = len(topic.hash_index)
+        self.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
+                   [keys.channel(topic.name), topic.name, n_idx,
+                    "1" if topic.dead_letter else "0", limit])
 
     def lease_acquire(self, lease_key: str, state_key: str, owner: str, ms: int) -> int | None:
         """lease_acquire.lua: the fencing token, or None when another owner holds the lease."""
@@ -100,3 +131,21 @@ class Scripts:
     def lease_release(self, lease_key: str, owner: str) -> bool:
         """lease_release.lua: True when the lease was the caller's and is now free."""
         return bool(self.call("lease_release", [lease_key], [owner]))
+
+
+def _pack_op(op: Op) -> tuple[Any, ...]:
+    """apply.lua's 7 ARGV fields of one op: kind, stream id, SOW key (chain: identifier),
+    data (chain: head), expiry ("" none, "now", or absolute ms), expected seq ("" unchecked),
+    index members."""
+    if isinstance(op, Upsert):
+        expiry = "now" if op.expire_now else ("" if op.expiry_ms is None else op.expiry_ms)
+        return ("delta_publish" if op.delta else "publish", op.id, op.sow_key, op.data, expiry,
+                "" if op.expect_seq is None else op.expect_seq, op.members)
+    if isinstance(op, Delete):
+        return ("sow_delete", op.id, op.sow_key, "", "",
+                "" if op.expect_seq is None else op.expect_seq, "")
+    if isinstance(op, Ack):
+        return ("ack", op.id, "", "", "", "", "")
+    if isinstance(op, ChainLink):
+        return ("chain", op.id, op.ident, op.head, "", "", "")
+    raise TypeError(f"not an apply op: {op!r}")

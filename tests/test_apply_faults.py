@@ -101,11 +101,11 @@ def test_a_batch_whose_apply_call_fails_is_retried_entry_by_entry(url, topic_nam
     t = _topic(sow, topic_name)
     real = Scripts.apply
 
-    def apply(self, ks, args):
-        # args[9]: the number of rejected entries; the rejection itself carries the data
-        if args[9] == 0 and any(isinstance(a, bytes) and b"POISON" in a for a in args):
+    def apply(self, topic, p, fence, first, last, rejects, ops):
+        # the rejection itself carries the data: only ops fail
+        if any(b"POISON" in getattr(op, "data", b"") for op in ops):
             raise ResponseError("ERR user_script:1: Script attempted something bad")
-        return real(self, ks, args)
+        return real(self, topic, p, fence, first, last, rejects, ops)
 
     monkeypatch.setattr(Scripts, "apply", apply)
     res = sow.publish(t.name, [{"k": i, "v": "POISON" if i == 3 else "ok"} for i in range(6)],

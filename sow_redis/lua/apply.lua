@@ -21,14 +21,14 @@
     ARGV[8] "1" when the topic's expiration is enabled     ARGV[9] partition number
     ARGV[10] e (number of rejected entries), then e × 6 fields:
               stream id, reason, detail, cmd, data, sow_key   (→ XADD errors, exactly once)
-    then ops, 5 fields each: op, stream id, sow_key, data, meta
+    then ops, 7 fields each (packed by sow_redis/scripts.py _pack_op from sow_redis/ops.py):
               op: "publish" | "delta_publish" (upsert), "sow_delete" (delete), "ack",
                   "chain" (sow_key field = chain identifier, data = its chain head)
-              meta: "" (no expiry, unchecked, no index members) or
-                    "<expiry>|<expected seq>|<index members>" where expiry is absolute ms,
-                    "" (none) or "now" (TTL 0: deliver to current subscribers, then expire),
-                    expected seq is "-" (unchecked) or the seq the record must have ("0" =
-                    absent), index members as in KEYS[5]
+              stream id, sow_key, data,
+              expiry: "" (none), "now" (TTL 0: deliver to current subscribers, then expire)
+                      or absolute ms,
+              expected seq: "" (unchecked) or the seq the record must have ("0" = absent),
+              index members: positional, comma-separated, as stored in ixm
 
   Output:
     {applied ops, new cursor} or {-1, cursor} when the batch was applied before.
@@ -39,7 +39,7 @@ local fence, chan, topic = ARGV[1], ARGV[2], ARGV[3]
 local first_id, last_id, nidx = ARGV[4], ARGV[5], tonumber(ARGV[6])
 local dead_letter, expiring, partition = ARGV[7] == "1", ARGV[8] == "1", ARGV[9]
 local nerr = tonumber(ARGV[10])
-local ERR_FIRST, ERR_WIDTH, WIDTH = 11, 6, 5
+local ERR_FIRST, ERR_WIDTH, WIDTH = 11, 6, 7
 local FIRST = ERR_FIRST + ERR_WIDTH * (nerr or 0)
 local ERRORS_MAXLEN = 100000
 
@@ -62,11 +62,6 @@ local function id_less_eq(a, b)
   return ams < bms or (ams == bms and aseq <= bseq)
 end
 
-local function parse_meta(meta)
-  if meta == "" then return "", "-", "" end
-  return string.match(meta, "^([^|]*)|([^|]*)|(.*)$")
-end
-
 local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
 if meta[1] ~= fence then
   return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
@@ -79,15 +74,13 @@ local seq = tonumber(meta[3] or "0")
 
 -- validation pass: nothing is written unless every expected version holds
 for i = FIRST, #ARGV, WIDTH do
-  if ARGV[i + 4] ~= "" then
-    local _, expect = parse_meta(ARGV[i + 4])
-    if expect ~= "-" then
-      local cur = redis.call("HGET", P.rec, ARGV[i + 2])
-      local cur_seq = "0"
-      if cur then cur_seq = string.match(cur, "^(%d+):") end
-      if cur_seq ~= expect then
-        return redis.error_reply("SOW_CONFLICT " .. ARGV[i + 2])
-      end
+  local expect = ARGV[i + 5]
+  if expect ~= "" then
+    local cur = redis.call("HGET", P.rec, ARGV[i + 2])
+    local cur_seq = "0"
+    if cur then cur_seq = string.match(cur, "^(%d+):") end
+    if cur_seq ~= expect then
+      return redis.error_reply("SOW_CONFLICT " .. ARGV[i + 2])
     end
   end
 end
@@ -118,7 +111,7 @@ local has_expiry = redis.call("EXISTS", P.exp) == 1
 local applied = 0
 for i = FIRST, #ARGV, WIDTH do
   local op, id, key, data = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local ex, _, members = parse_meta(ARGV[i + 4])
+  local ex, members = ARGV[i + 4], ARGV[i + 6]
   if op == "chain" then
     redis.call("HSET", P.chain, key, data)
   elseif op == "ack" then

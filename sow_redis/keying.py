@@ -1,0 +1,105 @@
+"""SOW keys of log entries: one resolver interface, two implementations.
+
+* :class:`PlainKeys`: the key generated from the topic's key fields (or the publisher's key on
+  a topic without key fields), AMPS User Guide ch. 7 "SOW Keys", seeds/004.
+* :class:`ChainKeys`: the chaining key generator (seeds/003): the key of the chain the entry
+  belongs to, resolved against the partition's chain table with a batch look-ahead (one
+  HMGET for every identifier of the batch), new identifiers recorded in the batch's view.
+
+A worker calls :meth:`KeyResolver.prepare` once with a batch's entries, then
+:meth:`KeyResolver.resolve` for each entry in log order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .chaining import ChainIds, ChainResolver, chain_values
+from .chaining import sow_key as chain_sow_key
+from .config import TopicConfig
+from .entries import Command, LogEntry
+from .errors import MessageError
+from .messages import key_of, partition_for
+
+
+@dataclass(slots=True)
+class Resolved:
+    """An entry's SOW key, and the chain-table entries ``(identifier, head)`` its apply must
+    write (chaining topics only)."""
+
+    sow_key: str
+    links: list[tuple[str, str]] = field(default_factory=list)
+
+
+class KeyResolver(Protocol):
+    """Resolves the SOW keys of one partition's log entries, in log order."""
+
+    def prepare(self, entries: Sequence[LogEntry]) -> None:
+        """Look ahead over a batch (e.g. read every chain identifier at once)."""
+
+    def resolve(self, entry: LogEntry) -> Resolved:
+        """The SOW key of an entry carrying a message (publish, delta_publish, sow_delete by
+        data). Raises MessageError (missing key field, bad SOW key, wrong partition, two
+        chains)."""
+
+
+def _check_partition(obj: dict[str, Any], topic: TopicConfig, key: str, p: int) -> None:
+    part = partition_for(obj, topic, key)
+    if part != p:
+        raise MessageError("wrong_partition", f"message belongs to partition {part}")
+
+
+class PlainKeys:
+    """Generated keys (key fields + key domain) or publisher-supplied keys."""
+
+    def __init__(self, topic: TopicConfig, p: int):
+        self.topic, self.p = topic, p
+
+    def prepare(self, entries: Sequence[LogEntry]) -> None:
+        pass
+
+    def resolve(self, entry: LogEntry) -> Resolved:
+        assert entry.obj is not None
+        key = key_of(entry.obj, self.topic, entry.sow_key)
+        _check_partition(entry.obj, self.topic, key, self.p)
+        return Resolved(key)
+
+
+class ChainKeys:
+    """The chaining key generator over the partition's chain table (seeds/003)."""
+
+    def __init__(self, r: Any, topic: TopicConfig, p: int):
+        self.topic, self.p = topic, p
+        self.chains = ChainResolver(r, topic, p)
+        self._ids: dict[str, ChainIds] = {}
+
+    def prepare(self, entries: Sequence[LogEntry]) -> None:
+        ids = []
+        for e in entries:
+            if e.obj is None:
+                continue
+            try:
+                self._ids[e.id] = chain_values(e.obj, self.topic)
+            except MessageError:
+                continue  # rejected with its reason by resolve()
+            ids.append(self._ids[e.id])
+        self.chains.load(ids)
+
+    def resolve(self, entry: LogEntry) -> Resolved:
+        assert entry.obj is not None
+        if entry.sow_key:
+            raise MessageError("bad_sow_key", f"topic '{self.topic.name}' uses the chaining key "
+                               "generator: its SOW keys come from the chains, not publishers")
+        _check_partition(entry.obj, self.topic, "", self.p)
+        res = self.chains.resolve(entry.obj, self._ids.pop(entry.id, None))
+        key = chain_sow_key(self.topic, res.head)
+        if entry.command is Command.SOW_DELETE:  # deletes leave the chains as they are
+            return Resolved(key)
+        return Resolved(key, self.chains.commit(res))
+
+
+def resolver(r: Any, topic: TopicConfig, p: int) -> KeyResolver:
+    """The key resolver of ``topic``'s partition ``p``."""
+    return ChainKeys(r, topic, p) if topic.chaining else PlainKeys(topic, p)
