@@ -15,8 +15,9 @@ For each (repeated ``--repeat`` times, alternating, best run kept):
 
 * ``publish``: ``sow_redis.publisher.append`` of the FIX lines (FIX parse, validation,
   partition, pipelined XADD) while nothing applies;
-* ``apply``: the worker code (``jobs.drain_partition``) applying the whole backlog of every
-  partition, in this process, timed from the first to the last partition drained.
+* ``apply``: the worker code applying the whole backlog of every partition in this process
+  (``Sow(inline=True).handoff``, which drains each partition as a worker job does), timed from
+  the first to the last partition drained.
 
 In the same run, the FIX parser (``sow_redis.fix.decode``) is timed against simplefix's
 ``FixParser`` (installed with the dev extra) on the same lines: the figure behind keeping our
@@ -48,10 +49,10 @@ from redis import Redis
 from rich.console import Console
 from rich.table import Table
 
+from sow_redis.client import Sow
 from sow_redis.config import apply_topics, parse_topics
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
-from sow_redis.jobs import drain_partition
 from sow_redis.publisher import append
 from sow_redis.settings import Settings
 
@@ -121,13 +122,7 @@ def run_once(r: Redis, url: str, lines: list[bytes], chained: bool, cmd: str,
             raise BenchError(f"{name}: {len(res.rejected)} rejected: {res.rejected[:3]}")
         settings = Settings.from_env(redis_url=url, batch_size=batch)
         t2 = time.perf_counter()
-        applied = 0
-        for p in range(partitions):
-            while True:
-                n, drained = drain_partition(r, t, p, settings, budget_s=3600, linger_ms=0)
-                applied += n
-                if drained:
-                    break
+        applied = Sow(client=r, settings=settings, inline=True).handoff(t, res.last_ids)
         t3 = time.perf_counter()
         check = verify(r, t, len(lines), expected_records)
         return {"topic": "chained" if chained else "plain", "cmd": cmd,

@@ -12,7 +12,8 @@ folder; the machine's 6379 is never used). For each size N of ``--sizes``:
   the load began (``lead`` is scaled with N from a small calibration load, so that everything is
   loaded, and the subscriber and expirer are running, before the first record is due). Loading =
   ``sow_redis.publisher.append`` (XADD to the partition logs) then
-  ``sow_redis.jobs.drain_partition`` per partition in this process (no workers). Each record's
+  ``Sow(inline=True).handoff`` (the workers' code, every partition drained in this process;
+  no workers). Each record's
   due time is then read back from what is stored (``expiry_ms`` of the record = log entry id
   time + lifetime, Redis server clock). A subscriber process (raw socket + hiredis parser, so
   it is not the bottleneck) listens on ``sow:<topic>`` and notes the receive time of every
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import datetime as dt
-import inspect
 import multiprocessing as mp
 import os
 import platform
@@ -67,9 +67,9 @@ from sow_redis.client import Sow
 from sow_redis.config import TopicConfig, apply_topics, parse_topics
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
-from sow_redis.jobs import drain_partition
 from sow_redis.publisher import append
-from sow_redis.query import get_records, scan_partition, server_ms
+from sow_redis.connection import server_ms
+from sow_redis.query import get_records, scan_partition
 from sow_redis.settings import Settings
 from sow_redis.status import error_count
 
@@ -105,19 +105,10 @@ DESCRIPTIONS = {
 }
 
 
-# no linger once drained (the load is complete), if this version of drain_partition lingers
-DRAIN_KW: dict[str, Any] = (
-    {"linger_ms": 0} if "linger_ms" in inspect.signature(drain_partition).parameters else {})
-
-
-def drain(r: Redis, t: TopicConfig, p: int, settings: Settings) -> int:
-    """Apply partition p in this process until its log is drained. Returns entries applied."""
-    applied = 0
-    while True:
-        done, drained = drain_partition(r, t, p, settings, budget_s=3600, **DRAIN_KW)
-        applied += done
-        if drained:
-            return applied
+def drain(r: Redis, t: TopicConfig, last_ids: dict[int, str], settings: Settings) -> int:
+    """Apply the partitions of ``last_ids`` in this process (inline mode, the workers' code)
+    until their logs are drained. Returns entries applied."""
+    return Sow(client=r, settings=settings, inline=True).handoff(t, last_ids)
 
 
 class LateLoad(Exception):
@@ -376,8 +367,7 @@ def calibrate_sow(r: Redis, args: argparse.Namespace, settings: Settings) -> flo
     try:
         t0 = time.perf_counter()
         res = append(r, t, (("publish", message(i), None, 3600.0) for i in range(CALIBRATE_N)))
-        for p in res.last_ids:
-            drain(r, t, p, settings)
+        drain(r, t, res.last_ids, settings)
         return CALIBRATE_N / (time.perf_counter() - t0)
     finally:
         remove_topic(r, t)
@@ -401,7 +391,7 @@ def load_sow(r: Redis, t: TopicConfig, n: int, first_due_ms: int, window_ms: int
     if res.published != n or res.rejected:
         raise BenchError(f"publish: {res.published} published, {len(res.rejected)} rejected "
                          f"({res.rejected[:3]})")
-    applied = sum(drain(r, t, p, settings) for p in range(t.partitions))
+    applied = drain(r, t, res.last_ids, settings)
     t2 = time.perf_counter()
     if applied != n:
         raise BenchError(f"applied {applied} log entries, expected {n}")

@@ -12,23 +12,9 @@ from typing import Any, BinaryIO
 import click
 import orjson
 
-from .errors import SowError
+from .connection import check_url, is_memory, redact
+from .errors import BadURLError, SowError
 from .settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (never print a password)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        u = urlsplit(url)
-        if u.password is None:
-            return url
-        netloc = u.netloc.rsplit("@", 1)[1]
-        user = f"{u.username}:" if u.username else ":"
-        return urlunsplit(u._replace(netloc=f"{user}***@{netloc}"))
-    except ValueError:
-        return "<unparsable URL>"
 
 
 def _one_line(text: str, url: str) -> str:
@@ -85,11 +71,9 @@ def _url() -> str:
     return ctx.find_root().obj["settings"].redis_url if ctx and ctx.find_root().obj else ""
 
 
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
 def _settings(ctx: click.Context) -> Settings:
-    """The settings of a command that talks to Redis, with its URL checked.
+    """The settings of a command that talks to Redis, with its URL checked
+    (:func:`sow_redis.connection.check_url`; nothing is sent).
 
     Raises:
         click.ClickException: a URL sow-redis cannot use, or ``memory://`` (each command is a
@@ -97,22 +81,23 @@ def _settings(ctx: click.Context) -> Settings:
     """
     settings: Settings = ctx.find_root().obj["settings"]
     url = settings.redis_url
-    if url.startswith("memory://"):
+    if is_memory(url):
         raise click.ClickException(
             "memory:// keeps the SOW inside one process, and every sow-redis command is a new "
             "process: run 'sow-redis up' for a local redis-server, or use the Python API "
             "Sow('memory://')")
-    if not url.startswith(URL_SCHEMES):
-        raise click.ClickException(
-            f"invalid --redis-url {redact(url)!r}: use redis://host:port/db, rediss://… or "
-            "unix:///path/to/socket")
+    try:
+        check_url(url)
+    except BadURLError as exc:
+        raise click.ClickException(f"invalid --redis-url {exc.url!r}: {exc.reason}") from None
     return settings
 
 
 def _sow(ctx: click.Context) -> Any:
+    """A :class:`~sow_redis.client.Sow` in workers mode (``sow-redis worker`` applies)."""
     from .client import Sow
 
-    return Sow(settings=_settings(ctx))
+    return Sow(settings=_settings(ctx), inline=False)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -312,7 +297,7 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         fh.close()
     timed_out: WaitTimeout | None = None
     try:
-        sow._after_append(t, result.last_ids, wait, timeout)
+        sow.handoff(t, result.last_ids, wait, timeout)
     except WaitTimeout as exc:
         timed_out = exc
     elapsed = time.perf_counter() - started
@@ -321,7 +306,7 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     rate = result.published / elapsed if elapsed > 0 else 0.0
     skipped = (f", skipped {result.skipped} (MsgType in skip_msg_types: "
                f"{','.join(t.skip_msg_types)})") if result.skipped else ""
-    applied = " (applied)" if (wait or sow.memory) and timed_out is None else ""
+    applied = " (applied)" if (wait or sow.inline) and timed_out is None else ""
     click.echo(f"published {result.published} message(s) to {topic}{skipped}, rejected "
                f"{len(result.rejected)}{why}; read {result.read} line(s); {elapsed:.2f} s, "
                f"{rate:,.0f} msg/s{applied}")
@@ -621,7 +606,7 @@ def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
     settings = _settings(ctx)
     run_worker(settings, burst=burst, name=name)
     if burst:
-        from .client import connect
+        from .connection import connect
         from .jobs import unapplied_partitions
 
         left = unapplied_partitions(connect(settings.redis_url))

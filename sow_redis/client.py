@@ -1,12 +1,19 @@
 """Python API: :class:`Sow` — publish, delta_publish, sow (query), sow_delete, subscribe.
 
-``Sow("redis://host:port/0")`` talks to a Redis server on which ``sow-redis worker``
-processes apply the transaction log. ``Sow("memory://")`` runs in process on fakeredis with the
-same Lua scripts and applies every publish before returning (for notebooks and quick trials).
+Two ways to apply what is published (the transaction log, ARCHITECTURE §3), declared per
+:class:`Sow`, never guessed from the client:
+
+* **workers** (default for ``redis://…``): a publish appends to the log and enqueues ingest
+  jobs; ``sow-redis worker`` processes apply them; ``wait=True`` waits for them.
+* **inline** (``inline=True``; the default, and the only mode, for ``memory://``): every
+  publish, delta_publish and sow_delete is applied in the calling process, by the same code
+  the workers run, before the call returns (like rq's ``Queue(is_async=False)`` or huey's
+  immediate mode). For notebooks, tests, scripts and benchmarks; on a real server it needs no
+  worker.
 
 Example::
 
-    sow = Sow("memory://")
+    sow = Sow("memory://")            # in process, on fakeredis, inline
     sow.apply_config('[[topic]]\\nname = "orders"\\nkey = ["/orderId"]\\n')
     sow.publish("orders", [{"orderId": 1, "price": 120}])
     sow.delta_publish("orders", {"orderId": 1, "price": 95})
@@ -15,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +30,8 @@ import orjson
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
+from .connection import connect, is_memory
+from .errors import WaitTimeout
 from .jobs import drain_partition, ensure_jobs
 from .publisher import (
     PublishResult,
@@ -34,22 +44,10 @@ from .publisher import (
 from .query import query
 from .records import Record
 from .settings import Settings
+from .streamids import parse as parse_id
 
-_memory_servers: dict[str, Any] = {}
-
-
-def connect(url: str) -> Any:
-    """A redis-py client (bytes responses) for ``redis://…`` / ``rediss://…`` / ``unix://…``,
-    or a fakeredis client for ``memory://[name]`` (clients of one name share one server)."""
-    if url.startswith("memory://"):
-        import fakeredis
-
-        name = url[len("memory://"):] or "default"
-        server = _memory_servers.setdefault(name, fakeredis.FakeServer())
-        return fakeredis.FakeRedis(server=server)
-    from redis import Redis
-
-    return Redis.from_url(url)
+LEASE_POLL_S = 0.01
+"""Seconds an inline apply sleeps while another process holds a partition's lease."""
 
 
 def _to_bytes(msg: Any) -> bytes:
@@ -64,16 +62,44 @@ class Sow:
     """A connection to one SOW (one Redis server or cluster, or an in-memory one).
 
     Args:
-        url: ``redis://host:port/db`` or ``memory://[name]``; default from ``SOW_REDIS_URL``.
-        settings: overrides for timing knobs (see :class:`~sow_redis.settings.Settings`).
+        url: ``redis://host:port/db``, ``rediss://…``, ``unix:///path`` or ``memory://[name]``
+            (see :mod:`sow_redis.connection`); default from ``SOW_REDIS_URL``.
+        settings: overrides for timing knobs (see :class:`~sow_redis.settings.Settings`);
+            its ``redis_url`` is used when given (``url`` is then ignored).
+        client: a Redis client to use instead of connecting to the URL (the URL still sets
+            the default of ``inline``: pass ``inline=True`` for a client of an in-process
+            server).
+        inline: apply every publish, delta_publish and sow_delete in this process before
+            returning (see the module docstring). Default: True for ``memory://``, else
+            False (workers apply).
+
+    Attributes:
+        inline: the mode chosen (read-only).
+
+    Raises:
+        BadURLError: the URL cannot be used (one line, password masked).
+        ValueError: ``inline=False`` with ``memory://``: no worker can reach an in-process
+            server, so nothing published would ever be applied.
     """
 
     def __init__(self, url: str | None = None, settings: Settings | None = None,
-                 client: Any = None):
+                 client: Any = None, inline: bool | None = None):
         self.settings = settings or Settings.from_env(redis_url=url)
         self.url = self.settings.redis_url
+        memory = is_memory(self.url)
+        if inline is None:
+            inline = memory
+        elif not inline and memory:
+            raise ValueError(f"Sow({self.url!r}, inline=False): memory:// runs in this process, "
+                             "where no worker can apply the log; use inline (the default) or "
+                             "a redis:// server with 'sow-redis worker'")
+        self._inline = bool(inline)
         self.r = client if client is not None else connect(self.url)
-        self.memory = type(self.r).__module__.startswith("fakeredis")
+
+    @property
+    def inline(self) -> bool:
+        """Whether publishes are applied in this process before returning (read-only)."""
+        return self._inline
 
     # configuration -------------------------------------------------------------------
     def apply_config(self, source: str | list[TopicConfig],
@@ -125,22 +151,66 @@ class Sow:
         # each message is encoded inside append: one that cannot be is rejected, not raised
         result = append(self.r, t, ((cmd, m, sow_key, expiration) for m in messages),
                         fix_separator=sep)
-        self._after_append(t, result.last_ids, wait, timeout)
+        self.handoff(t, result.last_ids, wait, timeout)
         return result
 
-    def _after_append(self, t: TopicConfig, last_ids: dict[int, str], wait: bool,
-                      timeout: float) -> None:
+    def handoff(self, topic: str | TopicConfig, last_ids: dict[int, str], wait: bool = False,
+                timeout: float = 60.0) -> int:
+        """Hand log entries appended with :func:`sow_redis.publisher.append` (or any XADD to
+        a partition log) to the appliers: apply them here when :attr:`inline`, else enqueue
+        ingest jobs for the workers and, with ``wait``, block until they applied them.
+        ``publish`` / ``delta_publish`` / ``sow_delete`` call it; so do the CLI's
+        ``publish`` (which appends itself, for its progress bar) and the expirer's
+        dead-letter forwarding.
+
+        Inline, each partition of ``last_ids`` is applied until its log is drained (entries
+        after ``last_ids`` included), whatever ``wait`` says; while another process holds a
+        partition's lease (a worker, another inline client) it retries every
+        :data:`LEASE_POLL_S` seconds, at most ``timeout`` seconds in all.
+
+        Args:
+            topic: the topic name or definition.
+            last_ids: partition → stream id of the last entry appended there
+                (:attr:`PublishResult.last_ids`); empty: nothing to do.
+            wait: without inline, wait until the workers' applied cursors reach
+                ``last_ids`` (read-your-writes).
+            timeout: seconds to wait at most (for the workers, or inline for a lease).
+
+        Returns:
+            The number of log entries applied in this process (0 without inline).
+
+        Raises:
+            WaitTimeout: after ``timeout`` seconds (the entries stay in the log and will be
+                applied); UnknownTopicError: ``topic`` names no topic.
+        """
         if not last_ids:
-            return
-        if self.memory:
-            for p in last_ids:
-                while not drain_partition(self.r, t, p, self.settings, budget_s=3600,
-                                         linger_ms=0)[1]:
-                    pass
-            return
+            return 0
+        t = topic if isinstance(topic, TopicConfig) else self.topic(topic)
+        if self._inline:
+            return self._apply_here(t, list(last_ids), timeout)
         ensure_jobs(self.r, t.name, list(last_ids), self.settings)
         if wait:
             wait_applied(self.r, t, last_ids, timeout)
+        return 0
+
+    def _apply_here(self, t: TopicConfig, partitions: list[int], timeout: float) -> int:
+        """Drain ``partitions`` in this process with the workers' code (see :meth:`handoff`)."""
+        deadline = time.monotonic() + timeout
+        applied = 0
+        for p in partitions:
+            while True:
+                n, drained = drain_partition(self.r, t, p, self.settings, budget_s=3600,
+                                             linger_ms=0)
+                applied += n
+                if drained:
+                    break
+                if n == 0:  # the lease is another process's
+                    if time.monotonic() >= deadline:
+                        raise WaitTimeout(
+                            f"topic {t.name}: partition {p} stayed leased by another process "
+                            f"for {timeout:g} s; its entries stay in the log")
+                    time.sleep(LEASE_POLL_S)
+        return applied
 
     def publish(self, topic: str, messages: Any, sow_key: str | None = None, wait: bool = False,
                 timeout: float = 60.0, expiration: float | None = None,
@@ -161,8 +231,9 @@ class Sow:
             expiration: message lifetime in seconds (overrides the topic default under policy
                 "override"; ``0`` = never expire); every publish resets the lifetime. Not a
                 finite number >= 0 (or a bool): every message is rejected ``bad_expiration``.
-            wait: return only after the workers applied every message (read-your-writes).
-            timeout: seconds to wait at most with ``wait``.
+            wait: return only after the workers applied every message (read-your-writes);
+                always so with :attr:`inline`.
+            timeout: seconds to wait at most with ``wait`` (see :meth:`handoff`).
 
         Returns:
             Counts and per-message rejections (bad JSON, missing key field, too large, …):
@@ -203,7 +274,7 @@ class Sow:
                    data: Any = None, sow_key: str | None = None, timeout: float = 60.0) -> int:
         """Remove records (seeds/004 "Removing SOW Records") by content filter (``1=1`` removes
         all), by SOW keys, or by message data (the record a publish of that data would update).
-        Waits until the workers applied the delete.
+        Waits until the workers applied the delete (with :attr:`inline`, applies it here).
 
         Returns:
             The number of records removed.
@@ -230,7 +301,7 @@ class Sow:
                 rej = res.rejected[0]
                 raise MessageError(rej.reason, rej.detail)
             ids = res.last_ids
-        self._after_append(t, ids, True, timeout)
+        self.handoff(t, ids, True, timeout)
         return delete_counts(self.r, t, ids)
 
     # live events ---------------------------------------------------------------------
@@ -262,8 +333,7 @@ class Sow:
             for sid, fields in entries:
                 e = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}
                 e["error_id"] = sid.decode()
-                ms, _, n = e["error_id"].partition("-")
-                newest.append(((int(ms), int(n)), e))
+                newest.append((parse_id(sid), e))
         newest.sort(key=lambda item: item[0])
         return [e for _order, e in newest[-count:]] if count > 0 else []
 
@@ -317,4 +387,4 @@ class Subscription:
         self.close()
 
 
-__all__ = ["Sow", "Subscription", "connect"]
+__all__ = ["Sow", "Subscription", "connect"]  # connect: from sow_redis.connection

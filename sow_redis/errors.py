@@ -53,6 +53,17 @@ class WaitTimeout(SowError):
     """``--wait`` gave up before the workers applied every published message."""
 
 
+class BadURLError(SowError):
+    """A Redis URL sow_redis cannot use (scheme, port, host or option), raised by
+    :func:`sow_redis.connection.connect` before anything is sent. ``url`` has its password
+    masked, ``reason`` says what is wrong; the message is one line."""
+
+    def __init__(self, url: str, reason: str):
+        self.url = url
+        self.reason = reason
+        super().__init__(f"invalid Redis URL {url!r}: {reason}")
+
+
 class ScriptArgsError(SowError):
     """A Lua script was called with malformed arguments (a client/script version mismatch)."""
 

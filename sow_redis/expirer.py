@@ -28,7 +28,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys
+from .client import Sow
 from .config import TopicCache, TopicConfig
+from .connection import connect, server_ms
 from .scripts import Scripts
 from .settings import Settings
 
@@ -53,8 +55,10 @@ BACKOFF_MAX_S = 2.0
 long of Redis answering again)."""
 
 
-def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig) -> tuple[int, int, int]:
-    """One expire.lua call per partition, pipelined.
+def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig,
+                 sow: Sow | None = None) -> tuple[int, int, int]:
+    """One expire.lua call per partition, pipelined; dead letters are forwarded through
+    ``sow`` (see :func:`forward_dead_letters`).
 
     Returns:
         ``(records expired, earliest next due ms or -1, server now ms)``.
@@ -71,22 +75,26 @@ def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig) -> tuple[int, int
             next_due = nd
     if outbox and topic.dead_letter:
         # expired here, or by a worker before an entry logged after the due time
-        forward_dead_letters(r, topic)
+        forward_dead_letters(r, topic, sow)
     return expired, next_due, now
 
 
-def forward_dead_letters(r: Any, topic: TopicConfig) -> int:
+def forward_dead_letters(r: Any, topic: TopicConfig, sow: Sow | None = None) -> int:
     """Publish the outbox entries of every partition to the dead-letter topic, then drop them.
 
-    A crash between the two steps publishes an entry twice, which leaves the dead-letter SOW
-    unchanged (same SOW key, same data). While the dead-letter topic is not defined, the
-    entries stay in the outbox. Returns the number forwarded.
+    The copies are appended to the dead-letter topic's log and handed over with
+    :meth:`Sow.handoff <sow_redis.client.Sow.handoff>` of ``sow`` (a client of ``r``; default
+    ``Sow(client=r)``, whose mode follows ``SOW_REDIS_URL``): applied here when it is inline,
+    else enqueued for the workers (not waited for). A crash between the two steps publishes
+    an entry twice, which leaves the dead-letter SOW unchanged (same SOW key, same data).
+    While the dead-letter topic is not defined, the entries stay in the outbox. Returns the
+    number forwarded.
     """
-    from .client import Sow
     from .errors import UnknownTopicError
     from .publisher import append
 
-    sow = Sow(client=r)
+    if sow is None:
+        sow = Sow(client=r)
     try:
         dl = sow.topic(topic.dead_letter)
     except UnknownTopicError:
@@ -107,7 +115,7 @@ def forward_dead_letters(r: Any, topic: TopicConfig) -> int:
                                  "data": orjson.Fragment(f[b"data"])})
             msgs.append(("publish", body, f[b"sow_key"].decode() if dl.publisher_keys else None))
         res = append(r, dl, msgs)
-        sow._after_append(dl, res.last_ids, False, 0)
+        sow.handoff(dl, res.last_ids)
         for rej in res.rejected:
             r.xadd(keys.errors(topic.dead_letter), {"reason": rej.reason, "detail": rej.detail,
                                                    "data": msgs[rej.position - 1][1]})
@@ -122,8 +130,6 @@ def idle_topics(r: Any, topics: dict[str, TopicConfig]) -> list[str]:
     candidates = [t for t in topics.values() if t.idle_ms]
     if not candidates:
         return []
-    from .query import server_ms
-
     now = server_ms(r)
     last = r.hmget(keys.LAST_USED, [t.name for t in candidates])
     subs = dict(r.pubsub_numsub(*[keys.channel(t.name) for t in candidates]))
@@ -159,12 +165,19 @@ class Expirer:
     Args:
         topics: names of the topics this expirer serves (default: every topic in the
             registry). Operators can dedicate expirers to busy topics this way.
+        inline: apply the forwarded dead letters in this process (as ``Sow(inline=…)``);
+            default: True when ``settings.redis_url`` is ``memory://``, else workers apply
+            them.
+
+    Raises:
+        ValueError: ``inline=False`` with a ``memory://`` URL (see :class:`Sow`).
     """
 
     def __init__(self, r: Any, settings: Settings | None = None,
-                 topics: Iterable[str] | None = None):
+                 topics: Iterable[str] | None = None, inline: bool | None = None):
         self.r = r
         self.settings = settings or Settings.from_env()
+        self.sow = Sow(client=r, settings=self.settings, inline=inline)
         self.only = frozenset(topics) if topics else None
         self.scripts = Scripts(r)
         self.cache = TopicCache(r)
@@ -180,7 +193,7 @@ class Expirer:
         for t in topics.values():
             if not t.expiration_enabled:
                 continue
-            n, next_due, now = expire_topic(self.r, self.scripts, t)
+            n, next_due, now = expire_topic(self.r, self.scripts, t, self.sow)
             expired += n
             if next_due >= 0:
                 wait_s = min(wait_s, max(0.0, (next_due - now) / 1000))
@@ -223,8 +236,6 @@ def run_expirer(settings: Settings, burst: bool = False,
 
     Returns the number of records expired."""
     import signal
-
-    from .client import connect
 
     exp = Expirer(connect(settings.redis_url), settings, topics)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -27,11 +27,13 @@ import uuid
 from typing import Any
 
 from . import keys
-from .apply import apply_batch, read_cursor
+from .apply import apply_batch
 from .config import TopicCache, TopicConfig
 from .errors import FencedError, UnknownTopicError
+from .partition_state import read_cursor
 from .scripts import Scripts, attached
 from .settings import QUEUE_NAME, Settings
+from .streamids import ZERO, parse
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +92,9 @@ def lagging_partitions(r: Any, topic: TopicConfig) -> list[int]:
     out = []
     for p in range(topic.partitions):
         last, cursor = res[2 * p], res[2 * p + 1]
-        if last and _tuple(last[0][0]) > _tuple(cursor or b"0-0"):
+        if last and parse(last[0][0]) > parse(cursor or ZERO):
             out.append(p)
     return out
-
-
-def _tuple(sid: bytes) -> tuple[int, int]:
-    a, _, b = sid.partition(b"-")
-    return int(a), int(b or 0)
 
 
 def unapplied_partitions(r: Any) -> dict[str, list[int]]:

@@ -28,6 +28,7 @@ from .chaining import chain_values
 from .config import TopicConfig
 from .errors import MessageError
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
+from .streamids import ms_of
 from .values import canonical, get_path
 
 COMMANDS = ("publish", "delta_publish", "sow_delete")
@@ -382,7 +383,7 @@ def expiry_for(topic: TopicConfig, message_ttl_s: float | None, stream_id: str) 
         ttl = default
     else:
         return ""
-    return str(int(stream_id.split("-", 1)[0]) + ttl)
+    return str(ms_of(stream_id) + ttl)
 
 
 def merge(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:

@@ -55,9 +55,11 @@ from .config import (
 )
 from .errors import ConfigError, FencedError, MessageError, SowError
 from .messages import parse, partition_for
+from .partition_state import read_cursor
 from .records import decode as decode_record
 from .scripts import Scripts
 from .settings import Settings
+from .streamids import parse as parse_id
 
 CHUNK = 1000
 """Records or log entries per pipeline round trip."""
@@ -151,11 +153,6 @@ def _drain(r: Any, scripts: Scripts, topic: TopicConfig, p: int, leases: _Leases
             return total
         total += n
         leases.renew()
-
-
-def _id(sid: str) -> tuple[int, int]:
-    a, _, b = sid.partition("-")
-    return int(a), int(b or 0)
 
 
 def _read_hash(r: Any, key: str) -> dict[bytes, bytes]:
@@ -321,8 +318,8 @@ def _drop_partitions(r: Any, old: TopicConfig, new: TopicConfig) -> None:
             r.xadd(keys.errors(name), f)
         for _eid, f in r.xrange(keys.dead_letters(name, p)):
             r.xadd(keys.dead_letters(name, p % new.partitions), f)
-        cursor = r.hget(keys.state(name, p), "cursor") or b"0-0"
-        for sid, f in r.xrange(keys.log(name, p), min=b"(" + cursor):
+        cursor = read_cursor(r, name, p)
+        for sid, f in r.xrange(keys.log(name, p), min="(" + cursor):
             supplied = f.get(b"sow_key")
             try:
                 data = f[b"data"]
@@ -366,7 +363,7 @@ def migrate_topic(r: Any, old: TopicConfig, new: TopicConfig,
         chains = ({p: _read_hash(r, keys.chain(old.name, p)) for p in range(old.partitions)}
                   if old.chaining else {})
         rows = sorted(((p, decode_record(k, v)) for p, recs in records.items()
-                       for k, v in recs.items()), key=lambda row: _id(row[1].stream_id))
+                       for k, v in recs.items()), key=lambda row: parse_id(row[1].stream_id))
         _clear_layout(r, old.name, max(old.partitions, new.partitions),
                       max(len(old.hash_index), len(new.hash_index)))
         if old.chaining and new.chaining and old.chain_fields == new.chain_fields:

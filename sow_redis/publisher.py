@@ -14,9 +14,12 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
+from .connection import server_ms
 from .errors import MessageError, WaitTimeout
 from .fix import to_message
 from .messages import check_expiration, encode, parse, unwrap
+from .partition_state import read_cursors
+from .streamids import ms_of, reached
 
 CHUNK = 1000
 """Messages sent per pipeline round trip."""
@@ -184,10 +187,8 @@ def touch(r: Any, topic: str, last_ids: dict[int, str] | None = None) -> None:
     """Record that the topic was used now (for ``idle_expiration``), in ms on the Redis server
     clock: the newest log entry id's time, or the server ``TIME``."""
     if last_ids:
-        ms = max(int(sid.split("-", 1)[0]) for sid in last_ids.values())
+        ms = max(ms_of(sid) for sid in last_ids.values())
     else:
-        from .query import server_ms
-
         ms = server_ms(r)
     r.hset(keys.LAST_USED, topic, ms)
 
@@ -205,12 +206,6 @@ def append_delete_all_partitions(r: Any, topic: TopicConfig, fields: dict[str, s
             for p, sid in enumerate(pipe.execute())}
 
 
-def _id_tuple(sid: str | bytes) -> tuple[int, int]:
-    s = sid.decode() if isinstance(sid, bytes) else sid
-    a, _, b = s.partition("-")
-    return int(a), int(b or 0)
-
-
 def wait_applied(r: Any, topic: TopicConfig, last_ids: dict[int, str], timeout_s: float = 60.0,
                  poll_s: float = 0.01) -> None:
     """Block until every partition's applied cursor reaches the given stream ids.
@@ -221,12 +216,8 @@ def wait_applied(r: Any, topic: TopicConfig, last_ids: dict[int, str], timeout_s
     pending = dict(last_ids)
     deadline = time.monotonic() + timeout_s
     while pending:
-        pipe = r.pipeline(transaction=False)
-        order = list(pending)
-        for p in order:
-            pipe.hget(keys.state(topic.name, p), "cursor")
-        for p, cur in zip(order, pipe.execute()):
-            if cur is not None and _id_tuple(cur) >= _id_tuple(pending[p]):
+        for p, cur in read_cursors(r, topic.name, pending).items():
+            if reached(cur, pending[p]):
                 del pending[p]
         if not pending:
             return

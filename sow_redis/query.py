@@ -14,6 +14,7 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
+from .connection import server_ms  # also re-exported: sow_redis.query.server_ms
 from .records import Record
 from .records import decode as decode_record
 from .sowkey import generate, index_hash, partition_of_key
@@ -98,12 +99,6 @@ def index_keys(r: Any, topic: TopicConfig, terms: dict[str, list[str]]) -> list[
             out += [m.decode().split(":", 1)[1] for m in members]
         return out
     return None
-
-
-def server_ms(r: Any) -> int:
-    """The Redis server clock in milliseconds since the epoch."""
-    sec, usec = r.time()
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 def query(r: Any, topic: TopicConfig, filter: str | None = None, sow_keys: list[str] | None = None,

@@ -13,7 +13,6 @@ from redis import Redis
 
 from sow_redis.client import Sow
 from sow_redis.server import free_port, spawn_redis
-from sow_redis.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -49,30 +48,17 @@ def topic_name():
 
 @pytest.fixture(params=["redis", "memory"])
 def backend_url(request, redis_server):
-    """Runs a test on the real server (with in-process draining) and on memory://."""
+    """Runs a test on the real server and on memory://."""
     if request.param == "redis":
         return redis_server
     return f"memory://{uuid.uuid4().hex}"
 
 
-class InlineSow(Sow):
-    """A Sow on a real server whose publishes are applied in process (no worker processes),
-    through the same jobs/apply code the workers run."""
-
-    def _after_append(self, t, last_ids, wait, timeout):
-        from sow_redis.jobs import drain_partition
-
-        for p in last_ids:
-            while not drain_partition(self.r, t, p, self.settings, budget_s=3600,
-                                         linger_ms=0)[1]:
-                pass
-
-
 @pytest.fixture
 def sow(backend_url):
-    if backend_url.startswith("memory://"):
-        return Sow(backend_url)
-    return InlineSow(settings=Settings.from_env(redis_url=backend_url))
+    """A Sow in inline mode (publishes applied in process before returning, by the workers'
+    code; no worker process runs) on the real server and on memory://."""
+    return Sow(backend_url, inline=True)
 
 
 def cli_env(url: str, **extra: str) -> dict[str, str]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from conftest import InlineSow, run_cli, start_worker
+from conftest import run_cli, start_worker
 from redis import Redis
 from redis.exceptions import ResponseError
 
 from sow_redis import keys
 from sow_redis.apply import apply_batch
+from sow_redis.client import Sow
 from sow_redis.errors import FencedError
 from sow_redis.publisher import append, append_delete_all_partitions
 from sow_redis.scripts import Scripts
@@ -42,7 +43,7 @@ def _xadd(sow, t, fields):
 
 
 def _drain(sow, t, sid):
-    sow._after_append(t, {0: sid}, True, 30)
+    sow.handoff(t, {0: sid}, True, 30)
 
 
 def test_poison_entries_go_to_the_error_stream_and_the_partition_moves_on(sow, topic_name):
@@ -95,9 +96,7 @@ def test_poison_entries_go_to_the_error_stream_and_the_partition_moves_on(sow, t
 def test_a_batch_whose_apply_call_fails_is_retried_entry_by_entry(url, topic_name, monkeypatch):
     """A Lua error caused by one entry rejects that entry only (issue 7.5: "a failing batch
     is retried entry by entry so one bad entry cannot hold back the rest")."""
-    from sow_redis.settings import Settings
-
-    sow = InlineSow(settings=Settings.from_env(redis_url=url))
+    sow = Sow(url, inline=True)
     t = _topic(sow, topic_name)
     real = Scripts.apply
 
@@ -121,8 +120,6 @@ def test_a_batch_whose_apply_call_fails_is_retried_entry_by_entry(url, topic_nam
 def test_rejections_are_written_once_when_a_fenced_batch_is_redone(r, topic_name):
     """Issue 7.11: a batch refused by the fencing token writes nothing; the worker that
     redoes it writes one error entry per bad log entry."""
-    from sow_redis.client import Sow
-
     sow = Sow(client=r)
     t = _topic(sow, topic_name)
     scripts = Scripts(r)
@@ -144,19 +141,17 @@ def test_rejections_are_written_once_when_a_fenced_batch_is_redone(r, topic_name
 
 def test_delete_events_carry_the_id_of_the_deleting_log_entry(url, topic_name):
     """Issue 8.3: the event of a sow_delete names the log entry that caused it."""
-    from sow_redis.settings import Settings
-
-    sow = InlineSow(settings=Settings.from_env(redis_url=url))
+    sow = Sow(url, inline=True)
     t = _topic(sow, topic_name)
     sow.publish(t.name, [{"k": 1}, {"k": 2}, {"k": 3}], wait=True)
     with sow.subscribe(t.name) as sub:
         by_filter = append_delete_all_partitions(sow.r, t, {"filter": "/k = 1"})
-        sow._after_append(t, by_filter, True, 30)
+        sow.handoff(t, by_filter, True, 30)
         key2 = [r.sow_key for r in sow.sow(t.name, "/k = 2")][0]
         by_keys = append_delete_all_partitions(sow.r, t, {"keys": key2})
-        sow._after_append(t, by_keys, True, 30)
+        sow.handoff(t, by_keys, True, 30)
         by_data = append(sow.r, t, [("sow_delete", b'{"k":3}', None)]).last_ids
-        sow._after_append(t, by_data, True, 30)
+        sow.handoff(t, by_data, True, 30)
         evs = [sub.get(timeout=5) for _ in range(3)]
     assert [(e["op"], e["data"]["k"], e["id"]) for e in evs] == [
         ("sow_delete", 1, by_filter[0]), ("sow_delete", 2, by_keys[0]),
@@ -165,9 +160,7 @@ def test_delete_events_carry_the_id_of_the_deleting_log_entry(url, topic_name):
 
 def test_events_and_with_key_output_are_valid_json_whatever_the_key(url, topic_name):
     """Issue 7.8: events are built by an encoder; a raw SOW key with a newline is refused."""
-    from sow_redis.settings import Settings
-
-    sow = InlineSow(settings=Settings.from_env(redis_url=url))
+    sow = Sow(url, inline=True)
     sow.apply_config(f'[[topic]]\nname = "{topic_name}"\npartitions = 1\n')
     t = sow.topic(topic_name)
     with sow.subscribe(t.name) as sub:
@@ -184,8 +177,6 @@ def test_events_and_with_key_output_are_valid_json_whatever_the_key(url, topic_n
 
 def test_raw_redis_client_cannot_break_the_partition(redis_server, topic_name):
     """The same poison written by a plain redis-py client is rejected by a worker process."""
-    from sow_redis.client import Sow
-
     r = Redis.from_url(redis_server)
 
     Sow(client=r).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 1\n')

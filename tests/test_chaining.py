@@ -7,10 +7,10 @@ import time
 
 import orjson
 import pytest
-from conftest import InlineSow
 from redis import Redis
 
 from sow_redis import chaining, keys, sowkey
+from sow_redis.client import Sow
 from sow_redis.config import parse_topics
 from sow_redis.errors import ConfigError
 from sow_redis.server import free_port, spawn_redis
@@ -209,7 +209,7 @@ def test_chains_persist_across_a_redis_restart(tmp_path, topic_name):
 
     proc = start()
     try:
-        sow = InlineSow(settings=Settings.from_env(redis_url=url))
+        sow = Sow(url, inline=True)
         sow.apply_config(docs_cfg(topic_name))
         sow.delta_publish(topic_name, SEED_MESSAGES[:2])
         Redis.from_url(url).shutdown()  # AOF is written; nothing else survives
@@ -219,7 +219,7 @@ def test_chains_persist_across_a_redis_restart(tmp_path, topic_name):
     proc.wait(timeout=30)
     proc = start()
     try:
-        sow = InlineSow(settings=Settings.from_env(redis_url=url))  # a new worker, no cache
+        sow = Sow(url, inline=True)  # a new worker, no cache
         sow.delta_publish(topic_name, SEED_MESSAGES[2:])
         assert objs(sow, topic_name) == [
             {"DocumentNumber": 4, "ParentDocument": 1, "Order": "Sandwich", "Status": "Pending"}]
@@ -282,7 +282,7 @@ def test_chain_ops_are_atomic_with_the_record(sow, topic_name):
     from sow_redis.errors import FencedError
     from sow_redis.jobs import drain_partition
 
-    if sow.memory:
+    if sow.url.startswith("memory://"):
         pytest.skip("fencing is exercised on the real server")
     sow.apply_config(docs_cfg(topic_name))
     t = sow.topic(topic_name)
@@ -306,7 +306,7 @@ def test_chain_ops_are_atomic_with_the_record(sow, topic_name):
 def test_cli_chains_reports_ids_chain_and_would_merge(url, topic_name):
     from conftest import run_cli
 
-    sow = InlineSow(settings=Settings.from_env(redis_url=url))
+    sow = Sow(url, inline=True)
     sow.apply_config(docs_cfg(topic_name, 'key_generator = { type = "chaining", validation = true }'))
     sow.publish(topic_name, SEED_MESSAGES + [{"DocumentNumber": 7},
                                              {"DocumentNumber": 7, "ParentDocument": 3}])

@@ -59,7 +59,7 @@ def test_delta_then_publish_in_one_batch_keeps_order(sow, topic_name):
         ("publish", b'{"orderId":1,"c":3}', None),
         ("delta_publish", b'{"orderId":1,"d":4}', None),
     ])
-    sow._after_append(t, res.last_ids, True, 10)
+    sow.handoff(t, res.last_ids, True, 10)
     assert objs(sow.sow(topic_name)) == [{"orderId": 1, "c": 3, "d": 4}]
 
 
@@ -122,7 +122,7 @@ def test_bad_entries_reaching_worker_go_to_error_stream(sow, topic_name):
     sow.r.xadd(log, {"cmd": "frobnicate", "data": b'{"orderId": 1}'})
     sow.r.xadd(log, {"cmd": "sow_delete", "filter": "/a = = 1"})
     last = sow.r.xadd(log, {"cmd": "publish", "data": b'{"orderId": 7, "ok": true}'})
-    sow._after_append(t, {0: last.decode()}, True, 10)
+    sow.handoff(t, {0: last.decode()}, True, 10)
     assert objs(sow.sow(topic_name)) == [{"orderId": 7, "ok": True}]
     errs = sow.errors(topic_name)
     assert [e["reason"] for e in errs] == ["bad_json", "missing_key_field", "bad_command", "bad_filter"]
@@ -137,7 +137,7 @@ def test_message_in_wrong_partition_is_rejected(sow, topic_name):
     right = sowkey.partition_of_key(sowkey.generate(topic_name, ["1"]), 4)
     wrong = (right + 1) % 4
     sid = sow.r.xadd(keys.log(topic_name, wrong), {"cmd": "publish", "data": data})
-    sow._after_append(t, {wrong: sid.decode()}, True, 10)
+    sow.handoff(t, {wrong: sid.decode()}, True, 10)
     assert sow.sow(topic_name) == []
     assert [e["reason"] for e in sow.errors(topic_name)] == ["wrong_partition"]
 

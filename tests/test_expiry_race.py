@@ -15,7 +15,7 @@ from collections import Counter
 
 import orjson
 import pytest
-from conftest import InlineSow, start_worker
+from conftest import start_worker
 from redis import Redis
 
 from sow_redis import keys
@@ -43,7 +43,7 @@ partitions = 1
 
 
 def _wait_due(r, due_ms):
-    from sow_redis.query import server_ms
+    from sow_redis.connection import server_ms
 
     while server_ms(r) <= due_ms:
         time.sleep(0.01)
@@ -51,7 +51,7 @@ def _wait_due(r, due_ms):
 
 @pytest.fixture
 def inline(url):
-    return InlineSow(settings=Settings.from_env(redis_url=url))
+    return Sow(url, inline=True)
 
 
 def test_delta_after_due_time_does_not_revive_expired_fields(inline, topic_name):
@@ -71,7 +71,7 @@ def test_delta_after_due_time_does_not_revive_expired_fields(inline, topic_name)
         ("delta_publish", None, {"k": 1, "b": "new"})]
     # the dead letter is forwarded by the expirer (its outbox was filled by the worker)
     Expirer(inline.r, topics=[t.name]).loop()
-    inline._after_append(inline.topic(t.name + "_dl"), {0: "0-1"}, True, 10)
+    inline.handoff(t.name + "_dl", {0: "0-1"})  # applies partition 0 of the dead-letter log
     dl = [r.obj() for r in inline.sow(t.name + "_dl")]
     assert [(d["reason"], d["data"]) for d in dl] == [("expired", {"k": 1, "a": "old"})]
 
@@ -84,11 +84,11 @@ def test_expirer_waits_for_entries_logged_before_the_due_time(inline, topic_name
     key = inline.sow(t.name)[0].sow_key
     due = int(inline.r.hget(keys.records(t.name, 0), key).split(b":", 2)[1])
     # logged before the due time, applied after it
-    append(inline.r, t, [("delta_publish", b'{"k":1,"b":"delta"}', None, 30)])
+    logged = append(inline.r, t, [("delta_publish", b'{"k":1,"b":"delta"}', None, 30)])
     _wait_due(inline.r, due)
     assert Expirer(inline.r, topics=[t.name]).loop()[0] == 0
     assert inline.r.hexists(keys.records(t.name, 0), key)
-    inline._after_append(t, {0: "9999999999999-0"}, False, 0)
+    inline.handoff(t, logged.last_ids)
     recs = [r.obj() for r in inline.sow(t.name)]
     assert recs == [{"k": 1, "a": "base", "b": "delta"}]
 

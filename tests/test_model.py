@@ -66,7 +66,7 @@ def run(sow, topic, ops):
         else:
             pending.append((op, orjson.dumps({"id": k, **body}), None))
     flush()
-    sow._after_append(t, last, True, 30)
+    sow.handoff(t, last, True, 30)
     got = {r.obj()["id"]: r.obj() for r in sow.sow(topic)}
     return got, model.sow
 

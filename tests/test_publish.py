@@ -80,7 +80,7 @@ def test_worker_rejects_a_raw_entry_with_a_long_integer(sow, topic_name):
     sow.r.xadd(log, {"cmd": "publish", "data": b'{"k":%d,"v":"first"}' % BIG1})
     sow.r.xadd(log, {"cmd": "publish", "data": b'{"k":%d,"v":"second"}' % BIG2})
     last = sow.r.xadd(log, {"cmd": "publish", "data": b'{"k":7}'})
-    sow._after_append(t, {0: last.decode()}, True, 10)
+    sow.handoff(t, {0: last.decode()}, True, 10)
     assert [r.obj() for r in sow.sow(topic_name)] == [{"k": 7}]
     assert [e["reason"] for e in sow.errors(topic_name)] == ["number_out_of_range"] * 2
 
@@ -189,7 +189,7 @@ def test_supplied_sow_key_on_a_keyed_topic_is_refused(sow, topic_name):
     t = sow.topic(topic_name)
     last = sow.r.xadd(keys.log(topic_name, 0), {"cmd": "publish", "data": b'{"k":4}',
                                                 "sow_key": "QUJD"})
-    sow._after_append(t, {0: last.decode()}, True, 10)
+    sow.handoff(t, {0: last.decode()}, True, 10)
     assert [r.obj() for r in sow.sow(topic_name)] == [{"k": 3}]
     assert [e["reason"] for e in sow.errors(topic_name)] == ["bad_sow_key"]
 
@@ -206,7 +206,7 @@ def test_sow_key_must_be_the_whole_string(sow, topic_name):
     t = sow.topic(topic_name)
     last = sow.r.xadd(keys.log(topic_name, 0), {"cmd": "publish", "data": b'{"v":4}',
                                                 "sow_key": "QUJD\n"})
-    sow._after_append(t, {0: last.decode()}, True, 10)
+    sow.handoff(t, {0: last.decode()}, True, 10)
     assert [(r.sow_key, r.obj()) for r in sow.sow(topic_name)] == [("QUJD", {"v": 3})]
     assert [e["reason"] for e in sow.errors(topic_name)] == ["bad_sow_key"]
 

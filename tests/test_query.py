@@ -7,10 +7,10 @@ import time
 
 import orjson
 import pytest
-from conftest import InlineSow, run_cli
+from conftest import run_cli
 
+from sow_redis.client import Sow
 from sow_redis.errors import FilterSyntaxError
-from sow_redis.settings import Settings
 
 
 def cfg(name: str) -> str:
@@ -25,7 +25,7 @@ def orders(n: int) -> list[dict]:
 def cli_topic(url, topic_name):
     """A topic on the test server with 12 orders and a record whose /s is 32 × a + "!",
     applied in process (no worker needed for queries)."""
-    sow = InlineSow(settings=Settings.from_env(redis_url=url))
+    sow = Sow(url, inline=True)
     sow.apply_config(cfg(topic_name))
     sow.publish(topic_name, orders(12) + [{"orderId": 100, "s": "a" * 32 + "!"}])
     return topic_name
