@@ -30,7 +30,7 @@ import orjson
 from redis import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from . import chaining, keys
+from . import chaining, keys, streamids
 from .chaining import ChainConflict
 from .config import TopicConfig
 from .entries import Command, LogEntry, decode_entry, original
@@ -38,6 +38,7 @@ from .errors import ConflictError, FencedError, FilterSyntaxError, MessageError
 from .keying import KeyResolver, Resolved, resolver
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
+from .partition_state import read_cursor
 from .scripts import Scripts, attached
 
 log = logging.getLogger(__name__)
@@ -62,12 +63,6 @@ def read_log(r: Any, topic: str, p: int, cursor: str, count: int) -> list[tuple[
         it = iter(flat)
         out.append((sid, dict(zip(it, it))))
     return out
-
-
-def read_cursor(r: Any, topic: str, p: int) -> str:
-    """The partition's applied cursor (stream id), ``0-0`` before anything was applied."""
-    c = r.hget(keys.state(topic, p), "cursor")
-    return c.decode() if c else "0-0"
 
 
 # -- rejections -------------------------------------------------------------------------------
@@ -183,7 +178,7 @@ class _Planner:
                 data = orjson.dumps(obj)
         ex = expiry_for(self.topic, e.expiration_s, e.id)
         now = ex == "now"
-        expiry_ms = int(e.id.partition("-")[0]) if now else (int(ex) if ex else None)
+        expiry_ms = e.ms if now else (int(ex) if ex else None)
         op = Upsert(e.id, key, data, delta, expiry_ms, now,
                     members=index_members(obj, self.topic, key))
         self.state[key] = (None, 0) if now else (obj, expiry_ms or 0)
@@ -285,11 +280,6 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
     raise ConflictError(f"topic {topic.name} partition {p}: records keep changing under the worker")
 
 
-def _id_tuple(sid: str) -> tuple[int, int]:
-    a, _, b = sid.partition("-")
-    return int(a), int(b or 0)
-
-
 def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                       entries: list) -> None:
     """Apply ``entries`` one per Lua call; an entry whose call fails is rejected (written to
@@ -297,7 +287,7 @@ def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fenc
     cursor = read_cursor(r, topic.name, p)
     for raw_sid, fields in entries:
         sid = raw_sid.decode()
-        if _id_tuple(sid) <= _id_tuple(cursor):
+        if streamids.reached(cursor, sid):
             continue  # applied by an earlier segment of the failed batch
         try:
             _apply_entries(r, scripts, topic, p, fence, [(raw_sid, fields)])

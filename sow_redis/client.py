@@ -32,6 +32,7 @@ from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
 from .connection import connect, is_memory
 from .errors import WaitTimeout
+from .events import ChangeEvent, parse_event
 from .jobs import drain_partition, ensure_jobs
 from .publisher import (
     PublishResult,
@@ -348,13 +349,13 @@ class Subscription:
         self.pubsub = r.pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(keys.channel(topic))
 
-    def _match(self, raw: bytes) -> dict[str, Any] | None:
-        ev = orjson.loads(raw)
+    def _match(self, raw: bytes) -> ChangeEvent | None:
+        ev = parse_event(raw)
         if self.pred is None or self.pred(ev.get("data") or {}):
             return ev
         return None
 
-    def get(self, timeout: float = 1.0) -> dict[str, Any] | None:
+    def get(self, timeout: float = 1.0) -> ChangeEvent | None:
         """The next matching event, or None after ``timeout`` seconds without one."""
         import time
 
@@ -370,7 +371,7 @@ class Subscription:
             if ev is not None:
                 return ev
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[ChangeEvent]:
         for msg in self.pubsub.listen():
             if msg.get("type") == "message":
                 ev = self._match(msg["data"])

@@ -13,6 +13,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from . import streamids
 from .config import TopicConfig
 from .errors import MessageError
 from .messages import check_expiration, decode
@@ -74,7 +75,7 @@ def decode_entry(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> 
     command = _COMMANDS.get(cmd_b)
     if command is None:
         raise MessageError("bad_command", f"unknown cmd {cmd_b.decode(errors='replace')[:80]!r}")
-    entry = LogEntry(id_, int(id_.partition("-")[0]), command, fields)
+    entry = LogEntry(id_, streamids.ms_of(id_), command, fields)
     data = fields.get(b"data")
     supplied = fields.get(b"sow_key")
     entry.sow_key = supplied.decode() if supplied else None

@@ -23,11 +23,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import keys
+from . import events, keys
 from .client import Sow
 from .config import TopicCache, TopicConfig
 from .connection import connect, server_ms
@@ -110,9 +109,8 @@ def forward_dead_letters(r: Any, topic: TopicConfig, sow: Sow | None = None) -> 
             continue
         msgs = []
         for _sid, f in entries:
-            body = orjson.dumps({"sow_key": f[b"sow_key"].decode(), "topic": f[b"topic"].decode(),
-                                 "expiry_ms": int(f[b"expiry_ms"]), "reason": "expired",
-                                 "data": orjson.Fragment(f[b"data"])})
+            body = events.dead_letter(f[b"sow_key"].decode(), f[b"topic"].decode(),
+                                      int(f[b"expiry_ms"]), f[b"data"])
             msgs.append(("publish", body, f[b"sow_key"].decode() if dl.publisher_keys else None))
         res = append(r, dl, msgs)
         sow.handoff(dl, res.last_ids)
@@ -155,8 +153,7 @@ def remove_topic(r: Any, topic: TopicConfig) -> None:
     for k in keys.all_partition_keys(topic.name, topic.partitions, len(topic.hash_index)):
         pipe.delete(k)
     pipe.execute()
-    r.publish(keys.channel(topic.name), orjson.dumps(
-        {"topic": topic.name, "op": "topic_removed", "reason": "idle_expiration"}))
+    r.publish(keys.channel(topic.name), events.topic_removed(topic.name))
 
 
 class Expirer:
