@@ -184,15 +184,16 @@ class _Planner:
         self.state[key] = (None, 0) if now else (obj, expiry_ms or 0)
         return [*(ChainLink(e.id, ident, head) for ident, head in res.links), op]
 
-    def segment(self, entries: list[tuple[LogEntry | None, tuple[bytes, dict]]]) -> _Segment:
-        """Resolve keys for ``entries`` (decoded, or None when decoding failed), read the
-        records they need, and plan their ops."""
+    def segment(self, entries: list[tuple[LogEntry | Exception, tuple[bytes, dict]]]
+                ) -> _Segment:
+        """Resolve keys for ``entries`` (decoded, or what decoding raised), read the records
+        they need, and plan their ops."""
         seg = _Segment(entries[0][1][0].decode(), entries[-1][1][0].decode())
         self.keyer.prepare([e for e, _raw in entries if isinstance(e, LogEntry)])
         resolved: list[tuple[LogEntry, Resolved | None]] = []
         wanted: list[str] = []
         for e, (sid, fields) in entries:
-            if isinstance(e, BaseException):
+            if not isinstance(e, LogEntry):  # decoding failed: e is what it raised
                 seg.rejects.append(_reject(sid.decode(), fields, e, self.p))
                 continue
             if e.obj is None:
@@ -202,7 +203,7 @@ class _Planner:
                 res = self.keyer.resolve(e)
             except RedisError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - an entry-level failure is a rejection
+            except Exception as exc:
                 seg.rejects.append(_reject(e.id, fields, exc, self.p))
                 if isinstance(exc, ChainConflict) and self.topic.chain_validation:
                     seg.conflicts.append(chaining.conflict_report(self.p, e.id, exc))
@@ -211,10 +212,10 @@ class _Planner:
             if e.command is not Command.PUBLISH:
                 wanted.append(res.sow_key)
         self.prefetch(wanted)
-        for e, res in resolved:
+        for entry, keyed in resolved:
             # a failure here after the key resolution changed the chain view: the caller
             # retries the batch one entry per call (see apply_batch)
-            seg.ops += self.plan(e, res)
+            seg.ops += self.plan(entry, keyed)
         return seg
 
     def filter_delete(self, e: LogEntry) -> _Segment:
@@ -308,14 +309,14 @@ def _call(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
 def _decode(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> LogEntry | Exception:
     try:
         return decode_entry(sid, fields, topic)
-    except Exception as exc:  # noqa: BLE001 - rejected with its reason when planned
+    except Exception as exc:
         return exc
 
 
 def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                    entries: list) -> None:
     planner = _Planner(r, topic, p, resolver(r, topic, p))
-    run: list[tuple[Any, tuple[bytes, dict]]] = []
+    run: list[tuple[LogEntry | Exception, tuple[bytes, dict]]] = []
     for raw in entries:
         e = _decode(raw[0], raw[1], topic)
         if isinstance(e, LogEntry) and e.is_filter_delete:
@@ -327,7 +328,7 @@ def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: 
                 seg = planner.filter_delete(e)
             except RedisError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a bad filter is this entry's problem
+            except Exception as exc:
                 seg = _Segment(e.id, e.id, rejects=[_reject(e.id, raw[1], exc, p)])
             _call(r, scripts, topic, p, fence, seg)
         else:

@@ -128,10 +128,10 @@ class ChainResolver:
             ChainConflict: the identifiers belong to two or more chains.
         """
         primary, secondary = ids if ids is not None else chain_values(obj, self.topic)
-        ids = list(dict.fromkeys([*secondary, primary] if primary is not None else secondary))
+        idents = list(dict.fromkeys([*secondary, primary] if primary is not None else secondary))
         heads: list[str] = []
         new_ids: list[str] = []
-        for v in ids:
+        for v in idents:
             h = self._head_of(v)
             if h is None:
                 new_ids.append(v)

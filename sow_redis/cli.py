@@ -45,7 +45,7 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise
         except SowError as exc:
             raise click.ClickException(_one_line(str(exc), _url())) from None
-        except Exception as exc:  # noqa: BLE001 - the CLI never shows a traceback
+        except Exception as exc:
             if os.environ.get("SOW_DEBUG"):
                 raise
             url = _url()
@@ -276,7 +276,7 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         fh, size = sys.stdin.buffer, 0
     else:
         try:
-            fh = open(file, "rb")  # noqa: SIM115 - closed below
+            fh = open(file, "rb")
         except OSError as exc:
             raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
         size = os.path.getsize(file)

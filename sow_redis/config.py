@@ -95,9 +95,9 @@ def duration_text(value: object) -> str:
     elif isinstance(value, int) and not isinstance(value, bool):
         text = str(value)
     else:
-        text = value  # type: ignore[assignment]
+        text = str(value)
     parse_duration_ms(text)
-    return text  # type: ignore[return-value]
+    return text
 
 
 DEFAULT_PARTITIONS = 8
@@ -390,9 +390,10 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
         _check_expiration(where, t, d, problems)
         if len(problems) == before:
             topics.append(_build(d))
-    for t in topics:
-        if t.dead_letter and t.dead_letter == t.name:
-            problems.append(f"{source}: topic '{t.name}': 'dead_letter' cannot be the topic itself")
+    for built in topics:
+        if built.dead_letter and built.dead_letter == built.name:
+            problems.append(f"{source}: topic '{built.name}': 'dead_letter' cannot be the "
+                            "topic itself")
     if problems:
         raise ConfigError(problems)
     return topics
@@ -657,11 +658,8 @@ def apply_topics(r: Any, topics: list[TopicConfig], source: str = "<config>") ->
 def load_topics(r: Any) -> dict[str, TopicConfig]:
     """All topics in the registry, by name."""
     raw = r.hgetall(keys.REGISTRY)
-    out = {}
-    for name, blob in raw.items():
-        t = TopicConfig.from_json(blob)
-        out[t.name] = t
-    return out
+    topics = (TopicConfig.from_json(blob) for blob in raw.values())
+    return {t.name: t for t in topics}
 
 
 def get_topic(r: Any, name: str) -> TopicConfig:

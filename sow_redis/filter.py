@@ -41,9 +41,10 @@ import functools
 import math
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 import re2
 from lark import Lark, Token, Tree
@@ -145,7 +146,7 @@ def _compare(op: Callable[[Any, Any], bool], left: Any, right: Any) -> bool | No
         return None
     kl, kr = _kind(left), _kind(right)
     if kl == kr:
-        if kl == _NUM or kl == _STR:
+        if kl in (_NUM, _STR):
             return op(left, right)
         if kl == _BOOL and op in _EQUALITY:
             return op(bool(left), bool(right))
@@ -230,7 +231,7 @@ def _fn_abs(value: Any) -> int | float | None:
 
 
 # name → (min args, max args or None, implementation taking the argument values)
-_FUNCTIONS: dict[str, tuple[int, int | None, Callable[..., Any]]] = {
+_FUNCTIONS: dict[str, tuple[int, int | None, Callable[..., Any] | None]] = {
     "upper": (1, 1, _fn_upper),
     "lower": (1, 1, _fn_lower),
     "len": (1, 1, _fn_len),
@@ -475,7 +476,7 @@ class _Compiler:
     def string(self, children: list[Token]) -> _Expr:
         (tok,) = children
         value, raw = _unquote(str(tok))
-        return _constant(value, tok.start_pos, literal=True, raw=raw)
+        return _constant(value, (tok.start_pos or 0), literal=True, raw=raw)
 
     def number(self, children: list[Token]) -> _Expr:
         (tok,) = children
@@ -484,16 +485,16 @@ class _Compiler:
             value: int | float = int(text) if text.isdigit() else float(text)
         except ValueError:  # more digits than int() accepts
             value = float(text)
-        return _constant(value, tok.start_pos, literal=True)
+        return _constant(value, (tok.start_pos or 0), literal=True)
 
     def true(self, children: list[Token]) -> _Expr:
-        return _constant(True, children[0].start_pos, literal=True)
+        return _constant(True, (children[0].start_pos or 0), literal=True)
 
     def false(self, children: list[Token]) -> _Expr:
-        return _constant(False, children[0].start_pos, literal=True)
+        return _constant(False, (children[0].start_pos or 0), literal=True)
 
     def null(self, children: list[Token]) -> _Expr:
-        return _constant(None, children[0].start_pos, literal=True)
+        return _constant(None, (children[0].start_pos or 0), literal=True)
 
     def path(self, children: list[Token]) -> _Expr:
         (tok,) = children
@@ -508,24 +509,25 @@ class _Compiler:
                 except AttributeError:
                     return get_path(record, parts)
 
-            return _Expr(fn=get, pos=tok.start_pos, path=text, key=key)
-        return _Expr(fn=lambda record: get_path(record, parts), pos=tok.start_pos, path=text)
+            return _Expr(fn=get, pos=(tok.start_pos or 0), path=text, key=key)
+        return _Expr(fn=lambda record: get_path(record, parts), pos=(tok.start_pos or 0), path=text)
 
     def func(self, children: list[Any]) -> _Expr:
         name_tok, args = children[0], children[1:]
         name = str(name_tok).lower()
         if name not in _FUNCTIONS:
-            raise _error(self.text, name_tok.start_pos, f"unknown function {str(name_tok)!r}")
+            raise _error(self.text, name_tok.start_pos or 0,
+                         f"unknown function {str(name_tok)!r}")
         lo, hi, impl = _FUNCTIONS[name]
         if len(args) < lo or (hi is not None and len(args) > hi):
             want = f"{lo}" if lo == hi else f"at least {lo}"
             plural = "" if lo == 1 else "s"
             raise _error(
                 self.text,
-                name_tok.start_pos,
+                (name_tok.start_pos or 0),
                 f"{name.upper()} takes {want} argument{plural}, got {len(args)}",
             )
-        pos = name_tok.start_pos
+        pos = (name_tok.start_pos or 0)
         if name == "coalesce":
             fns = [a.fn for a in args]
 
@@ -608,7 +610,7 @@ class _Compiler:
             )
         is_literal = right.literal and right.value is not None
         if op is operator.eq and left.path is not None and is_literal:
-            out.terms = {left.path: [canonical(right.value)]}
+            out.terms = {left.path: [canonical(right.value) or ""]}
         return out
 
     def is_null(self, children: list[Any]) -> _Expr:
@@ -627,7 +629,7 @@ class _Compiler:
         if left.path is not None and all(i.literal and i.value is not None for i in items):
             values: list[str] = []
             for item in items:
-                text = canonical(item.value)
+                text = canonical(item.value) or ""
                 if text not in values:
                     values.append(text)
             out.terms = {left.path: values}
@@ -916,7 +918,7 @@ class Filter:
         text: the filter text it was compiled from.
     """
 
-    __slots__ = ("text", "_fn", "_terms")
+    __slots__ = ("_fn", "_terms", "text")
 
     def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None):
         self.text = text
@@ -1030,7 +1032,7 @@ def _check_depth(text: str, tree: Tree) -> None:
 def _syntax_error(text: str, exc: UnexpectedInput) -> FilterSyntaxError:
     """One-line FilterSyntaxError for a lark parse exception."""
     if isinstance(exc, UnexpectedCharacters):
-        return _error(text, exc.pos_in_stream, f"unexpected character {exc.char!r}")
+        return _error(text, exc.pos_in_stream or 0, f"unexpected character {exc.char!r}")
     if isinstance(exc, UnexpectedToken):
         tok = exc.token
         history = getattr(exc, "token_history", None) or []
@@ -1040,7 +1042,7 @@ def _syntax_error(text: str, exc: UnexpectedInput) -> FilterSyntaxError:
             return _error(text, last.start_pos or 0, what)
         if tok.type == "$END":
             return _error(text, len(text), "unexpected end of filter")
-        return _error(text, tok.start_pos or 0, f"unexpected {str(tok)!r}")
+        return _error(text, (tok.start_pos or 0) or 0, f"unexpected {str(tok)!r}")
     if isinstance(exc, UnexpectedEOF):
         return _error(text, len(text), "unexpected end of filter")
     pos = getattr(exc, "pos_in_stream", None) or 0

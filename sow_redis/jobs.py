@@ -197,7 +197,7 @@ def drain_partition(r: Any, topic: TopicConfig, p: int, settings: Settings,
         ``(entries consumed, drained)``; ``drained`` is False when the budget ran out or the
         lease belongs to another worker.
     """
-    scripts, _cache_ = _tools(r)
+    scripts = _tools(r)[0]
     lease_key, state_key = keys.lease(topic.name, p), keys.state(topic.name, p)
     fence = scripts.lease_acquire(lease_key, state_key, owner, settings.lease_ms)
     if fence is None:

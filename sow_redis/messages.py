@@ -244,7 +244,7 @@ def key_of(obj: dict[str, Any], topic: TopicConfig, supplied: str | None = None)
         if not is_valid_user_key(supplied):
             raise MessageError("bad_sow_key", f"SOW key {supplied!r} is not 1-512 Base64 "
                                "characters (A-Z a-z 0-9 + / =)")
-        return supplied  # type: ignore[return-value]
+        return supplied
     if supplied:
         raise MessageError("bad_sow_key", f"topic '{topic.name}' has key fields "
                            f"({', '.join(topic.key)}): its SOW keys are generated from them, "
@@ -344,7 +344,7 @@ def check_expiration(value: Any) -> float | None:
     Raises:
         MessageError: ``bad_expiration`` (not a finite number >= 0; a boolean is not a number).
     """
-    if value is None or value == b"" or value == "":
+    if value is None or value in (b"", ""):
         return None
     if isinstance(value, bool):
         raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got the boolean "

@@ -190,8 +190,9 @@ def _carry_chains(r: Any, old: TopicConfig, new: TopicConfig,
                                                     "")
                     except MessageError:
                         where[head] = None
-            if where[head] is not None:
-                out.setdefault(where[head], {})[ident] = head  # type: ignore[index]
+            part = where[head]
+            if part is not None:
+                out.setdefault(part, {})[ident] = head
     for p, table in out.items():
         items = list(table.items())
         for i in range(0, len(items), CHUNK):

@@ -13,7 +13,8 @@ its key, so NULLs come first. Values are compared by their JSON type: the string
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import FilterSyntaxError
 from .values import canonical, get_path, split_path
@@ -115,5 +116,8 @@ def sort_records(
     # Stable sorts applied from the least to the most significant key give the combined
     # order; ``reverse=True`` keeps ties in input order, so mixed directions just work.
     for parts, descending in reversed(order):
-        items.sort(key=lambda r, p=parts: _sort_key(get_path(data(r), p)), reverse=descending)
+        def key(r: Any, p: tuple[str, ...] = parts) -> Any:
+            return _sort_key(get_path(data(r), p))
+
+        items.sort(key=key, reverse=descending)
     return items

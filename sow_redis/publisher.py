@@ -124,7 +124,7 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     def check(item: Item) -> tuple[int, dict[str, bytes | str]] | None:
         """(partition, log entry) of one item; None for a skipped FIX message."""
         cmd, data, sow_key = item[0], item[1], item[2]
-        expiration = item[3] if len(item) > 3 else None  # type: ignore[misc]
+        expiration = item[3] if len(item) > 3 else None
         data = encode(data).strip()
         if not data:
             raise MessageError("empty", "empty message")
@@ -166,7 +166,7 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         except MessageError as exc:
             result.rejected.append(Rejected(pos, exc.reason, exc.detail))
             continue
-        except Exception as exc:  # noqa: BLE001 - one bad item must not stop the others
+        except Exception as exc:
             result.rejected.append(Rejected(pos, "bad_message", f"{type(exc).__name__}: {exc}"))
             continue
         if checked is None:

@@ -50,11 +50,9 @@ def get_records(r: Any, topic: TopicConfig, sow_keys: list[str]) -> Iterator[Rec
     pipe = r.pipeline(transaction=False)
     for p, ks in by_part.items():
         pipe.hmget(keys.records(topic.name, p), ks)
-    found: dict[str, bytes] = {}
-    for ks, values in zip(by_part.values(), pipe.execute()):
-        for k, v in zip(ks, values):
-            if v is not None:
-                found[k] = v
+    found: dict[str, bytes] = {
+        k: v for ks, values in zip(by_part.values(), pipe.execute())
+        for k, v in zip(ks, values) if v is not None}
     for k in dict.fromkeys(sow_keys):
         if k in found:
             yield decode_record(k, found[k])

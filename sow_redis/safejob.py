@@ -61,7 +61,9 @@ class SowJob(Job):
         out = super().restore(raw_data)
         self._success_callback_name = self._failure_callback_name = None
         self._stopped_callback_name = None
-        self._success_callback = self._failure_callback = self._stopped_callback = None
+        self._success_callback = None  # type: ignore[assignment]
+        self._failure_callback = None  # type: ignore[assignment]
+        self._stopped_callback = None
         self.webhooks = []
         self.retries_left = None
         self.repeats_left = None

@@ -228,7 +228,7 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
 
             try:
                 Redis.from_url(settings.redis_url).shutdown(save=False)
-            except Exception:  # noqa: BLE001 - it may already be gone
+            except Exception:
                 pass
             try:
                 redis_proc.wait(timeout=15)
@@ -330,7 +330,7 @@ def _shutdown_redis(url: str) -> None:
 
     try:
         Redis.from_url(url, socket_connect_timeout=1.0).shutdown(save=False)
-    except Exception:  # noqa: BLE001 - it may already be gone
+    except Exception:
         pass
 
 

@@ -65,4 +65,5 @@ class Settings:
             sweep_interval_s=float(env.get("SOW_SWEEP_INTERVAL_S", cls.sweep_interval_s)),
             log_max_len=int(env.get("SOW_LOG_MAX_LEN", cls.log_max_len)),
         )
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        return replace(base, **{k: v for k, v in overrides.items()  # type: ignore[arg-type]
+                                if v is not None})

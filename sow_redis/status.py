@@ -59,7 +59,7 @@ def expiry_stats(r: Any, topic: TopicConfig) -> dict[str, Any]:
         "with_expiry": sum(res[1::3]),
         "next_due_ms": nxt,
         "next_due": None if nxt is None else _dt.datetime.fromtimestamp(
-            nxt / 1000, _dt.timezone.utc).isoformat(timespec="milliseconds"),
+            nxt / 1000, _dt.UTC).isoformat(timespec="milliseconds"),
         "expiration": topic.expiration,
         "policy": topic.expiration_policy,
     }

@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from redis import Redis
@@ -106,7 +106,7 @@ def clean_dead_workers(r: Any, keep: str | None = None) -> list[str]:
     from rq.worker_registration import clean_worker_registry, get_keys, unregister
 
     queue = sow_queue(r)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     removed = []
     for key in sorted(get_keys(queue=queue)):
         w = SimpleWorker.find_by_key(key, connection=r, serializer=SERIALIZER)
@@ -255,7 +255,7 @@ class Sweeper(threading.Thread):
                 pause = BACKOFF_MIN_S if not self.recover else min(BACKOFF_MAX_S, pause * 2)
                 self.recover = True
                 log.warning("sweeper: redis unreachable (%s); retry in %.1f s", exc, pause)
-            except Exception:  # noqa: BLE001 - the sweeper must outlive any single failure
+            except Exception:
                 log.exception("sweeper failed; retrying")
 
 
