@@ -159,10 +159,11 @@ class Workers:
     def wait_registered(self, r: Redis, timeout_s: float = 60.0) -> None:
         from rq import Worker
 
-        want = set(self.names)
+        # --name is a prefix: rq lists each worker as <name>-<host>-<pid>-<random>
         deadline = time.monotonic() + timeout_s
         while True:
-            if want <= {w.name for w in Worker.all(connection=r)}:
+            have = [w.name for w in Worker.all(connection=r)]
+            if all(any(h.startswith(n + "-") for h in have) for n in self.names):
                 return
             self._check_alive()
             if time.monotonic() > deadline:
