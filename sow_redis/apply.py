@@ -281,6 +281,125 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
     raise ConflictError(f"topic {topic.name} partition {p}: records keep changing under the worker")
 
 
+class PartitionApplier:
+    """Applies one partition's log batch after batch under a fencing token the caller holds,
+    overlapping the Lua call of batch k (run by one helper thread; it mostly waits on Redis)
+    with reading and planning batch k+1 in the calling thread.
+
+    The planner keeps every record's state as of the ops planned so far, across batches, so
+    batch k+1 never needs what batch k writes: a record it reads from Redis is one no planned
+    batch touches, and compare-and-set guards it anyway. When batch k fails, the planned batch
+    k+1 is dropped and planning starts again from the cursor in Redis: a ``ConflictError``
+    re-plans, a failing batch is retried one entry per call (as :func:`apply_batch` does),
+    ``FencedError`` and Redis errors are raised. A batch holding a ``sow_delete`` by filter is
+    applied without overlap (the filter must see everything before it).
+
+    Call :meth:`step` until it returns 0, then :meth:`finish`, always (``finally``) before the
+    lease is released.
+    """
+
+    STATE_MAX = 200_000
+    """Records whose planned state is kept at most; past that the planner starts afresh."""
+
+    def __init__(self, r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+                 batch_size: int):
+        self.r, self.scripts, self.topic, self.p = r, scripts, topic, p
+        self.fence, self.batch_size = fence, batch_size
+        self._planner: _Planner | None = None
+        self._cursor: str | None = None  # after the last batch handed to the helper thread
+        self._inflight: tuple[Any, list] | None = None  # (future, its raw entries)
+        self._pool: Any = None
+        self.drained = False
+        """True after a :meth:`step` that found the log drained with nothing in flight."""
+
+    def _reset(self) -> None:
+        self._planner, self._cursor = None, None
+
+    def _settle(self) -> int:
+        """Wait for the batch in flight; returns its entries once applied (0: none, or it
+        failed and was handled)."""
+        if self._inflight is None:
+            return 0
+        future, entries = self._inflight
+        self._inflight = None
+        try:
+            future.result()
+            return len(entries)
+        except ConflictError:
+            self._reset()
+            return 0
+        except Exception as exc:
+            if _transient(exc):
+                raise
+            log.warning("topic %s[%d]: batch of %d failed (%s); retrying entry by entry",
+                        self.topic.name, self.p, len(entries), exc)
+            self._reset()
+            _apply_one_by_one(self.r, self.scripts, self.topic, self.p, self.fence, entries)
+            return len(entries)
+
+    def step(self) -> int:
+        """Read, plan and hand over the next batch; returns the log entries whose apply
+        completed during this call. :attr:`drained` tells when nothing was left."""
+        if self._cursor is None:
+            self._cursor = read_cursor(self.r, self.topic.name, self.p)
+        entries = read_log(self.r, self.topic.name, self.p, self._cursor, self.batch_size)
+        self.drained = False
+        if not entries:
+            done = self._settle()
+            self.drained = self._cursor is not None and self._inflight is None and not done
+            return done
+        run = [(_decode(sid, fields, self.topic), (sid, fields)) for sid, fields in entries]
+        if any(isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
+            done = self._settle()
+            if self._cursor is None:  # the batch in flight failed: read again
+                return done
+            n, self._cursor = apply_batch(self.r, self.scripts, self.topic, self.p, self.fence,
+                                          self.batch_size, self._cursor)
+            self._planner = None
+            return done + n
+        if self._planner is None or len(self._planner.state) > self.STATE_MAX:
+            self._planner = _Planner(self.r, self.topic, self.p,
+                                     resolver(self.r, self.topic, self.p))
+        planner = self._planner
+        try:
+            seg = planner.seal(planner.segment(run))
+        except RedisError:
+            raise
+        except Exception:
+            done = self._settle()
+            if self._cursor is None:
+                return done
+            n, self._cursor = apply_batch(self.r, self.scripts, self.topic, self.p, self.fence,
+                                          self.batch_size, self._cursor)
+            self._planner = None
+            return done + n
+        done = self._settle()
+        if self._cursor is None:  # batch k failed: what was planned on top of it is dropped
+            return done
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sow-apply")
+        self._inflight = (self._pool.submit(_call, self.r, self.scripts, self.topic, self.p,
+                                            self.fence, seg), entries)
+        self._cursor = seg.last
+        return done
+
+    def finish(self) -> int:
+        """Wait for the batch in flight (never leaves a call running); returns its entries."""
+        try:
+            return self._settle()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    @property
+    def cursor(self) -> str | None:
+        """The cursor after every batch handed over so far (None: unknown, read again)."""
+        return self._cursor
+
+
 def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                       entries: list) -> None:
     """Apply ``entries`` one per Lua call; an entry whose call fails is rejected (written to

@@ -27,7 +27,7 @@ import uuid
 from typing import Any
 
 from . import keys
-from .apply import apply_batch
+from .apply import PartitionApplier
 from .config import TopicCache, TopicConfig
 from .errors import FencedError, UnknownTopicError
 from .partition_state import read_cursor
@@ -208,19 +208,19 @@ def drain_partition(r: Any, topic: TopicConfig, p: int, settings: Settings,
     renew_every = settings.lease_ms / 3000  # seconds
     renewed = now
     drained = False
-    cursor = None
+    applier = PartitionApplier(r, scripts, topic, p, fence, settings.batch_size)
     try:
         while True:
-            n, cursor = apply_batch(r, scripts, topic, p, fence, settings.batch_size, cursor)
-            done += n
+            done += applier.step()
             now = time.monotonic()
-            if n == 0:
-                # linger briefly for more: a live publisher keeps one job busy instead of
-                # paying for a new rq job per burst
+            if applier.drained:
+                # drained (nothing in flight): linger briefly for more; a live publisher
+                # keeps one job busy instead of paying for a new rq job per burst
                 wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
                               int((deadline - now) * 1000))
-                if wait_ms <= 0 or not r.xread({keys.log(topic.name, p): cursor}, count=1,
-                                                 block=wait_ms):
+                cursor = applier.cursor
+                if wait_ms <= 0 or cursor is None or not r.xread(
+                        {keys.log(topic.name, p): cursor}, count=1, block=wait_ms):
                     drained = True
                     break
                 continue
@@ -230,8 +230,10 @@ def drain_partition(r: Any, topic: TopicConfig, p: int, settings: Settings,
                 if scripts.lease_acquire(lease_key, state_key, owner, settings.lease_ms) != fence:
                     raise FencedError(f"lost the lease of {topic.name}[{p}]")
                 renewed = now
+        done += applier.finish()
         _trim(r, topic, p, settings)
     finally:
+        applier.finish()
         scripts.lease_release(lease_key, owner)
     return done, drained
 

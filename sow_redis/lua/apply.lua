@@ -126,7 +126,7 @@ for i = FIRST, #ARGV, WIDTH do
       applied = applied + 1
     end
   elseif op == "publish" or op == "delta_publish" then
-    live_record(key, id)
+    if expiring then live_record(key, id) end
     seq = seq + 1
     local exp_ms = ex
     if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
