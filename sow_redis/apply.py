@@ -34,12 +34,18 @@ from . import chaining, keys, streamids
 from .chaining import ChainConflict
 from .config import TopicConfig
 from .entries import Command, LogEntry, decode_entry, original
-from .errors import ConflictError, FencedError, FilterSyntaxError, MessageError
+from .errors import (
+    ConflictError,
+    FencedError,
+    FilterSyntaxError,
+    MessageError,
+    ScriptArgsError,
+)
 from .keying import KeyResolver, Resolved, resolver
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .partition_state import read_cursor
-from .scripts import Scripts, attached
+from .scripts import PendingApply, Scripts, attached
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,7 @@ def _rejection(exc: BaseException) -> tuple[str, str]:
         return "bad_encoding", f"not UTF-8 text: {exc.reason} at byte {exc.start}"
     if isinstance(exc, orjson.JSONEncodeError):
         return "bad_message", f"cannot be stored as JSON: {exc}"
-    if isinstance(exc, ResponseError):
+    if isinstance(exc, (ResponseError, ScriptArgsError)):
         return "apply_failed", f"the apply script failed on this entry: {exc}"
     return "bad_entry", f"{type(exc).__name__}: {exc}"
 
@@ -283,8 +289,8 @@ def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int
 
 class PartitionApplier:
     """Applies one partition's log batch after batch under a fencing token the caller holds,
-    overlapping the Lua call of batch k (run by one helper thread; it mostly waits on Redis)
-    with reading and planning batch k+1 in the calling thread.
+    overlapping the Lua call of batch k (sent on a connection of its own, its reply read
+    later) with reading and planning batch k+1.
 
     The planner keeps every record's state as of the ops planned so far, across batches, so
     batch k+1 never needs what batch k writes: a record it reads from Redis is one no planned
@@ -306,9 +312,8 @@ class PartitionApplier:
         self.r, self.scripts, self.topic, self.p = r, scripts, topic, p
         self.fence, self.batch_size = fence, batch_size
         self._planner: _Planner | None = None
-        self._cursor: str | None = None  # after the last batch handed to the helper thread
-        self._inflight: tuple[Any, list] | None = None  # (future, its raw entries)
-        self._pool: Any = None
+        self._cursor: str | None = None  # after the last batch sent
+        self._inflight: tuple[PendingApply, list] | None = None  # (call, its raw entries)
         self.drained = False
         """True after a :meth:`step` that found the log drained with nothing in flight."""
 
@@ -320,10 +325,10 @@ class PartitionApplier:
         failed and was handled)."""
         if self._inflight is None:
             return 0
-        future, entries = self._inflight
+        call, entries = self._inflight
         self._inflight = None
         try:
-            future.result()
+            call.result()
             return len(entries)
         except ConflictError:
             self._reset()
@@ -376,23 +381,16 @@ class PartitionApplier:
         done = self._settle()
         if self._cursor is None:  # batch k failed: what was planned on top of it is dropped
             return done
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sow-apply")
-        self._inflight = (self._pool.submit(_call, self.r, self.scripts, self.topic, self.p,
-                                            self.fence, seg), entries)
+        if seg.conflicts:  # chain-conflict reports (validation): idempotent HSETs
+            self.r.hset(keys.chain_conflicts(self.topic.name), mapping=dict(seg.conflicts))
+        self._inflight = (self.scripts.send_apply(self.topic, self.p, self.fence, seg.first,
+                                                  seg.last, seg.rejects, seg.ops), entries)
         self._cursor = seg.last
         return done
 
     def finish(self) -> int:
-        """Wait for the batch in flight (never leaves a call running); returns its entries."""
-        try:
-            return self._settle()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+        """Wait for the batch in flight (never leaves a call unread); returns its entries."""
+        return self._settle()
 
     @property
     def cursor(self) -> str | None:

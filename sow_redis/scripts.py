@@ -103,16 +103,15 @@ class Scripts:
             FencedError: ``fence`` is stale (another worker took the lease).
             ConflictError: a record's ``expect_seq`` did not hold; nothing was written.
         """
-        argv: list[Any] = [fence, keys.channel(topic.name), topic.name, first, last,
-                           len(topic.hash_index), "1" if topic.dead_letter else "0",
-                           "1" if topic.expiration_enabled else "0", p, len(rejects)]
-        for rj in rejects:
-            argv += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
-        for op in ops:
-            argv += _pack_op(op)
-        applied, cursor = self.call(
-            "apply", keys.partition_keys(topic.name, p, len(topic.hash_index)), argv)
-        return int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor
+        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops)
+        return _apply_reply(self.call("apply", ks, argv))
+
+    def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
+                   rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingApply:
+        """Send the :meth:`apply` call now and read its reply later
+        (:meth:`PendingApply.result`), on a connection of its own: the caller can prepare the
+        next batch while Redis runs this one."""
+        return PendingApply(self, topic, p, fence, first, last, rejects, ops)
 
     def queue_expire(self, pipe: Any, topic: TopicConfig, p: int, limit: int) -> None:
         """Queue expire.lua for partition ``p`` on ``pipe`` (remove at most ``limit`` due
@@ -149,3 +148,58 @@ def _pack_op(op: Op) -> tuple[Any, ...]:
     if isinstance(op, ChainLink):
         return ("chain", op.id, op.ident, op.head, "", "", "")
     raise TypeError(f"not an apply op: {op!r}")
+
+
+def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
+               rejects: Sequence[Reject], ops: Sequence[Op]) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of apply.lua, in the order of the script's header."""
+    argv: list[Any] = [fence, keys.channel(topic.name), topic.name, first, last,
+                       len(topic.hash_index), "1" if topic.dead_letter else "0",
+                       "1" if topic.expiration_enabled else "0", p, len(rejects)]
+    for rj in rejects:
+        argv += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
+    for op in ops:
+        argv += _pack_op(op)
+    return keys.partition_keys(topic.name, p, len(topic.hash_index)), argv
+
+
+def _apply_reply(reply: Any) -> tuple[int, str]:
+    applied, cursor = reply
+    return int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor
+
+
+class PendingApply:
+    """An apply.lua call sent on a pooled connection of its own, whose reply is read by
+    :meth:`result` (exactly once)."""
+
+    def __init__(self, scripts: Scripts, topic: TopicConfig, p: int, fence: int, first: str,
+                 last: str, rejects: Sequence[Reject], ops: Sequence[Op]):
+        self._scripts = scripts
+        self._call = (topic, p, fence, first, last, rejects, ops)
+        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops)
+        pool = scripts._r.connection_pool
+        self._pool = pool
+        self._conn = pool.get_connection()
+        try:
+            self._conn.send_command("EVALSHA", scripts._scripts["apply"].sha, len(ks), *ks, *argv)
+        except BaseException:
+            self._conn.disconnect()
+            pool.release(self._conn)
+            raise
+
+    def result(self) -> tuple[int, str]:
+        """The reply of the call (see :meth:`Scripts.apply`); raises as it does."""
+        try:
+            reply = self._conn.read_response()
+        except NoScriptError:  # the server lost its script cache: load it and run again
+            self._pool.release(self._conn)
+            return self._scripts.apply(*self._call)
+        except ResponseError as exc:
+            self._pool.release(self._conn)
+            raise from_script_error(exc) from None
+        except BaseException:
+            self._conn.disconnect()
+            self._pool.release(self._conn)
+            raise
+        self._pool.release(self._conn)
+        return _apply_reply(reply)

@@ -10,7 +10,6 @@ import orjson
 import pytest
 from conftest import run_cli, start_worker
 from redis import Redis
-from redis.exceptions import ResponseError
 
 from sow_redis import keys
 from sow_redis.apply import apply_batch
@@ -98,15 +97,16 @@ def test_a_batch_whose_apply_call_fails_is_retried_entry_by_entry(url, topic_nam
     is retried entry by entry so one bad entry cannot hold back the rest")."""
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name)
-    real = Scripts.apply
+    import sow_redis.scripts as scripts_module
 
-    def apply(self, topic, p, fence, first, last, rejects, ops):
-        # the rejection itself carries the data: only ops fail
-        if any(b"POISON" in getattr(op, "data", b"") for op in ops):
-            raise ResponseError("ERR user_script:1: Script attempted something bad")
-        return real(self, topic, p, fence, first, last, rejects, ops)
+    real = scripts_module._pack_op
 
-    monkeypatch.setattr(Scripts, "apply", apply)
+    def pack(op):
+        # an op the script cannot run: apply.lua answers with an error reply
+        packed = real(op)
+        return ("bogus", *packed[1:]) if b"POISON" in getattr(op, "data", b"") else packed
+
+    monkeypatch.setattr(scripts_module, "_pack_op", pack)
     res = sow.publish(t.name, [{"k": i, "v": "POISON" if i == 3 else "ok"} for i in range(6)],
                       wait=True)
     assert res.published == 6
