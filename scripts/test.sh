@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing (scripts/setup.sh), then runs pytest.
+# The test command: installs what is missing (scripts/setup.sh), checks sow_redis/ with ruff and
+# mypy (configured in pyproject.toml), then runs pytest with this script's arguments.
+# One line per check; any finding prints the tool's report and fails the run before pytest.
 # Tests start their own redis-server on a free port; the machine's 6379 is never touched.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SOW_EXTRAS="dev,demo" bash "$root/scripts/setup.sh"
 cd "$root"
+
+check() {  # check NAME COMMAND...: "check NAME: <tool's last line>"; on a finding, its report
+  local name="$1" out status=0
+  shift
+  out="$("$@" 2>&1)" || status=$?
+  if [ "$status" -ne 0 ]; then
+    printf '%s\n' "$out"
+    echo "check $name: FAILED (exit status $status); tests not run" >&2
+    exit 1
+  fi
+  echo "check $name: $(printf '%s\n' "$out" | tail -n 1)"
+}
+
+check "ruff (sow_redis)" .venv/bin/ruff check sow_redis
+check "mypy (sow_redis)" .venv/bin/mypy
 exec .venv/bin/python -m pytest "$@"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from redis import Redis
@@ -33,6 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 from . import chaining, keys, streamids
 from .chaining import ChainConflict
 from .config import TopicConfig
+from .connection import Client
 from .entries import Command, LogEntry, decode_entry, original
 from .errors import (
     ConflictError,
@@ -51,13 +52,13 @@ log = logging.getLogger(__name__)
 
 
 # -- reading ----------------------------------------------------------------------------------
-def _raw_xrange_client(r: Any) -> Any:
+def _raw_xrange_client(r: Client) -> Client:
     raw = Redis(connection_pool=r.connection_pool)
     raw.set_response_callback("XRANGE", lambda response, **_options: response)
     return raw
 
 
-def read_log(r: Any, topic: str, p: int, cursor: str, count: int) -> list[tuple[bytes, dict]]:
+def read_log(r: Client, topic: str, p: int, cursor: str, count: int) -> list[tuple[bytes, dict]]:
     """Up to ``count`` log entries after ``cursor``, as ``(id, fields)``.
 
     Uses a sibling client (same connection pool) whose XRANGE reply is left raw: building the
@@ -131,7 +132,7 @@ class _Planner:
     planned so far (``state``: SOW key → (object or None, expiry ms or 0)) and the version the
     worker read it at (``checks``, compare-and-set in apply.lua)."""
 
-    def __init__(self, r: Any, topic: TopicConfig, p: int, keyer: KeyResolver):
+    def __init__(self, r: Client, topic: TopicConfig, p: int, keyer: KeyResolver):
         self.r, self.topic, self.p, self.keyer = r, topic, p, keyer
         self.state: dict[str, tuple[dict[str, Any] | None, int]] = {}
         self.checks: dict[str, int] = {}
@@ -140,7 +141,8 @@ class _Planner:
         """Read, in one call, the stored records of ``wanted`` SOW keys not known yet."""
         wanted = [k for k in dict.fromkeys(wanted) if k not in self.state]
         if wanted:
-            raws = self.r.hmget(keys.records(self.topic.name, self.p), wanted)
+            raws = cast("list[bytes | None]",
+                        self.r.hmget(keys.records(self.topic.name, self.p), wanted))
             for k, raw in zip(wanted, raws):
                 self._remember(k, raw)
 
@@ -157,7 +159,8 @@ class _Planner:
         """The record as an entry logged at ``at_ms`` sees it: None when absent or, with
         expiration enabled, due at or before ``at_ms``."""
         if key not in self.state:
-            self._remember(key, self.r.hget(keys.records(self.topic.name, self.p), key))
+            self._remember(key, cast("bytes | None",
+                                     self.r.hget(keys.records(self.topic.name, self.p), key)))
         obj, exp = self.state[key]
         if obj is not None and exp and self.topic.expiration_enabled and exp <= at_ms:
             return None
@@ -248,7 +251,7 @@ class _Planner:
 
 
 # -- applying ---------------------------------------------------------------------------------
-def apply_batch(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+def apply_batch(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                 batch_size: int, cursor: str | None = None) -> tuple[int, str]:
     """Apply the next batch of partition ``p``'s log.
 
@@ -307,7 +310,7 @@ class PartitionApplier:
     STATE_MAX = 200_000
     """Records whose planned state is kept at most; past that the planner starts afresh."""
 
-    def __init__(self, r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+    def __init__(self, r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                  batch_size: int):
         self.r, self.scripts, self.topic, self.p = r, scripts, topic, p
         self.fence, self.batch_size = fence, batch_size
@@ -398,7 +401,7 @@ class PartitionApplier:
         return self._cursor
 
 
-def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+def _apply_one_by_one(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                       entries: list) -> None:
     """Apply ``entries`` one per Lua call; an entry whose call fails is rejected (written to
     the error stream by a call that only moves the cursor past it)."""
@@ -416,7 +419,7 @@ def _apply_one_by_one(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fenc
                   _Segment(sid, sid, rejects=[_reject(sid, fields, exc, p)]))
 
 
-def _call(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+def _call(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
           seg: _Segment) -> None:
     if seg.conflicts:  # chain-conflict reports (validation): idempotent HSETs by stream id
         r.hset(keys.chain_conflicts(topic.name), mapping=dict(seg.conflicts))
@@ -430,7 +433,7 @@ def _decode(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> LogEn
         return exc
 
 
-def _apply_entries(r: Any, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+def _apply_entries(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
                    entries: list) -> None:
     planner = _Planner(r, topic, p, resolver(r, topic, p))
     run: list[tuple[LogEntry | Exception, tuple[bytes, dict]]] = []

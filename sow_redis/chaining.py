@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from . import keys
 from .config import TopicConfig
+from .connection import Client
 from .errors import MessageError
 from .sowkey import generate
 from .values import canonical, get_path
@@ -92,7 +93,7 @@ class ChainResolver:
     identifier introduced earlier in the same batch.
     """
 
-    def __init__(self, r: Any, topic: TopicConfig, p: int):
+    def __init__(self, r: Client, topic: TopicConfig, p: int):
         self.r = r
         self.topic = topic
         self.key = keys.chain(topic.name, p)
@@ -108,12 +109,12 @@ class ChainResolver:
                     wanted.append(v)
         wanted = list(dict.fromkeys(wanted))
         if wanted:
-            for v, head in zip(wanted, self.r.hmget(self.key, wanted)):
+            for v, head in zip(wanted, cast("list[bytes | None]", self.r.hmget(self.key, wanted))):
                 self.table[v] = head.decode() if head is not None else None
 
     def _head_of(self, v: str) -> str | None:
         if v not in self.table:
-            head = self.r.hget(self.key, v)
+            head = cast("bytes | None", self.r.hget(self.key, v))
             self.table[v] = head.decode() if head is not None else None
         return self.table[v]
 
@@ -169,7 +170,7 @@ def conflict_report(p: int, stream_id: str, exc: ChainConflict) -> tuple[str, by
                                             "heads": exc.heads, "ids": exc.ids})
 
 
-def conflict_groups(r: Any, topic: TopicConfig) -> list[dict[str, Any]]:
+def conflict_groups(r: Client, topic: TopicConfig) -> list[dict[str, Any]]:
     """Chains that would have been one chain had messages arrived in another order.
 
     Each recorded conflict links the chains it named; linked chains form a group.
@@ -203,11 +204,11 @@ def conflict_groups(r: Any, topic: TopicConfig) -> list[dict[str, Any]]:
     return sorted(out, key=lambda g: (-len(g["heads"]), g["heads"]))
 
 
-def chain_of(r: Any, topic: TopicConfig, identifier: str) -> dict[str, Any] | None:
+def chain_of(r: Client, topic: TopicConfig, identifier: str) -> dict[str, Any] | None:
     """The chain an identifier belongs to: ``{"head", "sow_key", "partition", "ids"}`` (ids
     found by scanning the partitions' chain tables), or None when it is in no chain."""
     for p in range(topic.partitions):
-        head = r.hget(keys.chain(topic.name, p), identifier)
+        head = cast("bytes | None", r.hget(keys.chain(topic.name, p), identifier))
         if head is None:
             continue
         h = head.decode()
@@ -216,7 +217,7 @@ def chain_of(r: Any, topic: TopicConfig, identifier: str) -> dict[str, Any] | No
     return None
 
 
-def chain_stats(r: Any, topic: TopicConfig) -> dict[str, int]:
+def chain_stats(r: Client, topic: TopicConfig) -> dict[str, int]:
     """``{"ids": identifiers in chains, "conflicts": recorded conflicts}`` of a topic."""
     pipe = r.pipeline(transaction=False)
     for p in range(topic.partitions):

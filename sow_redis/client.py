@@ -30,7 +30,7 @@ import orjson
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
-from .connection import connect, is_memory
+from .connection import Client, connect, is_memory
 from .errors import WaitTimeout
 from .events import ChangeEvent, parse_event
 from .jobs import drain_partition, ensure_jobs
@@ -84,7 +84,7 @@ class Sow:
     """
 
     def __init__(self, url: str | None = None, settings: Settings | None = None,
-                 client: Any = None, inline: bool | None = None):
+                 client: Client | None = None, inline: bool | None = None):
         self.settings = settings or Settings.from_env(redis_url=url)
         self.url = self.settings.redis_url
         memory = is_memory(self.url)
@@ -342,7 +342,7 @@ class Sow:
 class Subscription:
     """An open subscription; iterate for events, or :meth:`get` with a timeout (seconds)."""
 
-    def __init__(self, r: Any, topic: str, filter: str | None):
+    def __init__(self, r: Client, topic: str, filter: str | None):
         from .filter import compile_filter
 
         self.pred = compile_filter(filter) if filter else None

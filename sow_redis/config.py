@@ -33,11 +33,12 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from . import keys
+from .connection import Client
 from .errors import ConfigError, UnknownTopicError
 from .fix import separator
 from .values import split_path
@@ -580,7 +581,7 @@ class Holdings:
         return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
 
 
-def holdings(r: Any, topic: TopicConfig) -> Holdings:
+def holdings(r: Client, topic: TopicConfig) -> Holdings:
     """What ``topic`` (as stored) holds in its partitions; see :class:`Holdings`."""
     from .partition_state import read_partitions
 
@@ -589,7 +590,7 @@ def holdings(r: Any, topic: TopicConfig) -> Holdings:
                     sum(x.chain_ids for x in parts))
 
 
-def registry_problems(r: Any, topics: list[TopicConfig], source: str = "<config>",
+def registry_problems(r: Client, topics: list[TopicConfig], source: str = "<config>",
                       migrate: bool = False) -> list[str]:
     """Check topics against the registry before they are stored; one line per problem.
 
@@ -622,7 +623,7 @@ def registry_problems(r: Any, topics: list[TopicConfig], source: str = "<config>
     return problems
 
 
-def store_topics(r: Any, topics: list[TopicConfig]) -> int:
+def store_topics(r: Client, topics: list[TopicConfig]) -> int:
     """Write topics to the registry as they are (no checks), bump the version, announce it.
 
     Returns:
@@ -639,7 +640,7 @@ def store_topics(r: Any, topics: list[TopicConfig]) -> int:
     return int(version)
 
 
-def apply_topics(r: Any, topics: list[TopicConfig], source: str = "<config>") -> int:
+def apply_topics(r: Client, topics: list[TopicConfig], source: str = "<config>") -> int:
     """Check topics against the registry (:func:`registry_problems`), then store them
     (replacing same-named ones) and announce the change.
 
@@ -655,14 +656,14 @@ def apply_topics(r: Any, topics: list[TopicConfig], source: str = "<config>") ->
     return store_topics(r, topics)
 
 
-def load_topics(r: Any) -> dict[str, TopicConfig]:
+def load_topics(r: Client) -> dict[str, TopicConfig]:
     """All topics in the registry, by name."""
     raw = r.hgetall(keys.REGISTRY)
     topics = (TopicConfig.from_json(blob) for blob in raw.values())
     return {t.name: t for t in topics}
 
 
-def get_topic(r: Any, name: str) -> TopicConfig:
+def get_topic(r: Client, name: str) -> TopicConfig:
     """One topic from the registry. Raises UnknownTopicError."""
     blob = r.hget(keys.REGISTRY, name)
     if blob is None:
@@ -675,13 +676,13 @@ def get_topic(r: Any, name: str) -> TopicConfig:
 class TopicCache:
     """Registry reader for long-running workers: re-reads only when the version changed."""
 
-    def __init__(self, r: Any):
+    def __init__(self, r: Client):
         self._r = r
         self._version: bytes | None = None
         self._topics: dict[str, TopicConfig] = {}
 
     def get(self, name: str) -> TopicConfig:
-        version = self._r.get(keys.REGISTRY_VERSION)
+        version = cast("bytes | None", self._r.get(keys.REGISTRY_VERSION))
         if version != self._version or name not in self._topics:
             self._topics = load_topics(self._r)
             self._version = version
@@ -690,7 +691,7 @@ class TopicCache:
         return self._topics[name]
 
     def all(self) -> dict[str, TopicConfig]:
-        version = self._r.get(keys.REGISTRY_VERSION)
+        version = cast("bytes | None", self._r.get(keys.REGISTRY_VERSION))
         if version != self._version:
             self._topics = load_topics(self._r)
             self._version = version

@@ -9,10 +9,36 @@ password masked) before anything is sent.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import BadURLError
+
+if TYPE_CHECKING:  # redis is imported lazily: `sow-redis --help` and URL checks stay fast
+    import fakeredis
+    import redis
+    import redis.client
+    from redis.typing import EncodableT, FieldT
+
+Client: TypeAlias = "redis.Redis"
+"""A redis-py client with bytes responses (``decode_responses`` off), as :func:`connect`
+returns; ``fakeredis.FakeRedis`` (``memory://``) is a subclass. redis-py types a string reply
+as ``bytes | str`` since it cannot know ``decode_responses``; with this client it is always
+``bytes``, so read sites ``cast`` the reply (a no-op at run time), e.g.
+``cast("bytes | None", r.hget(k, f))``. A string alias: redis is imported only when used."""
+
+Pipeline: TypeAlias = "redis.client.Pipeline"
+"""A pipeline of a :data:`Client` (``r.pipeline()``); ``execute()`` returns the replies in
+order."""
+
+Fields: TypeAlias = "dict[FieldT, EncodableT]"
+"""A stream entry's fields as :meth:`Client.xadd` takes them: str or bytes names; str, bytes
+or number values."""
+
+StreamEntry: TypeAlias = "tuple[bytes, dict[bytes, bytes]]"
+"""One entry of a :data:`Client`'s XRANGE / XREVRANGE reply: ``(stream id, {field: value})``,
+all bytes. redis-py types these replies as ``bytes | str`` (it cannot know
+``decode_responses``): read sites ``cast`` the reply to this shape once."""
 
 MEMORY = "memory://"
 """Scheme prefix of the in-process backend."""
@@ -23,7 +49,7 @@ URL_SCHEMES = ("redis://", "rediss://", "unix://")
 _USAGE = ("use redis://host:port/db, rediss://host:port/db or unix:///path/to/socket "
           "(memory://name in the Python API)")
 
-_memory_servers: dict[str, Any] = {}
+_memory_servers: dict[str, fakeredis.FakeServer] = {}
 
 
 def redact(url: str) -> str:
@@ -44,7 +70,7 @@ def is_memory(url: str) -> bool:
     return url.startswith(MEMORY)
 
 
-def _redis_client(url: str) -> Any:
+def _redis_client(url: str) -> Client:
     """A redis-py client (bytes responses) for a server URL; nothing is sent yet.
 
     Raises:
@@ -73,7 +99,7 @@ def check_url(url: str) -> None:
         _redis_client(url)
 
 
-def connect(url: str) -> Any:
+def connect(url: str) -> Client:
     """A client for ``url``: redis-py (bytes responses) for a server, fakeredis for
     ``memory://[name]``. No command is sent: an unreachable server fails at the first one.
 
@@ -89,10 +115,11 @@ def connect(url: str) -> Any:
     return _redis_client(url)
 
 
-def server_ms(r: Any) -> int:
+def server_ms(r: Client) -> int:
     """The Redis server clock (``TIME``) in milliseconds since the epoch."""
     sec, usec = r.time()
     return int(sec) * 1000 + int(usec) // 1000
 
 
-__all__ = ["MEMORY", "URL_SCHEMES", "check_url", "connect", "is_memory", "redact", "server_ms"]
+__all__ = ["MEMORY", "URL_SCHEMES", "Client", "Fields", "Pipeline", "StreamEntry", "check_url",
+           "connect", "is_memory", "redact", "server_ms"]

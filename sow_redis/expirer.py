@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import events, keys
 from .client import Sow
 from .config import TopicCache, TopicConfig
-from .connection import connect, server_ms
+from .connection import Client, StreamEntry, connect, server_ms
 from .scripts import Scripts
 from .settings import Settings
 
@@ -54,7 +54,7 @@ BACKOFF_MAX_S = 2.0
 long of Redis answering again)."""
 
 
-def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig,
+def expire_topic(r: Client, scripts: Scripts, topic: TopicConfig,
                  sow: Sow | None = None) -> tuple[int, int, int]:
     """One expire.lua call per partition, pipelined; dead letters are forwarded through
     ``sow`` (see :func:`forward_dead_letters`).
@@ -78,7 +78,7 @@ def expire_topic(r: Any, scripts: Scripts, topic: TopicConfig,
     return expired, next_due, now
 
 
-def forward_dead_letters(r: Any, topic: TopicConfig, sow: Sow | None = None) -> int:
+def forward_dead_letters(r: Client, topic: TopicConfig, sow: Sow | None = None) -> int:
     """Publish the outbox entries of every partition to the dead-letter topic, then drop them.
 
     The copies are appended to the dead-letter topic's log and handed over with
@@ -104,7 +104,7 @@ def forward_dead_letters(r: Any, topic: TopicConfig, sow: Sow | None = None) -> 
     total = 0
     for p in range(topic.partitions):
         outbox = keys.dead_letters(topic.name, p)
-        entries = r.xrange(outbox, count=BATCH)
+        entries = cast("list[StreamEntry]", r.xrange(outbox, count=BATCH))
         if not entries:
             continue
         msgs = []
@@ -122,7 +122,7 @@ def forward_dead_letters(r: Any, topic: TopicConfig, sow: Sow | None = None) -> 
     return total
 
 
-def idle_topics(r: Any, topics: dict[str, TopicConfig]) -> list[str]:
+def idle_topics(r: Client, topics: dict[str, TopicConfig]) -> list[str]:
     """Topics with ``idle_expiration`` unused for longer than that (no publish, query, config
     apply, or pub/sub subscriber)."""
     candidates = [t for t in topics.values() if t.idle_ms]
@@ -144,7 +144,7 @@ def idle_topics(r: Any, topics: dict[str, TopicConfig]) -> list[str]:
     return out
 
 
-def remove_topic(r: Any, topic: TopicConfig) -> None:
+def remove_topic(r: Client, topic: TopicConfig) -> None:
     """Delete a topic: its definition and every key it owns (records, logs, indexes, errors)."""
     pipe = r.pipeline(transaction=False)
     pipe.hdel(keys.REGISTRY, topic.name)
@@ -170,7 +170,7 @@ class Expirer:
         ValueError: ``inline=False`` with a ``memory://`` URL (see :class:`Sow`).
     """
 
-    def __init__(self, r: Any, settings: Settings | None = None,
+    def __init__(self, r: Client, settings: Settings | None = None,
                  topics: Iterable[str] | None = None, inline: bool | None = None):
         self.r = r
         self.settings = settings or Settings.from_env()

@@ -24,11 +24,12 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from typing import cast
 
 from . import keys
 from .apply import PartitionApplier
 from .config import TopicCache, TopicConfig
+from .connection import Client
 from .errors import FencedError, UnknownTopicError
 from .partition_state import read_cursor
 from .scripts import Scripts, attached
@@ -49,12 +50,12 @@ _active: set[tuple[str, int]] = set()
 """Partitions an ingest job of this process is working on (under ``_active_lock``)."""
 _active_lock = threading.Lock()
 
-def _tools(r: Any) -> tuple[Scripts, TopicCache]:
+def _tools(r: Client) -> tuple[Scripts, TopicCache]:
     """The scripts and registry cache of client ``r`` (made once per client)."""
     return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
 
 
-def _enqueue(r: Any, topic: str, p: int) -> None:
+def _enqueue(r: Client, topic: str, p: int) -> None:
     from rq import Queue
 
     from .safejob import SERIALIZER
@@ -65,7 +66,7 @@ def _enqueue(r: Any, topic: str, p: int) -> None:
     )
 
 
-def ensure_jobs(r: Any, topic: str, partitions: list[int], settings: Settings) -> int:
+def ensure_jobs(r: Client, topic: str, partitions: list[int], settings: Settings) -> int:
     """Enqueue an ingest job for each partition that has none outstanding.
 
     Returns:
@@ -82,7 +83,7 @@ def ensure_jobs(r: Any, topic: str, partitions: list[int], settings: Settings) -
     return n
 
 
-def lagging_partitions(r: Any, topic: TopicConfig) -> list[int]:
+def lagging_partitions(r: Client, topic: TopicConfig) -> list[int]:
     """Partitions whose log has entries after the applied cursor."""
     pipe = r.pipeline(transaction=False)
     for p in range(topic.partitions):
@@ -97,7 +98,7 @@ def lagging_partitions(r: Any, topic: TopicConfig) -> list[int]:
     return out
 
 
-def unapplied_partitions(r: Any) -> dict[str, list[int]]:
+def unapplied_partitions(r: Client) -> dict[str, list[int]]:
     """Topic → partitions whose log has entries after the applied cursor (topics without
     lag are left out)."""
     _scripts, cache = _tools(r)
@@ -138,7 +139,7 @@ def owner_dead(owner: str) -> bool:
     return pid != os.getpid() and not pid_alive(pid)
 
 
-def reclaim(r: Any, topic: str, partitions: list[int], recover: bool = False) -> list[int]:
+def reclaim(r: Client, topic: str, partitions: list[int], recover: bool = False) -> list[int]:
     """Release the leases of ``partitions`` left by dead jobs (see the module docstring) and
     drop their job markers, so the next :func:`ensure_jobs` enqueues a fresh job.
 
@@ -146,7 +147,7 @@ def reclaim(r: Any, topic: str, partitions: list[int], recover: bool = False) ->
         The partitions whose marker was dropped.
     """
     scripts, _cache = _tools(r)
-    owners = r.mget([keys.lease(topic, p) for p in partitions])
+    owners = cast("list[bytes | None]", r.mget([keys.lease(topic, p) for p in partitions]))
     stale = []
     for p, raw in zip(partitions, owners):
         if raw is None:
@@ -170,7 +171,7 @@ def reclaim(r: Any, topic: str, partitions: list[int], recover: bool = False) ->
     return stale
 
 
-def sweep(r: Any, settings: Settings, recover: bool = False) -> int:
+def sweep(r: Client, settings: Settings, recover: bool = False) -> int:
     """Enqueue jobs for every lagging partition of every topic, after :func:`reclaim`.
 
     Returns:
@@ -186,7 +187,7 @@ def sweep(r: Any, settings: Settings, recover: bool = False) -> int:
     return n
 
 
-def drain_partition(r: Any, topic: TopicConfig, p: int, settings: Settings,
+def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
                     budget_s: float | None = None, owner: str = OWNER,
                     linger_ms: int | None = None) -> tuple[int, bool]:
     """Apply partition ``p`` under its lease for up to ``budget_s`` seconds (default
@@ -238,7 +239,7 @@ def drain_partition(r: Any, topic: TopicConfig, p: int, settings: Settings,
     return done, drained
 
 
-def _trim(r: Any, topic: TopicConfig, p: int, settings: Settings) -> None:
+def _trim(r: Client, topic: TopicConfig, p: int, settings: Settings) -> None:
     """Drop applied log entries once the stream is longer than ``log_max_len``."""
     log_key = keys.log(topic.name, p)
     if r.xlen(log_key) > settings.log_max_len:

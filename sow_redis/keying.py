@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from .chaining import ChainIds, ChainResolver, chain_values
 from .chaining import sow_key as chain_sow_key
 from .config import TopicConfig
+from .connection import Client
 from .entries import Command, LogEntry
 from .errors import MessageError
 from .messages import key_of, partition_for
@@ -70,7 +71,7 @@ class PlainKeys:
 class ChainKeys:
     """The chaining key generator over the partition's chain table (seeds/003)."""
 
-    def __init__(self, r: Any, topic: TopicConfig, p: int):
+    def __init__(self, r: Client, topic: TopicConfig, p: int):
         self.topic, self.p = topic, p
         self.chains = ChainResolver(r, topic, p)
         self._ids: dict[str, ChainIds] = {}
@@ -100,6 +101,6 @@ class ChainKeys:
         return Resolved(key, self.chains.commit(res))
 
 
-def resolver(r: Any, topic: TopicConfig, p: int) -> KeyResolver:
+def resolver(r: Client, topic: TopicConfig, p: int) -> KeyResolver:
     """The key resolver of ``topic``'s partition ``p``."""
     return ChainKeys(r, topic, p) if topic.chaining else PlainKeys(topic, p)

@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from redis.exceptions import WatchError
@@ -53,6 +53,7 @@ from .config import (
     shape_changes,
     store_topics,
 )
+from .connection import Client, Fields, StreamEntry
 from .errors import ConfigError, FencedError, MessageError, SowError
 from .messages import parse, partition_for
 from .partition_state import read_cursor
@@ -98,7 +99,7 @@ class Migration:
 class _Leases:
     """The leases of partitions ``0..n-1`` of a topic, held by one migration owner."""
 
-    def __init__(self, r: Any, scripts: Scripts, topic: str, n: int, settings: Settings):
+    def __init__(self, r: Client, scripts: Scripts, topic: str, n: int, settings: Settings):
         self.r, self.scripts, self.topic, self.settings = r, scripts, topic, settings
         self.owner = f"migrate:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.fences: dict[int, int] = {}
@@ -142,7 +143,7 @@ class _Leases:
             self.scripts.lease_release(keys.lease(self.topic, p), self.owner)
 
 
-def _drain(r: Any, scripts: Scripts, topic: TopicConfig, p: int, leases: _Leases,
+def _drain(r: Client, scripts: Scripts, topic: TopicConfig, p: int, leases: _Leases,
            settings: Settings) -> int:
     """Apply partition ``p``'s log under ``topic`` until drained. Returns entries consumed."""
     total, cursor = 0, None
@@ -155,11 +156,11 @@ def _drain(r: Any, scripts: Scripts, topic: TopicConfig, p: int, leases: _Leases
         leases.renew()
 
 
-def _read_hash(r: Any, key: str) -> dict[bytes, bytes]:
+def _read_hash(r: Client, key: str) -> dict[bytes, bytes]:
     return dict(r.hscan_iter(key, count=CHUNK))
 
 
-def _clear_layout(r: Any, topic: str, partitions: int, n_indexes: int) -> None:
+def _clear_layout(r: Client, topic: str, partitions: int, n_indexes: int) -> None:
     """Delete the records, expiry sets, hash-index members and indexes, chain tables."""
     pipe = r.pipeline(transaction=False)
     for p in range(partitions):
@@ -168,7 +169,7 @@ def _clear_layout(r: Any, topic: str, partitions: int, n_indexes: int) -> None:
     pipe.execute()
 
 
-def _carry_chains(r: Any, old: TopicConfig, new: TopicConfig,
+def _carry_chains(r: Client, old: TopicConfig, new: TopicConfig,
                   chains: dict[int, dict[bytes, bytes]],
                   records: dict[int, dict[bytes, bytes]]) -> None:
     """Copy the chain tables into the new partitions: every identifier of a chain goes where
@@ -199,7 +200,7 @@ def _carry_chains(r: Any, old: TopicConfig, new: TopicConfig,
             r.hset(keys.chain(new.name, p), mapping=dict(items[i:i + CHUNK]))
 
 
-def _reject(r: Any, topic: str, p: int, sow_key: str, rec_sid: str, data: bytes, reason: str,
+def _reject(r: Client, topic: str, p: int, sow_key: str, rec_sid: str, data: bytes, reason: str,
             detail: str) -> None:
     r.xadd(keys.errors(topic), {
         "reason": reason, "detail": f"migration to the new definition: {detail}",
@@ -207,7 +208,7 @@ def _reject(r: Any, topic: str, p: int, sow_key: str, rec_sid: str, data: bytes,
     })
 
 
-def _republish(r: Any, old: TopicConfig, new: TopicConfig, rows: list[tuple[int, Any]],
+def _republish(r: Client, old: TopicConfig, new: TopicConfig, rows: list[tuple[int, Any]],
                now_ms: int, leases: _Leases) -> tuple[dict[tuple[int, str], int], int]:
     """Append a ``publish`` entry per record to its new partition's log.
 
@@ -230,7 +231,7 @@ def _republish(r: Any, old: TopicConfig, new: TopicConfig, rows: list[tuple[int,
                         exc.detail)
                 rejected += 1
                 continue
-            entry: dict[str, Any] = {"cmd": "publish", "data": rec.data}
+            entry: Fields = {"cmd": "publish", "data": rec.data}
             if supplied:
                 entry["sow_key"] = supplied
             if rec.expiry_ms:
@@ -246,20 +247,22 @@ def _republish(r: Any, old: TopicConfig, new: TopicConfig, rows: list[tuple[int,
     return wanted, rejected
 
 
-def _apply_rejections(r: Any, topic: str, starts: dict[int, str],
+def _apply_rejections(r: Client, topic: str, starts: dict[int, str],
                       entries: Iterable[tuple[int, str]]) -> int:
     """How many of the log ``entries`` (partition, stream id) the apply path rejected
     (partition error streams after the ids in ``starts``)."""
     mine = set(entries)
     n = 0
     for p, start in starts.items():
-        for _eid, f in r.xrange(keys.partition_errors(topic, p), min="(" + start):
+        errors = cast("list[StreamEntry]",
+                      r.xrange(keys.partition_errors(topic, p), min="(" + start))
+        for _eid, f in errors:
             if (p, f.get(b"id", b"").decode()) in mine:
                 n += 1
     return n
 
 
-def _restore_expiry(r: Any, topic: TopicConfig, wanted: dict[tuple[int, str], int]) -> int:
+def _restore_expiry(r: Client, topic: TopicConfig, wanted: dict[tuple[int, str], int]) -> int:
     """Give each applied record its absolute expiry back (0 = none). Only records still
     written by our entry (same stream id) are touched; one changed meanwhile (expired, or
     published again) is left alone: each chunk is written under WATCH and re-read on a change.
@@ -285,8 +288,8 @@ def _restore_expiry(r: Any, topic: TopicConfig, wanted: dict[tuple[int, str], in
                 with r.pipeline() as pipe:
                     try:
                         pipe.watch(rec_key)
-                        recs = [decode_record(k, v)
-                                for k, v in zip(chunk, pipe.hmget(rec_key, chunk)) if v]
+                        raws = cast("list[bytes | None]", pipe.hmget(rec_key, chunk))
+                        recs = [decode_record(k, v) for k, v in zip(chunk, raws) if v]
                         pipe.multi()
                         n = 0
                         for rec in recs:
@@ -308,19 +311,20 @@ def _restore_expiry(r: Any, topic: TopicConfig, wanted: dict[tuple[int, str], in
     return fixed
 
 
-def _drop_partitions(r: Any, old: TopicConfig, new: TopicConfig) -> None:
+def _drop_partitions(r: Client, old: TopicConfig, new: TopicConfig) -> None:
     """Empty partitions ``new.partitions..old.partitions-1`` into the new layout, then delete
     their keys: error entries go to the topic-level error stream, dead-letter outbox entries
     to a kept partition's outbox, log entries not applied (appended by an old-definition
     publisher during the migration) are re-routed under the new definition."""
     name = old.name
     for p in range(new.partitions, old.partitions):
-        for _eid, f in r.xrange(keys.partition_errors(name, p)):
-            r.xadd(keys.errors(name), f)
-        for _eid, f in r.xrange(keys.dead_letters(name, p)):
-            r.xadd(keys.dead_letters(name, p % new.partitions), f)
+        for _eid, f in cast("list[StreamEntry]", r.xrange(keys.partition_errors(name, p))):
+            r.xadd(keys.errors(name), cast("Fields", f))
+        for _eid, f in cast("list[StreamEntry]", r.xrange(keys.dead_letters(name, p))):
+            r.xadd(keys.dead_letters(name, p % new.partitions), cast("Fields", f))
         cursor = read_cursor(r, name, p)
-        for sid, f in r.xrange(keys.log(name, p), min="(" + cursor):
+        unapplied = cast("list[StreamEntry]", r.xrange(keys.log(name, p), min="(" + cursor))
+        for sid, f in unapplied:
             supplied = f.get(b"sow_key")
             try:
                 data = f[b"data"]
@@ -331,7 +335,7 @@ def _drop_partitions(r: Any, old: TopicConfig, new: TopicConfig) -> None:
                 _reject(r, name, p, (supplied or b"").decode(), sid.decode(),
                         f.get(b"data", b""), reason, detail)
                 continue
-            r.xadd(keys.log(name, part), f)
+            r.xadd(keys.log(name, part), cast("Fields", f))
         r.delete(keys.log(name, p), keys.state(name, p), keys.acks(name, p),
                  keys.dead_letters(name, p), keys.partition_errors(name, p),
                  keys.job_marker(name, p), keys.lease(name, p))
@@ -343,7 +347,7 @@ def changes_to_move(old: TopicConfig, new: TopicConfig) -> list[str]:
     return shape_changes(old, new)
 
 
-def migrate_topic(r: Any, old: TopicConfig, new: TopicConfig,
+def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
                   settings: Settings | None = None) -> Migration:
     """Change a stored topic from ``old`` to ``new`` and move everything it holds (steps in
     the module docstring). Stores ``new`` in the registry.
@@ -371,7 +375,8 @@ def migrate_topic(r: Any, old: TopicConfig, new: TopicConfig,
             _carry_chains(r, old, new, chains, records)
         starts = {}
         for p in range(new.partitions):
-            last = r.xrevrange(keys.partition_errors(new.name, p), count=1)
+            last = cast("list[StreamEntry]",
+                        r.xrevrange(keys.partition_errors(new.name, p), count=1))
             starts[p] = last[0][0].decode() if last else "0-0"
         sec, usec = r.time()
         wanted, rejected = _republish(r, old, new, rows, int(sec) * 1000 + int(usec) // 1000,
@@ -388,7 +393,7 @@ def migrate_topic(r: Any, old: TopicConfig, new: TopicConfig,
     return Migration(old.name, changes, drained, len(wanted) - failed, rejected + failed, after)
 
 
-def apply_with_migration(r: Any, topics: list[TopicConfig], settings: Settings | None = None,
+def apply_with_migration(r: Client, topics: list[TopicConfig], settings: Settings | None = None,
                          source: str = "<config>") -> tuple[int, list[Migration]]:
     """Store ``topics`` like :func:`config.apply_topics`, migrating each stored topic whose
     shape or ``hash_index`` changes and that holds anything (:func:`migrate_topic`) first.

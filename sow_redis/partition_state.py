@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from . import keys
+from .connection import Client
 from .streamids import ZERO
 
 PENDING_COUNT_MAX = 100_000
@@ -31,7 +32,7 @@ class PartitionState:
     chain_ids: int
 
 
-def read_partitions(r: Any, topic: str, partitions: int) -> list[PartitionState]:
+def read_partitions(r: Client, topic: str, partitions: int) -> list[PartitionState]:
     """The state of partitions ``0 … partitions-1`` of ``topic``."""
     pipe = r.pipeline(transaction=False)
     for p in range(partitions):
@@ -49,14 +50,14 @@ def read_partitions(r: Any, topic: str, partitions: int) -> list[PartitionState]
                            res[4 * p + 3]) for p in range(partitions)]
 
 
-def read_cursor(r: Any, topic: str, p: int) -> str:
+def read_cursor(r: Client, topic: str, p: int) -> str:
     """Partition ``p``'s applied cursor: the stream id of the last log entry applied,
     ``0-0`` before anything was applied."""
-    c = r.hget(keys.state(topic, p), "cursor")
+    c = cast("bytes | None", r.hget(keys.state(topic, p), "cursor"))
     return c.decode() if c else ZERO
 
 
-def read_cursors(r: Any, topic: str, partitions: Iterable[int]) -> dict[int, str]:
+def read_cursors(r: Client, topic: str, partitions: Iterable[int]) -> dict[int, str]:
     """partition → applied cursor (as :func:`read_cursor`), in one pipelined round trip."""
     parts = list(partitions)
     pipe = r.pipeline(transaction=False)
@@ -65,7 +66,7 @@ def read_cursors(r: Any, topic: str, partitions: Iterable[int]) -> dict[int, str
     return {p: c.decode() if c else ZERO for p, c in zip(parts, pipe.execute())}
 
 
-def read_seq(r: Any, topic: str, p: int) -> int:
+def read_seq(r: Client, topic: str, p: int) -> int:
     """Partition ``p``'s change sequence number: the ``seq`` of its latest change event
     (publish, delete or expiry), ``0`` before any."""
     s = r.hget(keys.state(topic, p), "seq")

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
-from .connection import server_ms
+from .connection import Client, Fields, server_ms
 from .errors import MessageError, WaitTimeout
 from .fix import to_message
 from .messages import check_expiration, encode, parse, unwrap
@@ -65,8 +65,8 @@ Item = tuple[str, Any, "str | None"] | tuple[str, Any, "str | None", "float | No
 
 
 def _entry(cmd: str, data: bytes, sow_key: str | None,
-           expiration: float | None) -> dict[str, bytes | str]:
-    e: dict[str, bytes | str] = {"cmd": cmd, "data": data}
+           expiration: float | None) -> Fields:
+    e: Fields = {"cmd": cmd, "data": data}
     if sow_key:
         e["sow_key"] = sow_key
     if expiration is not None:
@@ -74,7 +74,7 @@ def _entry(cmd: str, data: bytes, sow_key: str | None,
     return e
 
 
-def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
+def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
            fix_separator: bytes | None = None) -> PublishResult:
     """Validate and append messages to the log.
@@ -121,7 +121,7 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             on_chunk(handled)
         parts, handled = [], 0
 
-    def check(item: Item) -> tuple[int, dict[str, bytes | str]] | None:
+    def check(item: Item) -> tuple[int, Fields] | None:
         """(partition, log entry) of one item; None for a skipped FIX message."""
         cmd, data, sow_key = item[0], item[1], item[2]
         expiration = item[3] if len(item) > 3 else None
@@ -183,7 +183,7 @@ def append(r: Any, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     return result
 
 
-def touch(r: Any, topic: str, last_ids: dict[int, str] | None = None) -> None:
+def touch(r: Client, topic: str, last_ids: dict[int, str] | None = None) -> None:
     """Record that the topic was used now (for ``idle_expiration``), in ms on the Redis server
     clock: the newest log entry id's time, or the server ``TIME``."""
     if last_ids:
@@ -193,7 +193,7 @@ def touch(r: Any, topic: str, last_ids: dict[int, str] | None = None) -> None:
     r.hset(keys.LAST_USED, topic, ms)
 
 
-def append_delete_all_partitions(r: Any, topic: TopicConfig, fields: dict[str, str]) -> dict[int, str]:
+def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields) -> dict[int, str]:
     """Append a ``sow_delete`` by filter or by SOW keys to every partition's log.
 
     Returns:
@@ -206,7 +206,7 @@ def append_delete_all_partitions(r: Any, topic: TopicConfig, fields: dict[str, s
             for p, sid in enumerate(pipe.execute())}
 
 
-def wait_applied(r: Any, topic: TopicConfig, last_ids: dict[int, str], timeout_s: float = 60.0,
+def wait_applied(r: Client, topic: TopicConfig, last_ids: dict[int, str], timeout_s: float = 60.0,
                  poll_s: float = 0.01) -> None:
     """Block until every partition's applied cursor reaches the given stream ids.
 
@@ -228,7 +228,7 @@ def wait_applied(r: Any, topic: TopicConfig, last_ids: dict[int, str], timeout_s
         time.sleep(poll_s)
 
 
-def delete_counts(r: Any, topic: TopicConfig, ids: dict[int, str]) -> int:
+def delete_counts(r: Client, topic: TopicConfig, ids: dict[int, str]) -> int:
     """Records removed by a sow_delete, summed over partitions (after :func:`wait_applied`)."""
     pipe = r.pipeline(transaction=False)
     for p, sid in ids.items():

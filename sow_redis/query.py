@@ -14,7 +14,10 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
-from .connection import server_ms  # also re-exported: sow_redis.query.server_ms
+from .connection import (
+    Client,
+    server_ms,  # also re-exported: sow_redis.query.server_ms
+)
 from .records import Record
 from .records import decode as decode_record
 from .sowkey import generate, index_hash, partition_of_key
@@ -26,14 +29,14 @@ MAX_INDEX_PROBES = 1024
 """Most value combinations an ``IN`` list may expand to before the index is not used."""
 
 
-def scan_partition(r: Any, topic: TopicConfig, p: int) -> Iterator[Record]:
+def scan_partition(r: Client, topic: TopicConfig, p: int) -> Iterator[Record]:
     """Every record of one partition (HSCAN; a record changed during the scan may be missed or
     seen twice, as with any Redis SCAN)."""
     for k, v in r.hscan_iter(keys.records(topic.name, p), count=SCAN_COUNT):
         yield decode_record(k, v)
 
 
-def get_records(r: Any, topic: TopicConfig, sow_keys: list[str]) -> Iterator[Record]:
+def get_records(r: Client, topic: TopicConfig, sow_keys: list[str]) -> Iterator[Record]:
     """The records with these SOW keys, in the given order, skipping absent ones.
 
     Without ``partition_by`` a key's partition follows from the key itself, so each key is
@@ -77,7 +80,7 @@ def key_lookup(topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | N
     return None if combos is None else [generate(topic.domain, list(c)) for c in combos]
 
 
-def index_keys(r: Any, topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | None:
+def index_keys(r: Client, topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | None:
     """SOW keys that a hash index yields for equality terms ``{path: [values]}``.
 
     Returns:
@@ -99,7 +102,8 @@ def index_keys(r: Any, topic: TopicConfig, terms: dict[str, list[str]]) -> list[
     return None
 
 
-def query(r: Any, topic: TopicConfig, filter: str | None = None, sow_keys: list[str] | None = None,
+def query(r: Client, topic: TopicConfig, filter: str | None = None,
+          sow_keys: list[str] | None = None,
           top_n: int | None = None, order_by: str | None = None) -> list[Record]:
     """Run a SOW query.
 

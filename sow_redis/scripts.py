@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys
+from .connection import Client, Pipeline
 from .errors import from_script_error
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 
@@ -40,7 +41,7 @@ def expanded_source(name: str) -> str:
     return INCLUDE.sub(include, script_source(name))
 
 
-def attached(r: Any, name: str, make: Any) -> Any:
+def attached(r: Client, name: str, make: Any) -> Any:
     """A helper object kept on the client ``r`` itself (made once by ``make(r)``), so it lives
     exactly as long as the client and can never be handed to another client."""
     attr = f"_sow_{name}"
@@ -62,7 +63,7 @@ def script_names() -> list[str]:
 class Scripts:
     """The bundled scripts registered on one Redis client."""
 
-    def __init__(self, r: Any):
+    def __init__(self, r: Client):
         self._r = r
         self._scripts = {name: r.register_script(expanded_source(name)) for name in script_names()}
 
@@ -73,12 +74,12 @@ class Scripts:
         except ResponseError as exc:
             raise from_script_error(exc) from None
 
-    def queue(self, pipe: Any, name: str, keys: list[str], args: list[Any]) -> None:
+    def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
         """Queue script ``name`` on a pipeline as a bare EVALSHA (its reply comes from
         :meth:`execute`; no SCRIPT EXISTS round trip per pipeline)."""
         pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
 
-    def execute(self, pipe: Any) -> list[Any]:
+    def execute(self, pipe: Pipeline) -> list[Any]:
         """Execute a pipeline of :meth:`queue` calls, loading the scripts once if the server
         lost them (restart, SCRIPT FLUSH) and running the pipeline again."""
         commands = list(pipe.command_stack)
@@ -113,7 +114,7 @@ class Scripts:
         next batch while Redis runs this one."""
         return PendingApply(self, topic, p, fence, first, last, rejects, ops)
 
-    def queue_expire(self, pipe: Any, topic: TopicConfig, p: int, limit: int) -> None:
+    def queue_expire(self, pipe: Pipeline, topic: TopicConfig, p: int, limit: int) -> None:
         """Queue expire.lua for partition ``p`` on ``pipe`` (remove at most ``limit`` due
         records); its reply (from :meth:`execute`) is ``[expired, next due ms or -1, server
         now ms, dead-letter outbox length]``."""

@@ -6,10 +6,11 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
+from .connection import Client
 from .partition_state import read_partitions
 
 
-def topic_status(r: Any, topic: TopicConfig) -> dict[str, Any]:
+def topic_status(r: Client, topic: TopicConfig) -> dict[str, Any]:
     """``{"topic", "records", "log_entries", "pending", "partitions": [{p, records, log, pending}]}``.
 
     ``pending`` counts log entries after the applied cursor (not yet applied; counted up to
@@ -29,7 +30,7 @@ def topic_status(r: Any, topic: TopicConfig) -> dict[str, Any]:
     }
 
 
-def error_count(r: Any, topic: TopicConfig) -> int:
+def error_count(r: Client, topic: TopicConfig) -> int:
     """Entries in the topic's error streams (topic level plus one per partition)."""
     pipe = r.pipeline(transaction=False)
     for stream in keys.error_streams(topic.name, topic.partitions):
@@ -37,7 +38,7 @@ def error_count(r: Any, topic: TopicConfig) -> int:
     return sum(pipe.execute())
 
 
-def expiry_stats(r: Any, topic: TopicConfig) -> dict[str, Any]:
+def expiry_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
     """``{"topic", "records", "with_expiry", "next_due_ms", "next_due", "expiration", "policy"}``.
 
     ``next_due_ms`` is the earliest expiry (ms since the epoch, Redis server clock), ``next_due``

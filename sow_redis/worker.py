@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -37,6 +37,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
 
+from .connection import Client, Pipeline
 from .jobs import HOST, owner_dead, sweep
 from .safejob import SERIALIZER, SowJob
 from .settings import QUEUE_NAME, Settings
@@ -71,12 +72,12 @@ def worker_name(prefix: str | None = None) -> str:
     return f"{prefix or 'sow'}-{HOST}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-def sow_queue(r: Any) -> Queue:
+def sow_queue(r: Client) -> Queue:
     """The rq queue of the ingest jobs, read as JSON into :class:`SowJob`."""
     return Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER, job_class=SowJob)
 
 
-def wait_for_redis(r: Any, stop: threading.Event) -> bool:
+def wait_for_redis(r: Client, stop: threading.Event) -> bool:
     """Ping ``r`` until it answers, with capped exponential backoff, logging each failure.
 
     Returns:
@@ -94,7 +95,7 @@ def wait_for_redis(r: Any, stop: threading.Event) -> bool:
     return False
 
 
-def clean_dead_workers(r: Any, keep: str | None = None) -> list[str]:
+def clean_dead_workers(r: Client, keep: str | None = None) -> list[str]:
     """Remove the rq registrations of dead workers of the ``sow`` queue: a worker that
     registered its death, a process of this host that no longer runs, or a worker without a
     heartbeat for ``STALE_AFTER_S`` seconds. ``keep``: this process's own worker name.
@@ -112,7 +113,8 @@ def clean_dead_workers(r: Any, keep: str | None = None) -> list[str]:
         w = SimpleWorker.find_by_key(key, connection=r, serializer=SERIALIZER)
         if w is None or w.name == keep:
             continue
-        death, beat, host, pid = r.hmget(key, "death", "last_heartbeat", "hostname", "pid")
+        death, beat, host, pid = cast("list[bytes | None]",
+                                      r.hmget(key, "death", "last_heartbeat", "hostname", "pid"))
         age = (now - utcparse(beat.decode())).total_seconds() if beat else STALE_AFTER_S + 1
         local_dead = (host is not None and pid is not None
                       and owner_dead(f"{host.decode()}:{pid.decode()}:-"))
@@ -184,7 +186,7 @@ class SowWorker(SimpleWorker):
         self.stop.set()
         super().request_stop(signum, frame)
 
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
             return
@@ -228,7 +230,7 @@ class SowWorker(SimpleWorker):
 class Sweeper(threading.Thread):
     """Daemon thread: ``loop()`` sweeps once; ``run()`` repeats it until stopped."""
 
-    def __init__(self, r: Any, settings: Settings, keep: str | None = None):
+    def __init__(self, r: Client, settings: Settings, keep: str | None = None):
         super().__init__(name="sow-sweeper", daemon=True)
         self.r, self.settings, self.keep = r, settings, keep
         self.stopped = threading.Event()

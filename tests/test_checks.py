@@ -1,0 +1,96 @@
+"""Issue 9 item 6: ruff and mypy run by the README's test command; Redis clients typed.
+
+The script test runs ``scripts/test.sh`` in a scratch copy of the project layout where
+``scripts/setup.sh`` does nothing and ``.venv/bin/{ruff,mypy,python}`` are stand-ins that log
+their arguments (and fail on demand), so it takes well under a second and installs nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLIENT_PARAMS = {"r": "Client", "client": "Client", "pipe": "Pipeline", "pipeline": "Pipeline"}
+
+
+def _client_annotations() -> list[tuple[str, str, str]]:
+    """(module:function, parameter, annotation source) of every parameter named like a Redis
+    client in a module-level function or method of sow_redis/ (nested functions excluded:
+    orderby's sort key takes a record named ``r``)."""
+    found = []
+    for path in sorted((ROOT / "sow_redis").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            funcs += [n for n in cls.body if isinstance(n, ast.FunctionDef)]
+        for fn in funcs:
+            for a in fn.args.args + fn.args.kwonlyargs:
+                if a.arg in CLIENT_PARAMS:
+                    ann = ast.unparse(a.annotation) if a.annotation else "<none>"
+                    found.append((f"{path.stem}:{fn.name}", a.arg, ann))
+    return found
+
+
+def test_redis_clients_are_typed_with_the_connection_aliases():
+    found = _client_annotations()
+    assert len(found) >= 60, found  # the scan does see the clients (about 70 parameters)
+    wrong = [f for f in found if CLIENT_PARAMS[f[1]] not in f[2]]
+    assert wrong == []
+
+
+STAND_IN = """#!/usr/bin/env bash
+echo "$(basename "$0") $*" >> "{log}"
+[ "$(basename "$0")" != "${{FAIL_TOOL:-none}}" ] || {{ echo "$(basename "$0"): 1 finding"; exit 3; }}
+echo "$(basename "$0"): all good"
+"""
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A project copy with scripts/test.sh, a no-op setup.sh and logging tool stand-ins."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
+    (tmp_path / "scripts" / "setup.sh").write_text("#!/usr/bin/env bash\nexit 0\n")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("ruff", "mypy", "python"):
+        exe = bin_dir / tool
+        exe.write_text(STAND_IN.format(log=tmp_path / "calls.log"))
+        exe.chmod(0o755)
+    return tmp_path
+
+
+def _run(scratch: Path, *args: str, fail: str = "none") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FAIL_TOOL": fail}
+    return subprocess.run(["bash", str(scratch / "scripts" / "test.sh"), *args], check=False,
+                          env=env, capture_output=True, text=True, timeout=30)
+
+
+def _calls(scratch: Path) -> list[str]:
+    log = scratch / "calls.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_test_sh_runs_ruff_then_mypy_then_pytest_with_its_arguments(scratch: Path):
+    res = _run(scratch, "-q", "-k", "delta")
+    assert res.returncode == 0, res.stderr
+    assert _calls(scratch) == ["ruff check sow_redis", "mypy ", "python -m pytest -q -k delta"]
+    lines = res.stdout.splitlines()
+    assert lines[:2] == ["check ruff (sow_redis): ruff: all good",
+                         "check mypy (sow_redis): mypy: all good"]
+
+
+@pytest.mark.parametrize("tool, ran", [("ruff", ["ruff check sow_redis"]),
+                                       ("mypy", ["ruff check sow_redis", "mypy "])])
+def test_a_finding_fails_the_run_before_pytest(scratch: Path, tool: str, ran: list[str]):
+    res = _run(scratch, "-q", fail=tool)
+    assert res.returncode == 1
+    assert _calls(scratch) == ran  # pytest never started
+    assert f"{tool}: 1 finding" in res.stdout
+    assert f"check {tool} (sow_redis): FAILED (exit status 3); tests not run" in res.stderr
