@@ -50,6 +50,10 @@ _active: set[tuple[str, int]] = set()
 """Partitions an ingest job of this process is working on (under ``_active_lock``)."""
 _active_lock = threading.Lock()
 
+QUEUE_KEY = f"rq:queue:{QUEUE_NAME}"
+"""The Redis list of rq's ``sow`` queue (rq's key layout: ``rq:queue:<name>``)."""
+
+
 def _tools(r: Client) -> tuple[Scripts, TopicCache]:
     """The scripts and registry cache of client ``r`` (made once per client)."""
     return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
@@ -216,9 +220,12 @@ def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
             now = time.monotonic()
             if applier.drained:
                 # drained (nothing in flight): linger briefly for more; a live publisher
-                # keeps one job busy instead of paying for a new rq job per burst
+                # keeps one job busy instead of paying for a new rq job per burst. Not while
+                # other partitions' jobs wait in the queue: this worker is needed there.
                 wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
                               int((deadline - now) * 1000))
+                if wait_ms > 0 and linger_ms is None and r.llen(QUEUE_KEY):
+                    wait_ms = 0
                 cursor = applier.cursor
                 if wait_ms <= 0 or cursor is None or not r.xread(
                         {keys.log(topic.name, p): cursor}, count=1, block=wait_ms):
