@@ -191,6 +191,29 @@ def sweep(r: Client, settings: Settings, recover: bool = False) -> int:
     return n
 
 
+LINGER_SLICE_MS = 5
+"""A lingering job blocks on its partition's log for at most this many milliseconds at a time,
+then looks at the queue: a job of another partition waiting there ends the linger."""
+
+
+def _linger(r: Client, log_key: str, cursor: str, wait_ms: int, watch_queue: bool) -> bool:
+    """Wait up to ``wait_ms`` milliseconds for an entry after ``cursor`` in ``log_key``.
+
+    Returns:
+        True when an entry arrived; False when the time ran out or (``watch_queue``) another
+        partition's job waits in the queue, where this worker is needed more.
+    """
+    deadline = time.monotonic() + wait_ms / 1000
+    while True:
+        if watch_queue and r.llen(QUEUE_KEY):
+            return False
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            return False
+        if r.xread({log_key: cursor}, count=1, block=min(left_ms, LINGER_SLICE_MS)):
+            return True
+
+
 def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
                     budget_s: float | None = None, owner: str = OWNER,
                     linger_ms: int | None = None) -> tuple[int, bool]:
@@ -224,11 +247,9 @@ def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 # other partitions' jobs wait in the queue: this worker is needed there.
                 wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
                               int((deadline - now) * 1000))
-                if wait_ms > 0 and linger_ms is None and r.llen(QUEUE_KEY):
-                    wait_ms = 0
                 cursor = applier.cursor
-                if wait_ms <= 0 or cursor is None or not r.xread(
-                        {keys.log(topic.name, p): cursor}, count=1, block=wait_ms):
+                if cursor is None or not _linger(r, keys.log(topic.name, p), cursor, wait_ms,
+                                                 watch_queue=linger_ms is None):
                     drained = True
                     break
                 continue

@@ -265,12 +265,15 @@ def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields) 
 
 def wait_applied(r: Client, topic: TopicConfig, last_ids: dict[int, str], timeout_s: float = 60.0,
                  poll_s: float = 0.01) -> None:
-    """Block until every partition's applied cursor reaches the given stream ids.
+    """Block until every partition's applied cursor reaches the given stream ids, polling
+    after 1 ms, then at doubling intervals up to ``poll_s`` seconds (read-your-writes
+    latency stays a few ms for a lone message, the polling cost stays bounded for a backlog).
 
     Raises:
         WaitTimeout: after ``timeout_s`` seconds, naming the partitions still behind.
     """
     pending = dict(last_ids)
+    pause = min(poll_s, 0.001)
     deadline = time.monotonic() + timeout_s
     while pending:
         for p, cur in read_cursors(r, topic.name, pending).items():
@@ -282,7 +285,8 @@ def wait_applied(r: Client, topic: TopicConfig, last_ids: dict[int, str], timeou
             raise WaitTimeout(
                 f"topic {topic.name}: partitions {sorted(pending)} not applied after "
                 f"{timeout_s:g} s (are workers running? sow-redis worker)")
-        time.sleep(poll_s)
+        time.sleep(pause)
+        pause = min(poll_s, pause * 2)
 
 
 def delete_counts(r: Client, topic: TopicConfig, ids: dict[int, str]) -> int:
