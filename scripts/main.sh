@@ -111,9 +111,11 @@ done
 # lines), then its summary line
 published_total=0
 publish() {
-  local topic="$1" file="$2" out n
+  local topic="$1" file="$2" out n rc=0
   note "sow-redis publish -t $topic $file --wait"
-  out="$(sow-redis publish -t "$topic" "$file" --wait 2>&1)" || { echo "$out" >&2; return 1; }
+  # exit status 3: some lines were rejected (the flights without tailnum, on purpose)
+  out="$(sow-redis publish -t "$topic" "$file" --wait 2>&1)" || rc=$?
+  if [ "$rc" -ne 0 ] && [ "$rc" -ne 3 ]; then echo "$out" >&2; return 1; fi
   echo "$out"
   n="$(sed -n 's/^published \([0-9]*\) message.*/\1/p' <<<"$out")"
   published_total=$((published_total + ${n:-0}))

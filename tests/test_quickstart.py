@@ -274,7 +274,8 @@ def test_main_sh_shows_the_publish_report_whole(tmp_path):
     stub = tmp_path / "bin" / "sow-redis"
     stub.parent.mkdir()
     stub.write_text("#!/usr/bin/env bash\ncat >&2 <<'EOF'\n" + "\n".join(report) + "\nEOF\n"
-                    "echo 'published 334264 message(s) to flights, rejected 2512'\n")
+                    "echo 'published 334264 message(s) to flights, rejected 2512'\n"
+                    "exit 3\n")  # publish's status when some lines were rejected
     stub.chmod(0o755)
     script = f"set -euo pipefail\nnote() {{ :; }}\n{func}\npublish flights x.jsonl\n" \
              "publish flights x.jsonl\necho \"total=$published_total\"\n"
@@ -288,3 +289,10 @@ def test_main_sh_shows_the_publish_report_whole(tmp_path):
     for line in report:
         assert line in out, line
     assert out[-1] == "total=668528"
+    # any other failure still stops the main job
+    stub.write_text("#!/usr/bin/env bash\necho 'Error: cannot reach Redis' >&2\nexit 1\n")
+    res = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, cwd=tmp_path,
+                         check=False,
+                         env=dict(os.environ, PATH=f"{stub.parent}{os.pathsep}"
+                                  f"{os.environ.get('PATH', '')}"))
+    assert res.returncode != 0 and b"cannot reach Redis" in res.stderr
