@@ -102,7 +102,7 @@ def _sow(ctx: click.Context) -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", envvar="SOW_REDIS_URL", default=DEFAULT_REDIS_URL, show_default=True,
-              help="Redis to use (env SOW_REDIS_URL); memory:// runs in process.")
+              help="Redis to use: redis://, rediss:// or unix:// (env SOW_REDIS_URL).")
 @click.option("--config", "config_path", envvar="SOW_REDIS_CONFIG", default=DEFAULT_CONFIG_PATH,
               show_default=True, help="Topic configuration TOML (env SOW_REDIS_CONFIG).")
 @click.version_option(package_name="sow_redis")
@@ -142,7 +142,9 @@ def config_apply(ctx: click.Context, file: str | None, migrate: bool) -> None:
     --migrate the logs are applied first, then the records are moved (re-keyed and
     re-partitioned) under the new definition. Workers are held off meanwhile.
 
-    Example: sow-redis config apply sow.toml
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config apply sow.toml
     """
     from .config import ConfigError, apply_topics, load_file
 
@@ -172,7 +174,9 @@ def config_apply(ctx: click.Context, file: str | None, migrate: bool) -> None:
 def config_show(ctx: click.Context) -> None:
     """Print the topic definitions stored in Redis, one JSON object per line.
 
-    Example: sow-redis config show
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config show
     """
     from .config import load_topics
 
@@ -366,7 +370,9 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
       3  some lines rejected (the others were published)
       4  --wait timed out (the messages are in the log and will be applied)
 
-    Example: sow-redis publish -t orders orders.jsonl --wait
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 publish -t orders orders.jsonl --wait
     """
     _publish(ctx, topic, file, "delta_publish" if delta else "publish", sow_key, wait, timeout,
              expiration, separator)
@@ -382,7 +388,9 @@ def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None
     record, nested objects merge, other fields stay (same as publish --delta). Same exit
     status as publish: 0 all published, 1 error, 2 usage, 3 lines rejected, 4 --wait timed out.
 
-    Example: echo '{"orderId": 1, "price": 95}' | sow-redis delta-publish -t orders
+    \b
+    Example:
+      echo '{"orderId": 1, "price": 95}' | sow-redis --redis-url redis://127.0.0.1:6390/0 delta-publish -t orders
     """
     _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator)
 
@@ -409,7 +417,9 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
         separator: str | None) -> None:
     """Query the SOW of a topic: one JSON record per line.
 
-    Example: sow-redis sow -t flights -f "/carrier = 'UA' AND /dep_delay > 60" --top-n 5
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights -f "/carrier = 'UA' AND /dep_delay > 60" --top-n 5
     """
     client = _sow(ctx)
     records = client.sow(topic, filter_, _split_keys(keys), top_n, order_by)
@@ -471,7 +481,9 @@ def sow_delete(ctx: click.Context, topic: str, filter_: str | None, keys: str | 
                data: str | None, sow_key: str | None, timeout: float) -> None:
     """Remove records by filter, by SOW keys or by message data; prints how many.
 
-    Example: sow-redis sow-delete -t orders -f "/status = 'filled'"
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 sow-delete -t orders -f "/status = 'filled'"
     """
     if sum(x is not None for x in (filter_, keys, data)) != 1:
         raise click.UsageError("give exactly one of --filter, --keys or --data")
@@ -492,7 +504,9 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, count: int | 
               timeout: float | None) -> None:
     """Print live change events of a topic as JSON Lines (Redis pub/sub channel sow:TOPIC).
 
-    Example: sow-redis subscribe -t orders -f "/price > 100"
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 subscribe -t orders -f "/price > 100"
     """
     n = 0
     with _sow(ctx).subscribe(topic, filter_) as sub:
@@ -515,7 +529,9 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, count: int | 
 def errors(ctx: click.Context, topic: str, count: int) -> None:
     """List messages the workers could not apply (the topic's error stream), with reasons.
 
-    Example: sow-redis errors -t orders
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 errors -t orders
     """
     for e in _sow(ctx).errors(topic, count):
         sys.stdout.buffer.write(orjson.dumps(e) + b"\n")
@@ -536,7 +552,9 @@ def _each_topic(ctx: click.Context, report: Callable[[Any, Any], dict[str, Any]]
 def status(ctx: click.Context) -> None:
     """Per topic and partition: records, log length, entries waiting to be applied.
 
-    Example: sow-redis status
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 status
     """
     from .status import topic_status
 
@@ -549,7 +567,9 @@ def status(ctx: click.Context) -> None:
 def stats(ctx: click.Context) -> None:
     """Per topic: records, records with an expiry, the next due time, expiration settings.
 
-    Example: sow-redis stats
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 stats
     """
     from .status import expiry_stats
 
@@ -565,7 +585,9 @@ def chains(ctx: click.Context, topic: str, ident: str | None) -> None:
     """Chaining key generator state: identifiers in chains and, with validation on, the
     chains that would have been one had messages arrived in another order.
 
-    Example: sow-redis chains -t orders --id ORD-1
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 chains -t orders --id ORD-1
     """
     from .chaining import chain_of, chain_stats, conflict_groups
 
@@ -599,7 +621,9 @@ def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
     0.1 s doubling to 2 s). With --burst it exits with status 1, naming topics and
     partitions, when log entries remain unapplied (e.g. another worker holds a partition).
 
-    Example: sow-redis worker --burst
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 worker --burst
     """
     from .worker import run_worker
 
@@ -625,7 +649,9 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
     """Run the expirer: removes due records (event reason "expired"), forwards dead letters,
     removes idle topics. Any number may run at once; `up` starts one.
 
-    Example: sow-redis expirer
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 expirer
     """
     from .expirer import run_expirer
 
@@ -683,7 +709,9 @@ def down(ctx: click.Context, data_dir: str, timeout: float) -> None:
     its workers finish their current job, the redis-server it started flushes its AOF and
     exits. Exit status 0 also when none runs; 1 when it did not stop within --timeout.
 
-    Example: sow-redis --redis-url redis://127.0.0.1:6390/0 down
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 down
     """
     from .server import stop_detached
 

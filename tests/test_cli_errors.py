@@ -111,3 +111,26 @@ def test_format_fix_is_refused_for_a_json_topic(redis_server, topic_name, tmp_pa
     run_cli(redis_server, "config", "apply", str(cfg))
     line = one_line_error(cli(redis_server, "sow", "-t", topic_name, "--format", "fix"))
     assert "--format fix needs a FIX topic" in line
+
+
+def test_every_help_example_names_the_redis_it_needs():
+    """Issue 8.12: the --help examples are runnable as written: each names its Redis (the
+    quick start's port 6390, never the machine's 6379), or exports SOW_REDIS_URL first."""
+    from click.testing import CliRunner
+
+    from sow_redis.cli import main
+
+    runner = CliRunner()
+    commands = [[]] + [[name] for name in main.commands if name != "config"] + [
+        ["config", "apply"], ["config", "show"]]
+    seen = 0
+    for cmd in commands:
+        text = runner.invoke(main, [*cmd, "--help"]).output
+        # example lines: indented command lines (prose mentioning `sow-redis x` is not one)
+        lines = [ln for ln in text.splitlines()
+                 if ln.lstrip().startswith(("sow-redis ", "echo ")) and "sow-redis " in ln]
+        exported = "export SOW_REDIS_URL=redis://127.0.0.1:6390/0" in text
+        for ln in lines:
+            seen += 1
+            assert exported or "--redis-url redis://127.0.0.1:6390/0" in ln, (cmd, ln)
+    assert seen >= 15
