@@ -191,6 +191,8 @@ class _Planner:
         op = Upsert(e.id, key, data, delta, expiry_ms, now,
                     members=index_members(obj, self.topic, key))
         self.state[key] = (None, 0) if now else (obj, expiry_ms or 0)
+        if not res.links:
+            return [op]
         return [*(ChainLink(e.id, ident, head) for ident, head in res.links), op]
 
     def segment(self, entries: list[tuple[LogEntry | Exception, tuple[bytes, dict]]]
@@ -292,8 +294,12 @@ def apply_batch(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: 
 
 class PartitionApplier:
     """Applies one partition's log batch after batch under a fencing token the caller holds,
-    overlapping the Lua call of batch k (sent on a connection of its own, its reply read
-    later) with reading and planning batch k+1.
+    planning batch k+1 in Python while Redis runs the Lua call of batch k.
+
+    Redis runs one command at a time, so anything sent while a script runs waits for it. Each
+    :meth:`step` therefore reads batch k+1 first (Redis is idle then), sends the call of batch
+    k planned in the previous step (on a connection of its own, its reply read later), plans
+    batch k+1 while that call runs, then reads the reply.
 
     The planner keeps every record's state as of the ops planned so far, across batches, so
     batch k+1 never needs what batch k writes: a record it reads from Redis is one no planned
@@ -301,10 +307,10 @@ class PartitionApplier:
     k+1 is dropped and planning starts again from the cursor in Redis: a ``ConflictError``
     re-plans, a failing batch is retried one entry per call (as :func:`apply_batch` does),
     ``FencedError`` and Redis errors are raised. A batch holding a ``sow_delete`` by filter is
-    applied without overlap (the filter must see everything before it).
+    applied on its own, after everything before it (the filter must see all of that).
 
-    Call :meth:`step` until it returns 0, then :meth:`finish`, always (``finally``) before the
-    lease is released.
+    Call :meth:`step` until :attr:`drained`, and :meth:`finish` always (``finally``) before
+    the lease is released.
     """
 
     STATE_MAX = 200_000
@@ -315,17 +321,29 @@ class PartitionApplier:
         self.r, self.scripts, self.topic, self.p = r, scripts, topic, p
         self.fence, self.batch_size = fence, batch_size
         self._planner: _Planner | None = None
-        self._cursor: str | None = None  # after the last batch sent
-        self._inflight: tuple[PendingApply, list] | None = None  # (call, its raw entries)
+        self._cursor: str | None = None  # after the last batch read (None: read it again)
+        self._planned: tuple[_Segment, list] | None = None  # planned, not sent yet
+        self._inflight: tuple[PendingApply, list] | None = None  # sent, reply not read
         self.drained = False
-        """True after a :meth:`step` that found the log drained with nothing in flight."""
+        """True after a :meth:`step` that found the log drained with nothing left to apply."""
 
     def _reset(self) -> None:
-        self._planner, self._cursor = None, None
+        self._planner, self._cursor, self._planned = None, None, None
+
+    def _send(self) -> None:
+        """Send the planned batch (the previous call's reply must have been read)."""
+        if self._planned is None:
+            return
+        seg, entries = self._planned
+        self._planned = None
+        if seg.conflicts:  # chain-conflict reports (validation): idempotent HSETs
+            self.r.hset(keys.chain_conflicts(self.topic.name), mapping=dict(seg.conflicts))
+        self._inflight = (self.scripts.send_apply(self.topic, self.p, self.fence, seg.first,
+                                                  seg.last, seg.rejects, seg.ops), entries)
 
     def _settle(self) -> int:
-        """Wait for the batch in flight; returns its entries once applied (0: none, or it
-        failed and was handled)."""
+        """Read the reply of the call in flight; returns its entries once applied (0: none,
+        or it failed; then everything planned after it is dropped)."""
         if self._inflight is None:
             return 0
         call, entries = self._inflight
@@ -338,6 +356,7 @@ class PartitionApplier:
             return 0
         except Exception as exc:
             if _transient(exc):
+                self._reset()
                 raise
             log.warning("topic %s[%d]: batch of %d failed (%s); retrying entry by entry",
                         self.topic.name, self.p, len(entries), exc)
@@ -345,26 +364,39 @@ class PartitionApplier:
             _apply_one_by_one(self.r, self.scripts, self.topic, self.p, self.fence, entries)
             return len(entries)
 
+    def _flush(self) -> int:
+        """Apply everything planned or in flight; returns the entries applied."""
+        done = self._settle()
+        self._send()
+        return done + self._settle()
+
     def step(self) -> int:
-        """Read, plan and hand over the next batch; returns the log entries whose apply
-        completed during this call. :attr:`drained` tells when nothing was left."""
-        if self._cursor is None:
-            self._cursor = read_cursor(self.r, self.topic.name, self.p)
-        entries = read_log(self.r, self.topic.name, self.p, self._cursor, self.batch_size)
+        """Read the next batch, send the one planned before, plan the new one; returns the log
+        entries whose apply completed during this call. :attr:`drained` tells when nothing
+        was left."""
         self.drained = False
+        if self._cursor is None:
+            done = self._flush()
+            if self._cursor is None:
+                self._cursor = read_cursor(self.r, self.topic.name, self.p)
+        else:
+            done = 0
+        entries = read_log(self.r, self.topic.name, self.p, self._cursor, self.batch_size)
         if not entries:
-            done = self._settle()
-            self.drained = self._cursor is not None and self._inflight is None and not done
+            done += self._flush()
+            self.drained = self._cursor is not None and not done
             return done
         run = [(_decode(sid, fields, self.topic), (sid, fields)) for sid, fields in entries]
-        if any(isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
-            done = self._settle()
-            if self._cursor is None:  # the batch in flight failed: read again
+        if any(b"filter" in fields for _sid, fields in entries) and any(
+                isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
+            done += self._flush()
+            if self._cursor is None:  # what was in flight failed: read again
                 return done
             n, self._cursor = apply_batch(self.r, self.scripts, self.topic, self.p, self.fence,
                                           self.batch_size, self._cursor)
             self._planner = None
             return done + n
+        self._send()  # batch k runs on Redis while batch k+1 is planned here
         if self._planner is None or len(self._planner.state) > self.STATE_MAX:
             self._planner = _Planner(self.r, self.topic, self.p,
                                      resolver(self.r, self.topic, self.p))
@@ -372,32 +404,32 @@ class PartitionApplier:
         try:
             seg = planner.seal(planner.segment(run))
         except RedisError:
+            self._settle()
+            self._reset()
             raise
         except Exception:
-            done = self._settle()
+            done += self._settle()
+            self._planner = None
             if self._cursor is None:
                 return done
             n, self._cursor = apply_batch(self.r, self.scripts, self.topic, self.p, self.fence,
                                           self.batch_size, self._cursor)
-            self._planner = None
             return done + n
-        done = self._settle()
+        done += self._settle()
         if self._cursor is None:  # batch k failed: what was planned on top of it is dropped
             return done
-        if seg.conflicts:  # chain-conflict reports (validation): idempotent HSETs
-            self.r.hset(keys.chain_conflicts(self.topic.name), mapping=dict(seg.conflicts))
-        self._inflight = (self.scripts.send_apply(self.topic, self.p, self.fence, seg.first,
-                                                  seg.last, seg.rejects, seg.ops), entries)
+        self._planned = (seg, entries)
         self._cursor = seg.last
         return done
 
     def finish(self) -> int:
-        """Wait for the batch in flight (never leaves a call unread); returns its entries."""
-        return self._settle()
+        """Apply what is planned and wait for every call (never leaves one unread); returns
+        the entries applied."""
+        return self._flush()
 
     @property
     def cursor(self) -> str | None:
-        """The cursor after every batch handed over so far (None: unknown, read again)."""
+        """The cursor after every batch read so far (None: unknown, read again)."""
         return self._cursor
 
 

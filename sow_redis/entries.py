@@ -75,7 +75,8 @@ def decode_entry(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> 
     command = _COMMANDS.get(cmd_b)
     if command is None:
         raise MessageError("bad_command", f"unknown cmd {cmd_b.decode(errors='replace')[:80]!r}")
-    entry = LogEntry(id_, streamids.ms_of(id_), command, fields)
+    ms, dash, _n = id_.partition("-")  # ids come from Redis: "<ms>-<n>"
+    entry = LogEntry(id_, int(ms) if dash else streamids.ms_of(id_), command, fields)
     data = fields.get(b"data")
     supplied = fields.get(b"sow_key")
     entry.sow_key = supplied.decode() if supplied else None
