@@ -14,6 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys
@@ -66,6 +67,10 @@ class Scripts:
     def __init__(self, r: Client):
         self._r = r
         self._scripts = {name: r.register_script(expanded_source(name)) for name in script_names()}
+        self.packing = _packing(r)
+        """How apply.lua's per-op fields travel: ``"msgpack"`` (one argument, where the
+        server's Lua has cmsgpack, as every Redis has) or ``"flat"`` (one argument per
+        field; fakeredis for memory:// has no cmsgpack)."""
 
     def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name``; ``SOW_<CODE>`` error replies raise their SowError class."""
@@ -104,7 +109,7 @@ class Scripts:
             FencedError: ``fence`` is stale (another worker took the lease).
             ConflictError: a record's ``expect_seq`` did not hold; nothing was written.
         """
-        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops)
+        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, self.packing)
         return _apply_reply(self.call("apply", ks, argv))
 
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
@@ -151,16 +156,33 @@ def _pack_op(op: Op) -> tuple[Any, ...]:
     raise TypeError(f"not an apply op: {op!r}")
 
 
+def _packing(r: Client) -> str:
+    """``"msgpack"`` when the server's Lua has the cmsgpack library, else ``"flat"``."""
+    try:
+        return "msgpack" if r.eval("if cmsgpack then return 1 end return 0", 0) == 1 else "flat"
+    except ResponseError:
+        return "flat"
+
+
 def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
-               rejects: Sequence[Reject], ops: Sequence[Op]) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of apply.lua, in the order of the script's header."""
+               rejects: Sequence[Reject], ops: Sequence[Op],
+               packing: str = "flat") -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of apply.lua, in the order of the script's header; with ``packing``
+    ``"msgpack"`` the rejected entries' and ops' fields go as one MessagePack array (every
+    field as a string: Redis's cmsgpack takes no binary type)."""
+    fields: list[Any] = []
+    for rj in rejects:
+        fields += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
+    for op in ops:
+        fields += _pack_op(op)
     argv: list[Any] = [fence, keys.channel(topic.name), topic.name, first, last,
                        len(topic.hash_index), "1" if topic.dead_letter else "0",
-                       "1" if topic.expiration_enabled else "0", p, len(rejects)]
-    for rj in rejects:
-        argv += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
-    for op in ops:
-        argv += _pack_op(op)
+                       "1" if topic.expiration_enabled else "0", p, len(rejects), packing]
+    if packing == "msgpack":
+        argv.append(msgpack.packb([f if isinstance(f, (str, bytes)) else str(f) for f in fields],
+                                  use_bin_type=False))
+    else:
+        argv += fields
     return keys.partition_keys(topic.name, p, len(topic.hash_index)), argv
 
 
@@ -177,7 +199,7 @@ class PendingApply:
                  last: str, rejects: Sequence[Reject], ops: Sequence[Op]):
         self._scripts = scripts
         self._call = (topic, p, fence, first, last, rejects, ops)
-        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops)
+        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, scripts.packing)
         pool = scripts._r.connection_pool
         self._pool = pool
         self._conn = pool.get_connection()
