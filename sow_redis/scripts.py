@@ -67,10 +67,16 @@ class Scripts:
     def __init__(self, r: Client):
         self._r = r
         self._scripts = {name: r.register_script(expanded_source(name)) for name in script_names()}
-        self.packing = _packing(r)
+        self._packing: str | None = None
+
+    @property
+    def packing(self) -> str:
         """How apply.lua's per-op fields travel: ``"msgpack"`` (one argument, where the
         server's Lua has cmsgpack, as every Redis has) or ``"flat"`` (one argument per
-        field; fakeredis for memory:// has no cmsgpack)."""
+        field; fakeredis for memory:// has no cmsgpack). Asked of the server on first use."""
+        if self._packing is None:
+            self._packing = _packing(self._r)
+        return self._packing
 
     def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Run script ``name``; ``SOW_<CODE>`` error replies raise their SowError class."""
