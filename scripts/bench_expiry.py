@@ -43,21 +43,26 @@ import bisect
 import datetime as dt
 import multiprocessing as mp
 import os
-import platform
 import random
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import orjson
-from benchlib import BenchError, RedisServer, proc_cpu_s, redis_cpu_s, write_json
+from benchlib import (
+    BenchError,
+    RedisServer,
+    machine_info,
+    private_redis,
+    proc_cpu_s,
+    redis_cpu_s,
+    write_json,
+)
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
@@ -709,69 +714,67 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    tmp = Path(tempfile.mkdtemp(prefix="sow-bench-expiry-"))
-    server: RedisServer | None = None
     failed = False
     try:
-        server = RedisServer(tmp)
-        r = Redis.from_url(server.url)
-        settings = Settings.from_env(redis_url=server.url)
-        redis_version = r.info("server")["redis_version"]
-        # a subscriber that falls behind on a busy machine must not be disconnected by the
-        # pub/sub output buffer limit (default 32 MB): that would show up as missing events
-        r.config_set("client-output-buffer-limit", "pubsub 0 0 0")
-        clock = clock_offset_ms(r)
-        console.print(f"redis-server {redis_version} on {server.url}; clock offset "
-                      f"{clock['offset_ms']:+.3f} ms (rtt {clock['rtt_ms']:.3f} ms)")
-        rate = calibrate_sow(r, args, settings)
-        console.print(f"calibration: sow_redis loads ~{rate:,.0f} records/s (append + apply)")
+        with private_redis("sow-bench-expiry-") as server:
+            tmp = server.workdir
+            r = Redis.from_url(server.url)
+            settings = Settings.from_env(redis_url=server.url)
+            redis_version = r.info("server")["redis_version"]
+            # a subscriber that falls behind on a busy machine must not be disconnected by the
+            # pub/sub output buffer limit (default 32 MB): that would show up as missing events
+            r.config_set("client-output-buffer-limit", "pubsub 0 0 0")
+            clock = clock_offset_ms(r)
+            console.print(f"redis-server {redis_version} on {server.url}; clock offset "
+                          f"{clock['offset_ms']:+.3f} ms (rtt {clock['rtt_ms']:.3f} ms)")
+            rate = calibrate_sow(r, args, settings)
+            console.print(f"calibration: sow_redis loads ~{rate:,.0f} records/s (append + apply)")
 
-        runs: list[dict[str, Any]] = []
-        for n in args.size_list:
-            # load + read back + start-up must fit before the first due time (50 % margin)
-            lead = max(args.lead, 1.5 * (n / rate + n / 200_000) + STARTUP_S)
-            res = run_with_retries(
-                lambda ld, n=n: run_sow(server, r, n, args, settings, tmp, ld, rate), n, lead)
-            runs.append(res)
-            console.print(f"  sow_redis N={n:,}: p50 {res['lag'].get('p50_ms', 0):.1f} ms, "
-                          f"p99 {res['lag'].get('p99_ms', 0):.1f} ms, missing {res['missing']}, "
-                          f"query violations {res['checker']['violations']}")
-            for hz in args.hz_list:
-                blead = max(args.lead, 1.5 * n / 50_000 + 1.0)
+            runs: list[dict[str, Any]] = []
+            for n in args.size_list:
+                # load + read back + start-up must fit before the first due time (50 % margin)
+                lead = max(args.lead, 1.5 * (n / rate + n / 200_000) + STARTUP_S)
                 res = run_with_retries(
-                    lambda ld, n=n, hz=hz: run_baseline(server, r, n, hz, args, tmp, ld), n,
-                    blead)
+                    lambda ld, n=n: run_sow(server, r, n, args, settings, tmp, ld, rate), n, lead)
                 runs.append(res)
-                console.print(f"  redis hz {hz} N={n:,}: p50 "
-                              f"{res['lag'].get('p50_ms', 0):.1f} ms, p99 "
-                              f"{res['lag'].get('p99_ms', 0):.1f} ms, missing {res['missing']}")
+                console.print(f"  sow_redis N={n:,}: p50 {res['lag'].get('p50_ms', 0):.1f} ms, "
+                              f"p99 {res['lag'].get('p99_ms', 0):.1f} ms, missing "
+                              f"{res['missing']}, query violations "
+                              f"{res['checker']['violations']}")
+                for hz in args.hz_list:
+                    blead = max(args.lead, 1.5 * n / 50_000 + 1.0)
+                    res = run_with_retries(
+                        lambda ld, n=n, hz=hz: run_baseline(server, r, n, hz, args, tmp, ld), n,
+                        blead)
+                    runs.append(res)
+                    console.print(f"  redis hz {hz} N={n:,}: p50 "
+                                  f"{res['lag'].get('p50_ms', 0):.1f} ms, p99 "
+                                  f"{res['lag'].get('p99_ms', 0):.1f} ms, missing {res['missing']}")
 
-        rows = summary_rows(runs)
-        failed = not all(x["ok"] for x in runs)
-        print_table(rows, f"expiry lag: due times over {args.window:g} s, "
-                          f"{args.partitions} partitions, redis {redis_version}")
-        result = {
-            "benchmark": "bench_expiry",
-            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "machine": {"cpu_count": os.cpu_count(), "redis_server": redis_version,
-                        "python": platform.python_version(), "platform": platform.platform(),
-                        "loadavg_at_end": os.getloadavg()},
-            "redis_config": {"client-output-buffer-limit": r.config_get(
-                "client-output-buffer-limit")["client-output-buffer-limit"]},
-            "options": {"sizes": args.size_list, "window_s": args.window, "lead_s": args.lead,
-                        "partitions": args.partitions, "baseline_hz": args.hz_list,
-                        "check_interval_s": args.check_interval, "message_bytes":
-                        len(message(0)), "calibration_records": CALIBRATE_N},
-            "calibrated_load_rate": rate,
-            "descriptions": DESCRIPTIONS,
-            "runs": runs,
-            "summary": rows,
-            "verified": not failed,
-        }
-        console.print(f"results written to {write_json(args.json, result)}")
-        if failed:
-            console.print("[red]a check failed (missing/duplicate events or a due record "
-                          "returned by a query): see the JSON file[/red]")
+            rows = summary_rows(runs)
+            failed = not all(x["ok"] for x in runs)
+            print_table(rows, f"expiry lag: due times over {args.window:g} s, "
+                              f"{args.partitions} partitions, redis {redis_version}")
+            result = {
+                "benchmark": "bench_expiry",
+                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "machine": {**machine_info(r), "loadavg_at_end": os.getloadavg()},
+                "redis_config": {"client-output-buffer-limit": r.config_get(
+                    "client-output-buffer-limit")["client-output-buffer-limit"]},
+                "options": {"sizes": args.size_list, "window_s": args.window, "lead_s": args.lead,
+                            "partitions": args.partitions, "baseline_hz": args.hz_list,
+                            "check_interval_s": args.check_interval, "message_bytes":
+                            len(message(0)), "calibration_records": CALIBRATE_N},
+                "calibrated_load_rate": rate,
+                "descriptions": DESCRIPTIONS,
+                "runs": runs,
+                "summary": rows,
+                "verified": not failed,
+            }
+            console.print(f"results written to {write_json(args.json, result)}")
+            if failed:
+                console.print("[red]a check failed (missing/duplicate events or a due record "
+                              "returned by a query): see the JSON file[/red]")
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the expirer, subscriber and "
                       "redis-server[/yellow]")
@@ -779,10 +782,6 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, SowError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -39,13 +39,10 @@ import argparse
 import contextlib
 import datetime as dt
 import os
-import platform
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -54,8 +51,9 @@ from typing import Any
 import orjson
 from benchlib import (
     BenchError,
-    RedisServer,
     applied_counts,
+    machine_info,
+    private_redis,
     proc_cpu_s,
     redis_cpu_s,
     write_json,
@@ -406,79 +404,73 @@ def main(argv: list[str] | None = None) -> int:
     distinct = len({i % args.keys for i in range(args.n)})
     avg_size = sum(map(len, msgs)) / len(msgs)
 
-    tmp = Path(tempfile.mkdtemp(prefix="sow-bench-"))
-    server: RedisServer | None = None
     failed = False
     try:
-        server = RedisServer(tmp)
-        r = Redis.from_url(server.url)
-        settings = Settings.from_env(redis_url=server.url, batch_size=batch)
-        redis_version = r.info("server")["redis_version"]
-        console.print(f"redis-server {redis_version} on {server.url}; batch size {batch}")
+        with private_redis("sow-bench-") as server:
+            tmp = server.workdir
+            r = Redis.from_url(server.url)
+            settings = Settings.from_env(redis_url=server.url, batch_size=batch)
+            redis_version = r.info("server")["redis_version"]
+            console.print(f"redis-server {redis_version} on {server.url}; batch size {batch}")
 
-        base_runs = []
-        for i in range(max(3, args.repeat)):
-            b = run_baseline(r, msgs, batch, depth, distinct)
-            console.print(f"baseline run {i + 1}: {b['msg_s']:,.0f} msg/s "
-                          f"({'ok' if b['verify']['ok'] else 'VERIFY FAILED'})")
-            base_runs.append(b)
-        baseline = max(base_runs, key=lambda b: b["msg_s"])
+            base_runs = []
+            for i in range(max(3, args.repeat)):
+                b = run_baseline(r, msgs, batch, depth, distinct)
+                console.print(f"baseline run {i + 1}: {b['msg_s']:,.0f} msg/s "
+                              f"({'ok' if b['verify']['ok'] else 'VERIFY FAILED'})")
+                base_runs.append(b)
+            baseline = max(base_runs, key=lambda b: b["msg_s"])
 
-        sow_runs: dict[int, list[dict]] = {w: [] for w in args.worker_counts}
-        for rep in range(args.repeat):
-            for w in args.worker_counts:
-                run = run_sow(server.url, r, msgs, w, args, distinct, tmp, settings)
-                sow_runs[w].append(run)
-                ab, le = run["apply_backlog"], run["live_end_to_end"]
-                console.print(
-                    f"run {rep + 1}, {w} worker(s): publish {run['publish']['msg_s']:,.0f}, "
-                    f"apply backlog {ab['msg_s']:,.0f} "
-                    f"({'ok' if ab['verify']['ok'] else 'VERIFY FAILED'}), "
-                    f"live end-to-end {le['msg_s']:,.0f} msg/s "
-                    f"({'ok' if le['verify']['ok'] else 'VERIFY FAILED'})")
+            sow_runs: dict[int, list[dict]] = {w: [] for w in args.worker_counts}
+            for rep in range(args.repeat):
+                for w in args.worker_counts:
+                    run = run_sow(server.url, r, msgs, w, args, distinct, tmp, settings)
+                    sow_runs[w].append(run)
+                    ab, le = run["apply_backlog"], run["live_end_to_end"]
+                    console.print(
+                        f"run {rep + 1}, {w} worker(s): publish {run['publish']['msg_s']:,.0f}, "
+                        f"apply backlog {ab['msg_s']:,.0f} "
+                        f"({'ok' if ab['verify']['ok'] else 'VERIFY FAILED'}), "
+                        f"live end-to-end {le['msg_s']:,.0f} msg/s "
+                        f"({'ok' if le['verify']['ok'] else 'VERIFY FAILED'})")
 
-        rows = summary_rows(args.n, baseline, sow_runs)
-        failed = not all(row["verified"] in (True, None) for row in rows) or not all(
-            b["verify"]["ok"] for b in base_runs) or not all(
-            x[k]["verify"]["ok"] for runs in sow_runs.values() for x in runs
-            for k in ("apply_backlog", "live_end_to_end"))
-        desc = dict(DESCRIPTIONS)
-        desc["baseline"] = desc["baseline"].format(depth=depth, batch=batch,
-                                                   runs=len(base_runs))
-        print_table(rows, desc, f"sow_redis ingest: {args.n:,} messages (~{avg_size:.0f} B), "
-                                f"{distinct:,} keys, {args.partitions} partitions")
+            rows = summary_rows(args.n, baseline, sow_runs)
+            failed = not all(row["verified"] in (True, None) for row in rows) or not all(
+                b["verify"]["ok"] for b in base_runs) or not all(
+                x[k]["verify"]["ok"] for runs in sow_runs.values() for x in runs
+                for k in ("apply_backlog", "live_end_to_end"))
+            desc = dict(DESCRIPTIONS)
+            desc["baseline"] = desc["baseline"].format(depth=depth, batch=batch,
+                                                       runs=len(base_runs))
+            print_table(rows, desc, f"sow_redis ingest: {args.n:,} messages (~{avg_size:.0f} B), "
+                                    f"{distinct:,} keys, {args.partitions} partitions")
 
-        result = {
-            "benchmark": "bench_ingest",
-            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "machine": {"cpu_count": os.cpu_count(), "redis_server": redis_version,
-                        "python": platform.python_version(), "platform": platform.platform()},
-            "options": {"n": args.n, "keys": args.keys, "size": args.size,
-                        "partitions": args.partitions, "workers": args.worker_counts,
-                        "batch_size": batch, "repeat": args.repeat,
-                        "baseline_batches_per_round_trip": depth,
-                        "publish_chunk": CHUNK, "poll_s": POLL_S},
-            "data": {"messages": args.n, "distinct_keys": distinct,
-                     "avg_message_bytes": avg_size},
-            "descriptions": desc,
-            "baseline": {"best": baseline, "runs": base_runs},
-            "sow_redis": {str(w): runs for w, runs in sow_runs.items()},
-            "summary": rows,
-            "verified": not failed,
-        }
-        console.print(f"results written to {write_json(args.json, result)}")
-        if failed:
-            console.print("[red]verification failed (see the JSON file)[/red]")
+            result = {
+                "benchmark": "bench_ingest",
+                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "machine": machine_info(r),
+                "options": {"n": args.n, "keys": args.keys, "size": args.size,
+                            "partitions": args.partitions, "workers": args.worker_counts,
+                            "batch_size": batch, "repeat": args.repeat,
+                            "baseline_batches_per_round_trip": depth,
+                            "publish_chunk": CHUNK, "poll_s": POLL_S},
+                "data": {"messages": args.n, "distinct_keys": distinct,
+                         "avg_message_bytes": avg_size},
+                "descriptions": desc,
+                "baseline": {"best": baseline, "runs": base_runs},
+                "sow_redis": {str(w): runs for w, runs in sow_runs.items()},
+                "summary": rows,
+                "verified": not failed,
+            }
+            console.print(f"results written to {write_json(args.json, result)}")
+            if failed:
+                console.print("[red]verification failed (see the JSON file)[/red]")
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping workers and redis-server[/yellow]")
         return 130
     except (BenchError, SowError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0
 
 

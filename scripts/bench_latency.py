@@ -34,19 +34,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson
 from bench_ingest import Workers, topic_config
-from benchlib import BenchError, RedisServer, write_json
+from benchlib import BenchError, machine_info, private_redis, write_json
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
@@ -146,87 +142,80 @@ def main(argv: list[str] | None = None) -> int:
     wcounts = [int(x) for x in a.workers.split(",") if x]
     lingers = [x for x in a.linger_ms.split(",") if x]
     gaps = [float(x) for x in a.gap_ms.split(",") if x]
-    tmp = Path(tempfile.mkdtemp(prefix="sow-lat-"))
-    server = None
     rows: list[dict[str, Any]] = []
     try:
-        server = RedisServer(tmp)
-        r = Redis.from_url(server.url)
-        settings = Settings.from_env(redis_url=server.url)
-        sow = Sow(settings=settings)
-        version = r.info("server")["redis_version"]
-        next_id = 0
-        for w in wcounts:
-            for linger in lingers:
-                env_before = os.environ.get("SOW_LINGER_MS")
-                if linger != "default":
-                    os.environ["SOW_LINGER_MS"] = linger
-                ws = Workers(server.url, w, tmp, settings.batch_size)
-                if env_before is None:
-                    os.environ.pop("SOW_LINGER_MS", None)
-                else:
-                    os.environ["SOW_LINGER_MS"] = env_before
-                try:
-                    ws.start()
-                    ws.wait_registered(r)
-                    time.sleep(0.5)
-                    for gap in gaps:
-                        t = topic_config(f"lat_{uuid.uuid4().hex[:8]}", a.partitions)
-                        apply_topics(r, [t])
-                        api = api_tries(sow, t.name, a.tries, gap / 1000, next_id)
-                        next_id += a.tries
-                        steps = step_tries(r, settings, t.name, a.tries, gap / 1000, next_id)
-                        next_id += a.tries
-                        lg = (settings.linger_ms if linger == "default" else int(linger))
-                        row = {"workers": w, "linger_ms": lg, "gap_ms": gap,
-                               "api_ms": summary(api),
-                               "steps_ms": {k: summary(v) for k, v in steps.items()
-                                            if k != "enqueued"},
-                               "enqueued_share": statistics.fmean(steps["enqueued"]),
-                               "api_raw_ms": api, "steps_raw_ms": steps}
-                        rows.append(row)
-                        console.print(
-                            f"W={w} linger={lg} ms gap={gap:g} ms: api p50 "
-                            f"{row['api_ms']['p50']:.1f} p99 {row['api_ms']['p99']:.1f} "
-                            f"max {row['api_ms']['max']:.1f} ms; steps applied p50 "
-                            f"{row['steps_ms']['total']['p50']:.1f} p99 "
-                            f"{row['steps_ms']['total']['p99']:.1f} ms")
-                finally:
-                    ws.stop()
-        table = Table(title=f"publish(wait=True) of one message, {a.tries} tries, "
-                            f"{a.partitions} partitions (ms)")
-        for col in ("W", "linger", "gap", "api p50", "api p99", "api max", "registry",
-                    "append", "ensure_jobs", "job enqueued", "→ lease p50/p99",
-                    "→ applied p50/p99", "wait 10 ms"):
-            table.add_column(col, justify="right")
-        for x in rows:
-            s = x["steps_ms"]
-            table.add_row(
-                str(x["workers"]), str(x["linger_ms"]), f"{x['gap_ms']:g}",
-                f"{x['api_ms']['p50']:.1f}", f"{x['api_ms']['p99']:.1f}",
-                f"{x['api_ms']['max']:.1f}", f"{s['registry']['p50']:.2f}",
-                f"{s['append']['p50']:.2f}", f"{s['ensure_jobs']['p50']:.2f}",
-                f"{100 * x['enqueued_share']:.0f} %",
-                f"{s['to_lease']['p50']:.1f}/{s['to_lease']['p99']:.1f}",
-                f"{s['to_applied']['p50']:.1f}/{s['to_applied']['p99']:.1f}",
-                f"{x['api_ms']['p50'] - s['total']['p50']:.1f}")
-        console.print(table)
-        result = {
-            "benchmark": "bench_latency",
-            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "machine": {"cpu_count": os.cpu_count(), "redis_server": version,
-                        "python": platform.python_version(), "platform": platform.platform()},
-            "options": vars(a), "rows": rows,
-        }
-        console.print(f"results written to {write_json(a.json, result)}")
-        return 0
+        with private_redis("sow-lat-") as server:
+            tmp = server.workdir
+            r = Redis.from_url(server.url)
+            settings = Settings.from_env(redis_url=server.url)
+            sow = Sow(settings=settings)
+            next_id = 0
+            for w in wcounts:
+                for linger in lingers:
+                    env_before = os.environ.get("SOW_LINGER_MS")
+                    if linger != "default":
+                        os.environ["SOW_LINGER_MS"] = linger
+                    ws = Workers(server.url, w, tmp, settings.batch_size)
+                    if env_before is None:
+                        os.environ.pop("SOW_LINGER_MS", None)
+                    else:
+                        os.environ["SOW_LINGER_MS"] = env_before
+                    try:
+                        ws.start()
+                        ws.wait_registered(r)
+                        time.sleep(0.5)
+                        for gap in gaps:
+                            t = topic_config(f"lat_{uuid.uuid4().hex[:8]}", a.partitions)
+                            apply_topics(r, [t])
+                            api = api_tries(sow, t.name, a.tries, gap / 1000, next_id)
+                            next_id += a.tries
+                            steps = step_tries(r, settings, t.name, a.tries, gap / 1000, next_id)
+                            next_id += a.tries
+                            lg = (settings.linger_ms if linger == "default" else int(linger))
+                            row = {"workers": w, "linger_ms": lg, "gap_ms": gap,
+                                   "api_ms": summary(api),
+                                   "steps_ms": {k: summary(v) for k, v in steps.items()
+                                                if k != "enqueued"},
+                                   "enqueued_share": statistics.fmean(steps["enqueued"]),
+                                   "api_raw_ms": api, "steps_raw_ms": steps}
+                            rows.append(row)
+                            console.print(
+                                f"W={w} linger={lg} ms gap={gap:g} ms: api p50 "
+                                f"{row['api_ms']['p50']:.1f} p99 {row['api_ms']['p99']:.1f} "
+                                f"max {row['api_ms']['max']:.1f} ms; steps applied p50 "
+                                f"{row['steps_ms']['total']['p50']:.1f} p99 "
+                                f"{row['steps_ms']['total']['p99']:.1f} ms")
+                    finally:
+                        ws.stop()
+            table = Table(title=f"publish(wait=True) of one message, {a.tries} tries, "
+                                f"{a.partitions} partitions (ms)")
+            for col in ("W", "linger", "gap", "api p50", "api p99", "api max", "registry",
+                        "append", "ensure_jobs", "job enqueued", "→ lease p50/p99",
+                        "→ applied p50/p99", "wait 10 ms"):
+                table.add_column(col, justify="right")
+            for x in rows:
+                s = x["steps_ms"]
+                table.add_row(
+                    str(x["workers"]), str(x["linger_ms"]), f"{x['gap_ms']:g}",
+                    f"{x['api_ms']['p50']:.1f}", f"{x['api_ms']['p99']:.1f}",
+                    f"{x['api_ms']['max']:.1f}", f"{s['registry']['p50']:.2f}",
+                    f"{s['append']['p50']:.2f}", f"{s['ensure_jobs']['p50']:.2f}",
+                    f"{100 * x['enqueued_share']:.0f} %",
+                    f"{s['to_lease']['p50']:.1f}/{s['to_lease']['p99']:.1f}",
+                    f"{s['to_applied']['p50']:.1f}/{s['to_applied']['p99']:.1f}",
+                    f"{x['api_ms']['p50'] - s['total']['p50']:.1f}")
+            console.print(table)
+            result = {
+                "benchmark": "bench_latency",
+                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "machine": machine_info(r),
+                "options": vars(a), "rows": rows,
+            }
+            console.print(f"results written to {write_json(a.json, result)}")
+            return 0
     except BenchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -41,17 +41,14 @@ import base64
 import datetime as dt
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import msgpack
 from bench_ingest import make_messages
-from benchlib import BenchError, RedisServer, redis_cpu_s, write_json
+from benchlib import BenchError, private_redis, redis_cpu_s, write_json
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
@@ -204,61 +201,56 @@ def main(argv: list[str] | None = None) -> int:
     msgs = make_messages(a.n, a.keys, a.size)
     ops = make_ops(msgs, a.keys)
     distinct = min(a.n, a.keys)
-    tmp = Path(tempfile.mkdtemp(prefix="sow-pack-"))
-    server = None
     try:
-        server = RedisServer(tmp)
-        r = Redis.from_url(server.url)
-        shas = {p: r.script_load(SCRIPTS[p]) for p in packings}
-        version = r.info("server")["redis_version"]
-        console.print(f"redis-server {version} on {server.url}; {a.n:,} upserts of "
-                      f"~{sum(map(len, msgs)) / len(msgs):.0f} B")
-        runs: list[dict[str, Any]] = []
-        for rep in range(a.repeat):
+        with private_redis("sow-pack-") as server:
+            r = Redis.from_url(server.url)
+            shas = {p: r.script_load(SCRIPTS[p]) for p in packings}
+            version = r.info("server")["redis_version"]
+            console.print(f"redis-server {version} on {server.url}; {a.n:,} upserts of "
+                          f"~{sum(map(len, msgs)) / len(msgs):.0f} B")
+            runs: list[dict[str, Any]] = []
+            for rep in range(a.repeat):
+                for batch in sizes:
+                    for p in packings:
+                        x = run(r, shas[p], p, ops, batch, distinct)
+                        if not x["verify"]["ok"]:
+                            raise BenchError(f"{p} batch {batch}: check failed: {x['verify']}")
+                        runs.append(x)
+                console.print(f"run {rep + 1} of {a.repeat} done")
+            best = {}
+            for x in runs:
+                k = (x["batch"], x["packing"])
+                if k not in best or x["e2e_us"] < best[k]["e2e_us"]:
+                    best[k] = x
+            table = Table(title=f"apply.lua argument packing: {a.n:,} upserts, best of {a.repeat}")
+            for col in ("batch", "packing", "build µs", "client CPU µs", "server µs",
+                        "redis CPU µs", "e2e µs", "msg/s", "vs flat"):
+                table.add_column(col, justify="left" if col == "packing" else "right")
+            rows = []
             for batch in sizes:
+                flat = best.get((batch, "flat"))
                 for p in packings:
-                    x = run(r, shas[p], p, ops, batch, distinct)
-                    if not x["verify"]["ok"]:
-                        raise BenchError(f"{p} batch {batch}: check failed: {x['verify']}")
-                    runs.append(x)
-            console.print(f"run {rep + 1} of {a.repeat} done")
-        best = {}
-        for x in runs:
-            k = (x["batch"], x["packing"])
-            if k not in best or x["e2e_us"] < best[k]["e2e_us"]:
-                best[k] = x
-        table = Table(title=f"apply.lua argument packing: {a.n:,} upserts, best of {a.repeat}")
-        for col in ("batch", "packing", "build µs", "client CPU µs", "server µs",
-                    "redis CPU µs", "e2e µs", "msg/s", "vs flat"):
-            table.add_column(col, justify="left" if col == "packing" else "right")
-        rows = []
-        for batch in sizes:
-            flat = best.get((batch, "flat"))
-            for p in packings:
-                x = best[(batch, p)]
-                vs = f"{flat['e2e_us'] / x['e2e_us']:.2f}x" if flat else "-"
-                table.add_row(str(batch), p, f"{x['build_us']:.2f}", f"{x['client_cpu_us']:.2f}",
-                              f"{x['server_us']:.2f}", f"{x['redis_cpu_us']:.2f}",
-                              f"{x['e2e_us']:.2f}", f"{x['msg_s']:,.0f}", vs)
-                rows.append({**x, "speedup_vs_flat": flat["e2e_us"] / x["e2e_us"] if flat
-                             else None})
-        console.print(table)
-        result = {
-            "benchmark": "bench_packing",
-            "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "machine": {"cpu_count": os.cpu_count(), "redis_server": version,
-                        "python": platform.python_version(), "msgpack": msgpack.version},
-            "options": vars(a), "best": rows, "runs": runs, "verified": True,
-        }
-        console.print(f"results written to {write_json(a.json, result)}")
-        return 0
+                    x = best[(batch, p)]
+                    vs = f"{flat['e2e_us'] / x['e2e_us']:.2f}x" if flat else "-"
+                    table.add_row(str(batch), p, f"{x['build_us']:.2f}",
+                                  f"{x['client_cpu_us']:.2f}", f"{x['server_us']:.2f}",
+                                  f"{x['redis_cpu_us']:.2f}",
+                                  f"{x['e2e_us']:.2f}", f"{x['msg_s']:,.0f}", vs)
+                    rows.append({**x, "speedup_vs_flat": flat["e2e_us"] / x["e2e_us"] if flat
+                                 else None})
+            console.print(table)
+            result = {
+                "benchmark": "bench_packing",
+                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "machine": {"cpu_count": os.cpu_count(), "redis_server": version,
+                            "python": platform.python_version(), "msgpack": msgpack.version},
+                "options": vars(a), "best": rows, "runs": runs, "verified": True,
+            }
+            console.print(f"results written to {write_json(a.json, result)}")
+            return 0
     except BenchError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -26,15 +26,12 @@ Example::
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import msgpack
 from bench_ingest import make_messages
-from benchlib import BenchError, RedisServer, redis_cpu_s, write_json
+from benchlib import BenchError, private_redis, redis_cpu_s, write_json
 from redis import Redis
 
 CHUNK = 1000
@@ -61,72 +58,66 @@ def main(argv: list[str] | None = None) -> int:
     msgs = make_messages(n, n, a.size)
     streams = [f"{{bench:xadd:{p}}}:log" for p in range(8)]
     keys = [streams[i % 8] for i in range(n)]
-    tmp = Path(tempfile.mkdtemp(prefix="sow-xadd-"))
-    server = None
     try:
-        server = RedisServer(tmp)
-        r = Redis.from_url(server.url)
+        with private_redis("sow-xadd-") as server:
+            r = Redis.from_url(server.url)
 
-        def pipeline() -> None:
-            p = r.pipeline(transaction=False)
-            for i in range(n):
-                p.xadd(keys[i], {"cmd": "publish", "data": msgs[i], "sow_key": SOW_KEY})
-                if len(p) >= CHUNK:
-                    p.execute()
-            p.execute()
+            def pipeline() -> None:
+                p = r.pipeline(transaction=False)
+                for i in range(n):
+                    p.xadd(keys[i], {"cmd": "publish", "data": msgs[i], "sow_key": SOW_KEY})
+                    if len(p) >= CHUNK:
+                        p.execute()
+                p.execute()
 
-        def resp() -> None:
-            conn = r.connection_pool.get_connection()
-            try:
+            def resp() -> None:
+                conn = r.connection_pool.get_connection()
+                try:
+                    for s in range(0, n, CHUNK):
+                        parts = []
+                        for i in range(s, min(n, s + CHUNK)):
+                            k, d = keys[i].encode(), msgs[i]
+                            parts.append(b"*9\r\n$4\r\nXADD\r\n$%d\r\n%s\r\n$1\r\n*\r\n$3\r\ncmd\r\n"
+                                         b"$7\r\npublish\r\n$4\r\ndata\r\n$%d\r\n%s\r\n$7\r\nsow_key"
+                                         b"\r\n$22\r\n%s\r\n" % (len(k), k, len(d), d,
+                                                                 SOW_KEY.encode()))
+                        conn.send_packed_command([b"".join(parts)], check_health=False)
+                        for _ in range(s, min(n, s + CHUNK)):
+                            conn.read_response()
+                finally:
+                    r.connection_pool.release(conn)
+
+            def lua() -> None:
                 for s in range(0, n, CHUNK):
-                    parts = []
+                    args: list = []
                     for i in range(s, min(n, s + CHUNK)):
-                        k, d = keys[i].encode(), msgs[i]
-                        parts.append(b"*9\r\n$4\r\nXADD\r\n$%d\r\n%s\r\n$1\r\n*\r\n$3\r\ncmd\r\n"
-                                     b"$7\r\npublish\r\n$4\r\ndata\r\n$%d\r\n%s\r\n$7\r\nsow_key"
-                                     b"\r\n$22\r\n%s\r\n" % (len(k), k, len(d), d,
-                                                             SOW_KEY.encode()))
-                    conn.send_packed_command([b"".join(parts)], check_health=False)
-                    for _ in range(s, min(n, s + CHUNK)):
-                        conn.read_response()
-            finally:
-                r.connection_pool.release(conn)
+                        args += (keys[i], msgs[i], SOW_KEY)
+                    r.evalsha(sha, 0, msgpack.packb(args, use_bin_type=False))
 
-        def lua() -> None:
-            for s in range(0, n, CHUNK):
-                args: list = []
-                for i in range(s, min(n, s + CHUNK)):
-                    args += (keys[i], msgs[i], SOW_KEY)
-                r.evalsha(sha, 0, msgpack.packb(args, use_bin_type=False))
-
-        runs = []
-        for rep in range(a.repeat):
-            for name, f in (("redis-py pipeline", pipeline), ("hand-packed RESP", resp),
-                            ("Lua + msgpack", lua)):
-                r.unlink(*streams)
-                sha = r.script_load(LUA)
-                c0, p0, t0 = redis_cpu_s(r), time.process_time(), time.perf_counter()
-                f()
-                wall = time.perf_counter() - t0
-                x = {"variant": name, "run": rep + 1, "wall_us": 1e6 * wall / n,
-                     "client_cpu_us": 1e6 * (time.process_time() - p0) / n,
-                     "redis_cpu_us": 1e6 * (redis_cpu_s(r) - c0) / n, "msg_s": n / wall}
-                total = sum(r.xlen(s) for s in streams)
-                if total != n:
-                    raise BenchError(f"{name}: {total} entries, expected {n}")
-                runs.append(x)
-                print(f"{name:18s} run {rep + 1}: {x['wall_us']:5.2f} µs/entry wall, client "
-                      f"CPU {x['client_cpu_us']:5.2f}, redis CPU {x['redis_cpu_us']:5.2f}, "
-                      f"{x['msg_s']:9,.0f} msg/s")
-        print(f"written: {write_json(a.json, {'options': vars(a), 'runs': runs})}")
-        return 0
+            runs = []
+            for rep in range(a.repeat):
+                for name, f in (("redis-py pipeline", pipeline), ("hand-packed RESP", resp),
+                                ("Lua + msgpack", lua)):
+                    r.unlink(*streams)
+                    sha = r.script_load(LUA)
+                    c0, p0, t0 = redis_cpu_s(r), time.process_time(), time.perf_counter()
+                    f()
+                    wall = time.perf_counter() - t0
+                    x = {"variant": name, "run": rep + 1, "wall_us": 1e6 * wall / n,
+                         "client_cpu_us": 1e6 * (time.process_time() - p0) / n,
+                         "redis_cpu_us": 1e6 * (redis_cpu_s(r) - c0) / n, "msg_s": n / wall}
+                    total = sum(r.xlen(s) for s in streams)
+                    if total != n:
+                        raise BenchError(f"{name}: {total} entries, expected {n}")
+                    runs.append(x)
+                    print(f"{name:18s} run {rep + 1}: {x['wall_us']:5.2f} µs/entry wall, client "
+                          f"CPU {x['client_cpu_us']:5.2f}, redis CPU {x['redis_cpu_us']:5.2f}, "
+                          f"{x['msg_s']:9,.0f} msg/s")
+            print(f"written: {write_json(a.json, {'options': vars(a), 'runs': runs})}")
+            return 0
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: a private redis-server and the benchmark error.
+"""Shared by the benchmark scripts: a private redis-server, the machine's description and the
+benchmark error.
 
 Run the benchmarks as ``python scripts/bench_*.py`` (this folder is then on ``sys.path``).
 """
@@ -6,7 +7,12 @@ Run the benchmarks as ``python scripts/bench_*.py`` (this folder is then on ``sy
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +24,13 @@ class BenchError(RuntimeError):
 
 
 class RedisServer:
-    """A private redis-server without persistence on a free port (``sow_redis.server``)."""
+    """A private redis-server without persistence on a free port (``sow_redis.server``); its
+    files go to ``workdir / "redis"``, the rest of ``workdir`` is the benchmark's to use.
+
+    Raises ``SowError`` if redis-server is missing or does not start."""
 
     def __init__(self, workdir: Path):
+        self.workdir = workdir
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = spawn_redis(self.port, workdir / "redis", persist=False)
@@ -33,6 +43,31 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextmanager
+def private_redis(prefix: str) -> Iterator[RedisServer]:
+    """A :class:`RedisServer` in a new temporary folder named ``<prefix>…`` (its ``workdir``).
+
+    On leaving the block, normally or by any exception (``BenchError``, ``KeyboardInterrupt``
+    …), the server is stopped (SIGTERM, SIGKILL after 15 s) and the folder removed; the
+    exception then goes on. Raises ``SowError`` if the server cannot start (folder removed)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    server: RedisServer | None = None
+    try:
+        server = RedisServer(tmp)
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def machine_info(r: Any) -> dict[str, Any]:
+    """The ``"machine"`` entry of a benchmark's JSON: ``{"cpu_count": int, "redis_server":
+    version string from INFO server, "python": "3.x.y", "platform": platform.platform()}``."""
+    return {"cpu_count": os.cpu_count(), "redis_server": r.info("server")["redis_version"],
+            "python": platform.python_version(), "platform": platform.platform()}
 
 
 def proc_cpu_s(pid: int) -> float:

@@ -31,9 +31,7 @@ Example::
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections import defaultdict
@@ -41,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_ingest import make_messages, topic_config
-from benchlib import RedisServer, applied_counts, redis_cpu_s, write_json
+from benchlib import applied_counts, private_redis, redis_cpu_s, write_json
 from redis import Redis
 
 from sow_redis.config import apply_topics
@@ -197,11 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     distinct = min(a.n, a.keys)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="sow-prof-"))
-    server = None
     result: dict[str, Any] = {"options": vars(a)}
-    try:
-        server = RedisServer(tmp)
+    with private_redis("sow-prof-") as server:
         r = Redis.from_url(server.url)
         settings = Settings.from_env(redis_url=server.url, batch_size=a.batch_size)
         # plain runs first (no profiler overhead), then the profiled ones on fresh topics
@@ -230,10 +225,6 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             print("VERIFY FAILED", app["verify"], app_p["verify"])
         return 0 if ok else 1
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from bench_ingest import Workers, make_messages, topic_config
-from benchlib import RedisServer, applied_counts, proc_cpu_s, redis_cpu_s, write_json
+from benchlib import applied_counts, private_redis, proc_cpu_s, redis_cpu_s, write_json
 from redis import Redis
 
 from sow_redis.config import apply_topics
@@ -88,61 +86,56 @@ def main(argv: list[str] | None = None) -> int:
     distinct = min(a.n, a.keys)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="sow-live-"))
-    server = ws = None
     result: dict[str, Any] = {"options": vars(a)}
-    try:
-        server = RedisServer(tmp)
+    with private_redis("sow-live-") as server:
         r = Redis.from_url(server.url)
         settings = Settings.from_env(redis_url=server.url, batch_size=a.batch_size)
-        ws = Workers(server.url, a.workers, tmp, a.batch_size)
-        ws.start()
-        ws.wait_registered(r)
-        time.sleep(0.5)
-        parts = list(range(a.partitions))
-        pids = {f"worker{i}": p.pid for i, p in enumerate(ws.procs)}
-        pids["publisher"] = os.getpid()
-        redis_pid = server.proc.pid
-        for phase in ("backlog", "live"):
-            t = topic_config(f"live_{uuid.uuid4().hex[:8]}_{phase}", a.partitions)
-            if phase == "backlog":
-                res = append(r, t, (("publish", m, None) for m in msgs))
-                spies = Spies(pids, out, phase, a.rate)
-                c0 = (redis_cpu_s(r), ws.cpu_s(), time.process_time(), proc_cpu_s(redis_pid))
-                t0 = time.perf_counter()
-                apply_topics(r, [t])
-                ensure_jobs(r, t.name, parts, settings)
-                t_pub = t0
-            else:
-                apply_topics(r, [t])
-                spies = Spies(pids, out, phase, a.rate)
-                c0 = (redis_cpu_s(r), ws.cpu_s(), time.process_time(), proc_cpu_s(redis_pid))
-                t0 = time.perf_counter()
-                res = append(r, t, (("publish", m, None) for m in msgs),
-                             on_chunk=lambda _h, t=t: ensure_jobs(r, t.name, parts, settings))
-                t_pub = time.perf_counter()
-            wait_applied(r, t, res.last_ids, timeout_s=600, poll_s=0.005)
-            t1 = time.perf_counter()
-            cpu = {"redis_cpu_s": redis_cpu_s(r) - c0[0], "workers_cpu_s": ws.cpu_s() - c0[1],
-                   "publisher_cpu_s": time.process_time() - c0[2]}
-            errs = spies.stop()
-            records, seq, errors = applied_counts(r, t)
-            ok = records == distinct and seq == a.n and errors == 0
-            result[phase] = {"seconds": t1 - t0, "msg_s": a.n / (t1 - t0),
-                             "publish_seconds": t_pub - t0, **cpu, "verified": ok,
-                             "py_spy_errors": errs}
-            print(f"{phase}: {t1 - t0:.3f} s, {a.n / (t1 - t0):,.0f} msg/s "
-                  f"(publish {t_pub - t0:.3f} s); CPU s: redis {cpu['redis_cpu_s']:.2f}, "
-                  f"workers {cpu['workers_cpu_s']:.2f}, publisher {cpu['publisher_cpu_s']:.2f}"
-                  f"; {'ok' if ok else 'VERIFY FAILED'}" + (f"; py-spy: {errs}" if errs else ""))
-        print(f"written: {write_json(str(out / 'profile_live.json'), result)}")
-        return 0
-    finally:
-        if ws is not None:
+        ws = Workers(server.url, a.workers, server.workdir, a.batch_size)
+        try:
+            ws.start()
+            ws.wait_registered(r)
+            time.sleep(0.5)
+            parts = list(range(a.partitions))
+            pids = {f"worker{i}": p.pid for i, p in enumerate(ws.procs)}
+            pids["publisher"] = os.getpid()
+            redis_pid = server.proc.pid
+            for phase in ("backlog", "live"):
+                t = topic_config(f"live_{uuid.uuid4().hex[:8]}_{phase}", a.partitions)
+                if phase == "backlog":
+                    res = append(r, t, (("publish", m, None) for m in msgs))
+                    spies = Spies(pids, out, phase, a.rate)
+                    c0 = (redis_cpu_s(r), ws.cpu_s(), time.process_time(), proc_cpu_s(redis_pid))
+                    t0 = time.perf_counter()
+                    apply_topics(r, [t])
+                    ensure_jobs(r, t.name, parts, settings)
+                    t_pub = t0
+                else:
+                    apply_topics(r, [t])
+                    spies = Spies(pids, out, phase, a.rate)
+                    c0 = (redis_cpu_s(r), ws.cpu_s(), time.process_time(), proc_cpu_s(redis_pid))
+                    t0 = time.perf_counter()
+                    res = append(r, t, (("publish", m, None) for m in msgs),
+                                 on_chunk=lambda _h, t=t: ensure_jobs(r, t.name, parts, settings))
+                    t_pub = time.perf_counter()
+                wait_applied(r, t, res.last_ids, timeout_s=600, poll_s=0.005)
+                t1 = time.perf_counter()
+                cpu = {"redis_cpu_s": redis_cpu_s(r) - c0[0], "workers_cpu_s": ws.cpu_s() - c0[1],
+                       "publisher_cpu_s": time.process_time() - c0[2]}
+                errs = spies.stop()
+                records, seq, errors = applied_counts(r, t)
+                ok = records == distinct and seq == a.n and errors == 0
+                result[phase] = {"seconds": t1 - t0, "msg_s": a.n / (t1 - t0),
+                                 "publish_seconds": t_pub - t0, **cpu, "verified": ok,
+                                 "py_spy_errors": errs}
+                print(f"{phase}: {t1 - t0:.3f} s, {a.n / (t1 - t0):,.0f} msg/s "
+                      f"(publish {t_pub - t0:.3f} s); CPU s: redis {cpu['redis_cpu_s']:.2f}, "
+                      f"workers {cpu['workers_cpu_s']:.2f}, publisher "
+                      f"{cpu['publisher_cpu_s']:.2f}; {'ok' if ok else 'VERIFY FAILED'}"
+                      + (f"; py-spy: {errs}" if errs else ""))
+            print(f"written: {write_json(str(out / 'profile_live.json'), result)}")
+            return 0
+        finally:
             ws.stop()
-        if server is not None:
-            server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
