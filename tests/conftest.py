@@ -21,13 +21,27 @@ SHARED = ROOT.parent / "shared"
 FAST = {"SOW_LEASE_MS": "1000", "SOW_MARKER_TTL_MS": "1500", "SOW_SWEEP_INTERVAL_S": "0.2"}
 
 
+def _own_redis(folder: Path):
+    """Yields ``redis://127.0.0.1:<free port>/0`` of a redis-server without persistence whose
+    files go to ``folder``, then terminates it (a fixture's body)."""
+    port = free_port()
+    proc = spawn_redis(port, folder, persist=False)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """``redis://127.0.0.1:<free port>/0`` of a redis-server started for this test session."""
-    proc = spawn_redis(free_port(), tmp_path_factory.mktemp("redis"), persist=False)
-    yield f"redis://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
+    yield from _own_redis(tmp_path_factory.mktemp("redis"))
+
+
+@pytest.fixture(scope="module")
+def lonely_url(tmp_path_factory):
+    """The URL of a redis-server of the test module (one per module, not ``redis_server``) on
+    which no worker ever runs: published entries stay in the log until applied inline."""
+    yield from _own_redis(tmp_path_factory.mktemp("lonely"))
 
 
 @pytest.fixture

@@ -20,17 +20,7 @@ from sow_redis.expirer import Expirer
 from sow_redis.partition_state import read_cursor, read_cursors, read_seq
 from sow_redis.publisher import append
 from sow_redis.scripts import Scripts
-from sow_redis.server import free_port, spawn_redis
 from sow_redis.settings import QUEUE_NAME
-
-
-@pytest.fixture(scope="module")
-def lonely_url(tmp_path_factory):
-    """A redis-server of this module on which no worker ever runs."""
-    proc = spawn_redis(free_port(), tmp_path_factory.mktemp("lonely"), persist=False)
-    yield f"redis://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def cfg(name: str, extra: str = "") -> str:

@@ -14,7 +14,6 @@ from redis import Redis
 from sow_redis import keys, messages, sowkey
 from sow_redis.client import Sow
 from sow_redis.errors import MessageError
-from sow_redis.server import free_port, spawn_redis
 
 BIG1 = 123456789012345678901234567890
 BIG2 = 123456789012345678901234567891
@@ -30,15 +29,6 @@ def nested(depth: int) -> dict:
     for _ in range(depth - 1):
         d = {"a": d}
     return d
-
-
-@pytest.fixture(scope="module")
-def lonely_url(tmp_path_factory):
-    """A redis-server of this module with no worker: published entries stay in the log."""
-    proc = spawn_redis(free_port(), tmp_path_factory.mktemp("lonely"), persist=False)
-    yield f"redis://127.0.0.1:{proc.args[proc.args.index('--port') + 1]}/0"
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 def log_lines(r, topic: str, partitions: int = 1) -> list[int]:

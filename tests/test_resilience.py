@@ -30,6 +30,7 @@ from sow_redis.server import free_port, spawn_redis
 from sow_redis.settings import Settings
 
 GOAL_S = 5.0
+BUSY_N = 150_000  # publishes in the backlog of the topic "busy"
 
 
 def env_for(url: str, **extra: str) -> dict[str, str]:
@@ -73,6 +74,17 @@ def backlog(r: Redis, sow: Sow, topic: str, n: int) -> None:
     ensure_jobs(r, topic, list(res.last_ids), Settings.from_env())
 
 
+def busy_and_probe(url: str) -> tuple[Redis, Sow]:
+    """Topics ``busy`` (1 partition, a backlog of ``BUSY_N`` publishes, its job enqueued) and
+    ``probe`` (4 partitions) on ``url``; returns a client and a Sow of ``url``."""
+    r = Redis.from_url(url)
+    sow = Sow(url)
+    make_topic(sow, "busy", 1)
+    make_topic(sow, "probe", 4)
+    backlog(r, sow, "busy", BUSY_N)
+    return r, sow
+
+
 def applied_after_outage(r: Redis, sow: Sow, busy: str, probe: str, seq0: int) -> tuple[float, float]:
     """Seconds until the busy topic applies again and until a probe message published now to
     another topic is applied."""
@@ -95,15 +107,10 @@ def test_standalone_worker_survives_redis_kill9_and_restart(tmp_path):
     proc = spawn_redis(port, data, persist=True)
     w = None
     try:
-        r = Redis.from_url(url)
-        sow = Sow(url)
-        make_topic(sow, "busy", 1)
-        make_topic(sow, "probe", 4)
-        n = 150_000
-        backlog(r, sow, "busy", n)
+        r, sow = busy_and_probe(url)
         w = spawn_worker(url, tmp_path / "worker.log")
-        at_kill = _kill_when_busy(r, "busy", n)
-        assert at_kill < n, "the worker finished before Redis was killed; raise n"
+        at_kill = _kill_when_busy(r, "busy", BUSY_N)
+        assert at_kill < BUSY_N, "the worker finished before Redis was killed; raise BUSY_N"
         proc.kill()  # kill -9 while a job is applying
         proc.wait(timeout=10)
         time.sleep(1.0)  # the worker meets the outage
@@ -111,7 +118,7 @@ def test_standalone_worker_survives_redis_kill9_and_restart(tmp_path):
         proc = spawn_redis(port, data, persist=True)  # same port and dir: the AOF is reloaded
         seq0 = seq_total(r, "busy", 1)
         first, probe_s = applied_after_outage(r, sow, "busy", "probe", seq0)
-        print(f"\nstandalone worker: applied {at_kill} of {n} when redis was killed (-9); "
+        print(f"\nstandalone worker: applied {at_kill} of {BUSY_N} when redis was killed (-9); "
               f"after restart: first apply {first:.2f} s, probe message applied "
               f"{probe_s:.2f} s after redis answered")
         assert w.poll() is None
@@ -157,13 +164,8 @@ def test_up_restarts_its_killed_redis_and_workers_resume(tmp_path):
     url = f"redis://127.0.0.1:{free_port()}/0"
     p, out = _up(tmp_path, url)
     try:
-        r = Redis.from_url(url)
-        sow = Sow(url)
-        make_topic(sow, "busy", 1)
-        make_topic(sow, "probe", 4)
-        n = 150_000
-        backlog(r, sow, "busy", n)
-        at_kill = _kill_when_busy(r, "busy", n)
+        r, sow = busy_and_probe(url)
+        at_kill = _kill_when_busy(r, "busy", BUSY_N)
         pid = int(r.info("server")["process_id"])
         os.kill(pid, signal.SIGKILL)
         # `up` restarts the redis-server (the test does not)
@@ -174,7 +176,7 @@ def test_up_restarts_its_killed_redis_and_workers_resume(tmp_path):
         assert int(r.info("server")["process_id"]) != pid
         seq0 = seq_total(r, "busy", 1)
         first, probe_s = applied_after_outage(r, sow, "busy", "probe", seq0)
-        print(f"\nup: applied {at_kill} of {n} when redis was killed (-9); up restarted it in "
+        print(f"\nup: applied {at_kill} of {BUSY_N} when redis was killed (-9); up restarted it in "
               f"{back:.2f} s; first apply {first:.2f} s and probe applied {probe_s:.2f} s "
               f"after redis answered")
         assert first < GOAL_S and probe_s < GOAL_S
@@ -188,13 +190,8 @@ def test_up_restarts_killed_workers_and_cleans_their_registrations(tmp_path):
     url = f"redis://127.0.0.1:{free_port()}/0"
     p, out = _up(tmp_path, url)
     try:
-        r = Redis.from_url(url)
-        sow = Sow(url)
-        make_topic(sow, "busy", 1)
-        make_topic(sow, "probe", 4)
-        n = 150_000
-        backlog(r, sow, "busy", n)
-        at_kill = _kill_when_busy(r, "busy", n)
+        r, sow = busy_and_probe(url)
+        at_kill = _kill_when_busy(r, "busy", BUSY_N)
         dead = {w.name: w.pid for w in _rq_workers(r)}
         for pid in dead.values():
             os.kill(pid, signal.SIGKILL)
@@ -204,9 +201,9 @@ def test_up_restarts_killed_workers_and_cleans_their_registrations(tmp_path):
         clean_s = wait_until(lambda: {w.name for w in _rq_workers(r)}.isdisjoint(dead)
                              and len(_rq_workers(r)) == 2, 30, "dead registrations removed")
         names = [w.name for w in _rq_workers(r)]
-        print(f"\nup: applied {at_kill} of {n} when both workers were killed (-9); first apply "
-              f"{first:.2f} s, probe applied {probe_s:.2f} s after the kill; dead registrations "
-              f"gone {clean_s:.2f} s later; workers now {names}")
+        print(f"\nup: applied {at_kill} of {BUSY_N} when both workers were killed (-9); first "
+              f"apply {first:.2f} s, probe applied {probe_s:.2f} s after the kill; dead "
+              f"registrations gone {clean_s:.2f} s later; workers now {names}")
         assert first < GOAL_S and probe_s < GOAL_S, out.read_text()
         assert len(set(names)) == 2 and all(str(os.getpid()) not in n for n in names)
     finally:
