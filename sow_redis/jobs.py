@@ -262,8 +262,12 @@ def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
         done += applier.finish()
         _trim(r, topic, p, settings)
     finally:
-        applier.finish()
-        scripts.lease_release(lease_key, owner)
+        try:
+            applier.finish()  # never leave a call unread (no-op after the finish above)
+        except Exception as exc:  # the first error is the one raised
+            log.warning("%s[%d]: finishing the batch in flight failed: %s", topic.name, p, exc)
+        finally:
+            scripts.lease_release(lease_key, owner)
     return done, drained
 
 
