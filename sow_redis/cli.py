@@ -212,20 +212,17 @@ SAMPLES = 5
 
 
 def _check_sow_key_option(t: Any, sow_key: str | None) -> None:
-    """Refuse a --sow-key the topic cannot take, before anything is read or published."""
-    from .sowkey import is_valid_user_key
+    """Refuse a --sow-key the topic cannot take (:func:`messages.check_supplied_key`), before
+    anything is read or published."""
+    from .errors import MessageError
+    from .messages import check_supplied_key
 
     if sow_key is None:
         return
-    if t.chaining:
-        raise click.ClickException(f"topic '{t.name}' uses the chaining key generator: its SOW "
-                                   "keys come from the chains, --sow-key cannot be given")
-    if not t.publisher_keys:
-        raise click.ClickException(f"topic '{t.name}' has key fields ({', '.join(t.key)}): its "
-                                   "SOW keys are generated from them, --sow-key cannot be given")
-    if not is_valid_user_key(sow_key):
-        raise click.ClickException(f"--sow-key {sow_key!r} is not 1-512 Base64 characters "
-                                   "(A-Z a-z 0-9 + / =)")
+    try:
+        check_supplied_key(t, sow_key)
+    except MessageError as exc:
+        raise click.ClickException(f"--sow-key: {exc.detail}") from None
 
 
 def _samples(rejected: list[Any], n: int) -> list[Any]:

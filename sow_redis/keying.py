@@ -22,7 +22,7 @@ from .config import TopicConfig
 from .connection import Client
 from .entries import Command, LogEntry
 from .errors import MessageError
-from .messages import key_of, partition_for
+from .messages import check_supplied_key, key_of, partition_for
 
 
 @dataclass(slots=True)
@@ -90,9 +90,7 @@ class ChainKeys:
 
     def resolve(self, entry: LogEntry) -> Resolved:
         assert entry.obj is not None
-        if entry.sow_key:
-            raise MessageError("bad_sow_key", f"topic '{self.topic.name}' uses the chaining key "
-                               "generator: its SOW keys come from the chains, not publishers")
+        check_supplied_key(self.topic, entry.sow_key)
         _check_partition(entry.obj, self.topic, "", self.p)
         res = self.chains.resolve(entry.obj, self._ids.pop(entry.id, None))
         key = chain_sow_key(self.topic, res.head)

@@ -228,6 +228,30 @@ def _values(obj: dict[str, Any], paths: tuple[str, ...], parts: tuple[tuple[str,
     return out
 
 
+def check_supplied_key(topic: TopicConfig, supplied: str | None) -> None:
+    """The one rule for a publisher-supplied SOW key (AMPS "User-Generated SOW Keys",
+    seeds/004): a topic without key fields needs one of 1-512 Base64 characters; a topic with
+    key fields, or with the chaining key generator, takes none (its keys are generated).
+
+    Raises:
+        MessageError: ``missing_sow_key``, ``bad_sow_key``.
+    """
+    if topic.chaining:
+        if supplied:
+            raise MessageError("bad_sow_key", f"topic '{topic.name}' uses the chaining key "
+                               "generator: its SOW keys come from the chains, not publishers")
+    elif topic.publisher_keys:
+        if supplied is None or supplied == "":
+            raise MessageError("missing_sow_key", f"topic '{topic.name}' has no key fields: give a SOW key")
+        if not is_valid_user_key(supplied):
+            raise MessageError("bad_sow_key", f"SOW key {supplied!r} is not 1-512 Base64 "
+                               "characters (A-Z a-z 0-9 + / =)")
+    elif supplied:
+        raise MessageError("bad_sow_key", f"topic '{topic.name}' has key fields "
+                           f"({', '.join(topic.key)}): its SOW keys are generated from them, "
+                           "a publisher cannot give one")
+
+
 def key_of(obj: dict[str, Any], topic: TopicConfig, supplied: str | None = None) -> str:
     """The SOW key of a decoded message (not for chaining topics: their key needs the chain
     table, see :mod:`sow_redis.chaining`).
@@ -236,19 +260,12 @@ def key_of(obj: dict[str, Any], topic: TopicConfig, supplied: str | None = None)
         MessageError: ``missing_key_field``; ``missing_sow_key`` / ``bad_sow_key`` on topics
             without key fields (the key must be supplied: a string of 1-512 Base64
             characters); ``bad_sow_key`` when a key is supplied on a topic with key fields
-            (its keys are generated from them; a supplied key would be silently ignored).
+            (its keys are generated from them; a supplied key would be silently ignored);
+            see :func:`check_supplied_key`.
     """
+    check_supplied_key(topic, supplied)
     if topic.publisher_keys:
-        if supplied is None or supplied == "":
-            raise MessageError("missing_sow_key", f"topic '{topic.name}' has no key fields: give a SOW key")
-        if not is_valid_user_key(supplied):
-            raise MessageError("bad_sow_key", f"SOW key {supplied!r} is not 1-512 Base64 "
-                               "characters (A-Z a-z 0-9 + / =)")
-        return supplied
-    if supplied:
-        raise MessageError("bad_sow_key", f"topic '{topic.name}' has key fields "
-                           f"({', '.join(topic.key)}): its SOW keys are generated from them, "
-                           "a publisher cannot give one")
+        return supplied  # type: ignore[return-value]
     return generate(topic.domain, _values(obj, topic.key, topic.key_parts, "key_field"))
 
 
@@ -278,9 +295,7 @@ def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None,
     else:
         check_size(data, topic)
     if topic.chaining:
-        if supplied_key:
-            raise MessageError("bad_sow_key", f"topic '{topic.name}' uses the chaining key "
-                               "generator: its SOW keys come from the chains, not publishers")
+        check_supplied_key(topic, supplied_key)
         chain_values(obj, topic)
         return Parsed(obj, "", partition_for(obj, topic, ""))
     key = key_of(obj, topic, supplied_key)
