@@ -336,8 +336,7 @@ class PartitionApplier:
             return
         seg, entries = self._planned
         self._planned = None
-        if seg.conflicts:  # chain-conflict reports (validation): idempotent HSETs
-            self.r.hset(keys.chain_conflicts(self.topic.name), mapping=dict(seg.conflicts))
+        _write_conflicts(self.r, self.topic, seg)
         self._inflight = (self.scripts.send_apply(self.topic, self.p, self.fence, seg.first,
                                                   seg.last, seg.rejects, seg.ops), entries)
 
@@ -389,13 +388,7 @@ class PartitionApplier:
         run = [(_decode(sid, fields, self.topic), (sid, fields)) for sid, fields in entries]
         if any(b"filter" in fields for _sid, fields in entries) and any(
                 isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
-            done += self._flush()
-            if self._cursor is None:  # what was in flight failed: read again
-                return done
-            n, self._cursor = apply_batch(self.r, self.scripts, self.topic, self.p, self.fence,
-                                          self.batch_size, self._cursor)
-            self._planner = None
-            return done + n
+            return self._sequentially(done + self._flush())
         self._send()  # batch k runs on Redis while batch k+1 is planned here
         if self._planner is None or len(self._planner.state) > self.STATE_MAX:
             self._planner = _Planner(self.r, self.topic, self.p,
@@ -407,20 +400,25 @@ class PartitionApplier:
             self._settle()
             self._reset()
             raise
-        except Exception:
-            done += self._settle()
-            self._planner = None
-            if self._cursor is None:
-                return done
-            n, self._cursor = apply_batch(self.r, self.scripts, self.topic, self.p, self.fence,
-                                          self.batch_size, self._cursor)
-            return done + n
+        except Exception:  # planning failed after keys were resolved
+            return self._sequentially(done + self._settle())
         done += self._settle()
         if self._cursor is None:  # batch k failed: what was planned on top of it is dropped
             return done
         self._planned = (seg, entries)
         self._cursor = seg.last
         return done
+
+    def _sequentially(self, done: int) -> int:
+        """Once nothing is planned or in flight: apply the next batch without overlap
+        (:func:`apply_batch`, with its entry-by-entry fallback) and start planning afresh.
+        ``done``: entries already applied in this step; returns it plus this batch's."""
+        self._planner = None
+        if self._cursor is None:  # what was in flight failed: read again next step
+            return done
+        n, self._cursor = apply_batch(self.r, self.scripts, self.topic, self.p, self.fence,
+                                      self.batch_size, self._cursor)
+        return done + n
 
     def finish(self) -> int:
         """Apply what is planned and wait for every call (never leaves one unread); returns
@@ -451,10 +449,16 @@ def _apply_one_by_one(r: Client, scripts: Scripts, topic: TopicConfig, p: int, f
                   _Segment(sid, sid, rejects=[_reject(sid, fields, exc, p)]))
 
 
+def _write_conflicts(r: Client, topic: TopicConfig, seg: _Segment) -> None:
+    """Keep the segment's chain-conflict reports (validation on): idempotent HSETs keyed by
+    stream id, written before the apply call."""
+    if seg.conflicts:
+        r.hset(keys.chain_conflicts(topic.name), mapping=dict(seg.conflicts))
+
+
 def _call(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
           seg: _Segment) -> None:
-    if seg.conflicts:  # chain-conflict reports (validation): idempotent HSETs by stream id
-        r.hset(keys.chain_conflicts(topic.name), mapping=dict(seg.conflicts))
+    _write_conflicts(r, topic, seg)
     scripts.apply(topic, p, fence, seg.first, seg.last, seg.rejects, seg.ops)
 
 

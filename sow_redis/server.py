@@ -224,12 +224,7 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
             except subprocess.TimeoutExpired:
                 p.kill()
         if redis_proc is not None:
-            from redis import Redis
-
-            try:
-                Redis.from_url(settings.redis_url).shutdown(save=False)
-            except Exception:
-                pass
+            _shutdown_redis(settings.redis_url)
             try:
                 redis_proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
