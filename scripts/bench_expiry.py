@@ -70,10 +70,10 @@ from rich.table import Table
 from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.config import TopicConfig, apply_topics, parse_topics
+from sow_redis.connection import server_ms
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
 from sow_redis.publisher import append
-from sow_redis.connection import server_ms
 from sow_redis.query import get_records, scan_partition
 from sow_redis.settings import Settings
 from sow_redis.status import error_count

@@ -21,7 +21,8 @@ folder; the machine's 6379 is never used), generates N JSON messages once, then 
     (``wait_applied``, polled every 5 ms). Idle, registered workers: start-up is excluded.
   - ``live publish`` / ``live end-to-end``: with the W workers running and a fresh topic in the
     registry, ``append`` the N messages as fast as possible (after each 1,000-message pipeline
-    round trip the publisher calls ``ensure_jobs``, as ``Sow.publish`` does), while the workers
+    round trip the publisher sets the job markers and enqueues the missing jobs in the same
+    write, as ``Sow.publish`` does: ``append(..., jobs=settings)``), while the workers
     apply concurrently. ``live publish`` = N / publish time; ``live end-to-end`` = N / (time
     from publish start until everything is applied).
 
@@ -103,7 +104,7 @@ DESCRIPTIONS = {
     "worker start-up": "Popen of W worker processes until all W are registered in rq",
     "apply backlog": "W idle workers; clock from 'topic stored in registry + jobs enqueued' "
                      "until every partition's cursor reached its last id",
-    "live publish": "append while W workers apply concurrently (ensure_jobs per 1,000)",
+    "live publish": "append while W workers apply concurrently (job markers set with each 1,000)",
     "live end-to-end": "from publish start until everything is applied, W workers running",
 }
 
@@ -281,12 +282,11 @@ def run_sow(url: str, r: Redis, msgs: list[bytes], workers: int, args: argparse.
         apply_topics(r, [live])
         time.sleep(0.2)
 
-        def kick(_handled: int) -> None:
-            ensure_jobs(r, live.name, parts, settings)
-
         cpu0, wcpu0, pcpu0 = redis_cpu_s(r), ws.cpu_s(), time.process_time()
         t0 = time.perf_counter()
-        res = append(r, live, (("publish", m, None) for m in msgs), on_chunk=kick)
+        # jobs=: each chunk sets its partitions' job markers in the same write as its XADDs
+        # and enqueues jobs where none was outstanding, as Sow.publish and the CLI do
+        res = append(r, live, (("publish", m, None) for m in msgs), jobs=settings)
         t1 = time.perf_counter()
         pcpu1 = time.process_time()
         wait_applied(r, live, res.last_ids, timeout_s=wait_timeout, poll_s=POLL_S)

@@ -7,7 +7,7 @@ processes (as ``bench_ingest.py`` does), then runs two phases, each under ``py-s
 
 * ``backlog``: N entries appended to a topic the workers cannot see yet, then revealed and
   its jobs enqueued; ends when every partition is applied;
-* ``live``: N entries appended (``ensure_jobs`` after each 1,000) while the workers apply;
+* ``live``: N entries appended (job markers set with each 1,000: ``append(jobs=...)``) while the workers apply;
   ends when every partition is applied.
 
 Per phase it prints the seconds, msg/s, CPU seconds of redis-server, the workers and this
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                     c0 = (redis_cpu_s(r), ws.cpu_s(), time.process_time(), proc_cpu_s(redis_pid))
                     t0 = time.perf_counter()
                     res = append(r, t, (("publish", m, None) for m in msgs),
-                                 on_chunk=lambda _h, t=t: ensure_jobs(r, t.name, parts, settings))
+                                 jobs=settings)
                     t_pub = time.perf_counter()
                 wait_applied(r, t, res.last_ids, timeout_s=600, poll_s=0.005)
                 t1 = time.perf_counter()

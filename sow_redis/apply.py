@@ -46,7 +46,7 @@ from .keying import KeyResolver, Resolved, resolver
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .partition_state import read_cursor
-from .scripts import PendingApply, Scripts, attached
+from .scripts import LogApplied, PendingApply, Scripts, attached
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +309,13 @@ class PartitionApplier:
     ``FencedError`` and Redis errors are raised. A batch holding a ``sow_delete`` by filter is
     applied on its own, after everything before it (the filter must see all of that).
 
+    Plain publishes prepared by sow_redis's publisher (the SOW key and index members already
+    in the entry) need no planning: while the log starts with such entries, :meth:`step` lets
+    ``apply_log.lua`` read and apply them inside Redis (one call, no round trip of the
+    messages), and plans here only from the first entry it leaves (a delta, a delete, a
+    message expiration, a chaining topic's entry, an entry of another client). After a
+    planned batch that ends with such a publish, it tries the script again.
+
     Call :meth:`step` until :attr:`drained`, and :meth:`finish` always (``finally``) before
     the lease is released.
     """
@@ -326,6 +333,7 @@ class PartitionApplier:
         self._inflight: tuple[PendingApply, list] | None = None  # sent, reply not read
         self.drained = False
         """True after a :meth:`step` that found the log drained with nothing left to apply."""
+        self._in_redis = not topic.chaining  # next step: try apply_log.lua first
 
     def _reset(self) -> None:
         self._planner, self._cursor, self._planned = None, None, None
@@ -374,7 +382,19 @@ class PartitionApplier:
         entries whose apply completed during this call. :attr:`drained` tells when nothing
         was left."""
         self.drained = False
-        if self._cursor is None:
+        if self._in_redis:
+            done = self._flush()
+            res = self._apply_in_redis()
+            if res is not None:
+                done += res.applied
+                if not res.stopped:
+                    self.drained = not done
+                    return done
+                if res.applied:
+                    return done
+            if self._cursor is None:
+                self._cursor = read_cursor(self.r, self.topic.name, self.p)
+        elif self._cursor is None:
             done = self._flush()
             if self._cursor is None:
                 self._cursor = read_cursor(self.r, self.topic.name, self.p)
@@ -407,7 +427,27 @@ class PartitionApplier:
             return done
         self._planned = (seg, entries)
         self._cursor = seg.last
+        self._in_redis = not self.topic.chaining and _prepared_publish(run[-1][0], self.topic)
         return done
+
+    def _apply_in_redis(self) -> LogApplied | None:
+        """One apply_log.lua call (nothing planned or in flight); leaves the in-Redis mode when
+        the script stopped before an entry to plan, or failed (None; the planned path then
+        applies those entries, rejecting what it must)."""
+        try:
+            res = self.scripts.apply_log(self.topic, self.p, self.fence, self.batch_size)
+        except Exception as exc:
+            if _transient(exc):
+                raise
+            log.warning("topic %s[%d]: apply_log failed (%s); planning in the worker",
+                        self.topic.name, self.p, exc)
+            self._in_redis = False
+            return None
+        self._cursor = res.cursor
+        if res.applied:
+            self._planner = None  # its view of the records is older than these writes
+        self._in_redis = not res.stopped
+        return res
 
     def _sequentially(self, done: int) -> int:
         """Once nothing is planned or in flight: apply the next batch without overlap
@@ -429,6 +469,13 @@ class PartitionApplier:
     def cursor(self) -> str | None:
         """The cursor after every batch read so far (None: unknown, read again)."""
         return self._cursor
+
+
+def _prepared_publish(e: LogEntry | Exception, topic: TopicConfig) -> bool:
+    """True for an entry that apply_log.lua applies itself (see :class:`PartitionApplier`)."""
+    return (isinstance(e, LogEntry) and e.command is Command.PUBLISH
+            and e.prepared_key is not None and e.expiration_s is None
+            and (not topic.hash_index or b"m" in e.fields))
 
 
 def _apply_one_by_one(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,

@@ -290,10 +290,10 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
 
         with Progress(transient=True) as progress:
             task = progress.add_task(f"publishing to {topic}", total=size)
-            result = append(sow.r, t, items, fix_separator=sep,
+            result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
                             on_chunk=lambda _n: progress.update(task, completed=fh.tell()))
     else:
-        result = append(sow.r, t, items, fix_separator=sep)
+        result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings)
     if fh is not sys.stdin.buffer:
         fh.close()
     timed_out: WaitTimeout | None = None

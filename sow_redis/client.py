@@ -103,6 +103,12 @@ class Sow:
         return self._inline
 
     # configuration -------------------------------------------------------------------
+    @property
+    def job_settings(self) -> Settings | None:
+        """What :func:`~sow_redis.publisher.append` needs to start the workers while a long
+        publish runs (``jobs=``); None when :attr:`inline` (this process applies)."""
+        return None if self._inline else self.settings
+
     def apply_config(self, source: str | list[TopicConfig],
                      migrate: bool = False) -> list[TopicConfig]:
         """Store topic definitions in the registry.
@@ -151,7 +157,7 @@ class Sow:
             sep = fix_separator(separator)
         # each message is encoded inside append: one that cannot be is rejected, not raised
         result = append(self.r, t, ((cmd, m, sow_key, expiration) for m in messages),
-                        fix_separator=sep)
+                        fix_separator=sep, jobs=self.job_settings)
         self.handoff(t, result.last_ids, wait, timeout)
         return result
 

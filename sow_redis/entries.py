@@ -5,6 +5,13 @@ any Redis client) has the fields ``cmd`` (``publish`` | ``delta_publish`` | ``so
 ``data`` (the message; for ``sow_delete`` by data, the message whose record is removed),
 ``sow_key`` (publisher-supplied key), ``keys`` (``sow_delete`` by SOW keys, comma-separated),
 ``filter`` (``sow_delete`` by content filter) and ``expiration`` (seconds; ``0`` = never).
+
+sow_redis's publisher adds what it already computed while validating (:func:`make_entry`):
+``k``, the SOW key of the message (any topic without a chaining key generator), and ``m``, the
+record's hash-index members (a ``publish`` on a topic with hash indexes). Workers take ``k`` as
+the entry's SOW key instead of computing it again, and ``apply_log.lua`` applies a ``publish``
+carrying ``k`` (and ``m`` where indexes exist) and no ``expiration`` without the worker reading
+it at all. Another client writing to a log leaves both out; the worker then computes them.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any
 
 from . import streamids
 from .config import TopicConfig
+from .connection import Fields
 from .errors import MessageError
 from .messages import check_expiration, decode
 from .sowkey import is_valid_user_key
@@ -40,6 +48,7 @@ class LogEntry:
             the SOW as of this time.
         obj: the decoded message (None for a ``sow_delete`` by keys or by filter).
         sow_key: the publisher-supplied SOW key, if any.
+        prepared_key: the SOW key sow_redis's publisher computed (field ``k``), if any.
         expiration_s: the message's own lifetime in seconds (None: the topic's).
         delete_keys / delete_filter: a ``sow_delete`` by SOW keys / by content filter.
         fields: the raw stream fields (kept for the error stream).
@@ -52,6 +61,7 @@ class LogEntry:
     data: bytes | None = None
     obj: dict[str, Any] | None = None
     sow_key: str | None = None
+    prepared_key: str | None = None
     expiration_s: float | None = None
     delete_keys: list[str] | None = None
     delete_filter: str | None = None
@@ -80,6 +90,9 @@ def decode_entry(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> 
     data = fields.get(b"data")
     supplied = fields.get(b"sow_key")
     entry.sow_key = supplied.decode() if supplied else None
+    prepared = fields.get(b"k")
+    if prepared:
+        entry.prepared_key = prepared.decode()
     if data is None:
         if command is not Command.SOW_DELETE:
             raise MessageError("bad_command", f"{command.value} without data")
@@ -99,6 +112,29 @@ def decode_entry(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> 
     if b"expiration" in fields:
         entry.expiration_s = check_expiration(fields[b"expiration"])
     return entry
+
+
+def make_entry(cmd: str, data: bytes, sow_key: str | None, expiration: float | None,
+               prepared_key: str = "", members: str = "") -> Fields:
+    """The stream fields of a ``publish`` / ``delta_publish`` / ``sow_delete`` (by data) entry.
+
+    Args:
+        sow_key: the publisher-supplied SOW key (field ``sow_key``), or None.
+        expiration: the message's own lifetime in seconds (``0`` = never), or None.
+        prepared_key: the SOW key computed by the publisher (field ``k``; "" = not computed:
+            chaining topics, whose key the worker resolves).
+        members: the hash-index members of a ``publish`` (field ``m``; "" = none).
+    """
+    e: Fields = {"cmd": cmd, "data": data}
+    if sow_key:
+        e["sow_key"] = sow_key
+    if expiration is not None:
+        e["expiration"] = repr(expiration)
+    if prepared_key:
+        e["k"] = prepared_key
+        if members:
+            e["m"] = members
+    return e
 
 
 def original(fields: dict[bytes, bytes]) -> tuple[bytes, bytes, bytes]:

@@ -59,7 +59,8 @@ def _tools(r: Client) -> tuple[Scripts, TopicCache]:
     return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
 
 
-def _enqueue(r: Client, topic: str, p: int) -> None:
+def enqueue_job(r: Client, topic: str, p: int) -> None:
+    """Enqueue an ingest job of partition ``p`` (the caller set its job marker)."""
     from rq import Queue
 
     from .safejob import SERIALIZER
@@ -82,7 +83,7 @@ def ensure_jobs(r: Client, topic: str, partitions: list[int], settings: Settings
     n = 0
     for p, ok in zip(partitions, pipe.execute()):
         if ok:
-            _enqueue(r, topic, p)
+            enqueue_job(r, topic, p)
             n += 1
     return n
 
@@ -196,6 +197,10 @@ LINGER_SLICE_MS = 5
 then looks at the queue: a job of another partition waiting there ends the linger."""
 
 
+GATHER_S = 0.002
+"""Seconds a job waits after an apply call that found less than a quarter of a batch."""
+
+
 def _linger(r: Client, log_key: str, cursor: str, wait_ms: int, watch_queue: bool) -> bool:
     """Wait up to ``wait_ms`` milliseconds for an entry after ``cursor`` in ``log_key``.
 
@@ -239,7 +244,12 @@ def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
     applier = PartitionApplier(r, scripts, topic, p, fence, settings.batch_size)
     try:
         while True:
-            done += applier.step()
+            n = applier.step()
+            done += n
+            if 0 < n < settings.batch_size // 4:
+                # the log is nearly drained: let a live publisher's entries gather for a
+                # moment instead of one small apply call after the other
+                time.sleep(GATHER_S)
             now = time.monotonic()
             if applier.drained:
                 # drained (nothing in flight): linger briefly for more; a live publisher
@@ -313,12 +323,17 @@ def ingest_job(topic: str, partition: int) -> int:
     if done == 0 and not drained:
         # another worker holds the lease: it re-enqueues or retires the partition itself
         return 0
-    if drained:
+    if drained and done and r.llen(QUEUE_KEY):
+        # left its partition for the jobs waiting in the queue while entries kept coming:
+        # come back after them (keeping the marker spares a live publisher the enqueue)
+        r.pexpire(marker, settings.marker_ttl_ms)
+        enqueue_job(r, topic, partition)
+    elif drained:
         r.delete(marker)
         # entries appended after our last read but before the marker went away
         if partition in lagging_partitions(r, t):
             ensure_jobs(r, topic, [partition], settings)
     else:
         r.pexpire(marker, settings.marker_ttl_ms)
-        _enqueue(r, topic, partition)
+        enqueue_job(r, topic, partition)
     return done

@@ -62,6 +62,8 @@ class PlainKeys:
         pass
 
     def resolve(self, entry: LogEntry) -> Resolved:
+        if entry.prepared_key:  # computed by sow_redis's publisher from this very message
+            return Resolved(entry.prepared_key)
         assert entry.obj is not None
         key = key_of(entry.obj, self.topic, entry.sow_key)
         _check_partition(entry.obj, self.topic, key, self.p)

@@ -8,6 +8,7 @@ publisher's consistency token: :func:`wait_applied` blocks until the workers app
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,14 +18,20 @@ from redis.exceptions import ResponseError
 from . import keys
 from .config import TopicConfig
 from .connection import Client, Fields, server_ms
+from .entries import make_entry
 from .errors import MessageError, WaitTimeout
 from .fix import to_message
-from .messages import check_expiration, encode, parse, unwrap
+from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
+from .settings import Settings
 from .streamids import ms_of, reached
 
 CHUNK = 1000
 """Messages sent per pipeline round trip."""
+
+IN_FLIGHT = 2
+"""Chunks sent whose replies are not read yet, at most: Redis appends them while the
+publisher validates the next one (two: a chunk's replies may wait behind apply scripts)."""
 
 
 @dataclass
@@ -66,19 +73,10 @@ class PublishResult:
 Item = tuple[str, Any, "str | None"] | tuple[str, Any, "str | None", "float | None"]
 
 
-def _entry(cmd: str, data: bytes, sow_key: str | None,
-           expiration: float | None) -> Fields:
-    e: Fields = {"cmd": cmd, "data": data}
-    if sow_key:
-        e["sow_key"] = sow_key
-    if expiration is not None:
-        e["expiration"] = repr(expiration)
-    return e
-
-
 def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
-           fix_separator: bytes | None = None) -> PublishResult:
+           fix_separator: bytes | None = None,
+           jobs: Settings | None = None) -> PublishResult:
     """Validate and append messages to the log.
 
     Every item is either appended or rejected with its reason, whatever the other items do:
@@ -96,6 +94,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         fix_separator: FIX topics: the field separator of these messages (default: the
             topic's ``field_separator``). A FIX line may carry a log prefix before ``8=FIX``;
             it is stored as JSON with tag numbers as field names (:mod:`sow_redis.fix`).
+        jobs: start the workers while appending: with each chunk, in the same write as its
+            XADDs, the job markers of its partitions are set (``SET NX``) and an ingest job
+            is enqueued for each marker that was absent (what :func:`jobs.ensure_jobs` does
+            in round trips of its own). None: the caller hands the entries over itself.
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -106,23 +108,53 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         Redis errors.
     """
     result = PublishResult()
-    batch = XaddBatch()
+    batch = XaddBatch(r)
     parts: list[int] = []
     handled = 0
+    inflight: deque[tuple[list[int], int]] = deque()  # (partitions, items handled), sent
     is_fix = topic.message_type == "fix"
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
     skip = frozenset(topic.skip_msg_types)
 
-    def flush() -> None:
-        nonlocal parts, handled
-        if parts:
-            for p, sid in zip(parts, batch.execute(r)):
-                result.last_ids[p] = sid.decode()
-            result.published += len(parts)
+    def settle() -> None:
+        """Read the replies of the oldest chunk in flight."""
+        if not inflight:
+            return
+        sent, n_handled = inflight.popleft()
+        replies = batch.collect()
+        for p, sid in zip(sent, replies):
+            result.last_ids[p] = sid.decode()
+        result.published += len(sent)
+        if jobs is not None:
+            from .jobs import enqueue_job
+
+            for p, set_now in zip(sorted(set(sent)), replies[len(sent):]):
+                if set_now:  # no job was outstanding for p
+                    enqueue_job(r, topic.name, p)
         if on_chunk:
+            on_chunk(n_handled)
+
+    def flush(last: bool = False) -> None:
+        """Send the chunk validated so far; Redis appends it while the next chunks are
+        validated here (at most :data:`IN_FLIGHT` chunks wait for their replies)."""
+        nonlocal parts, handled
+        if len(inflight) >= IN_FLIGHT:
+            settle()
+        if parts:
+            if jobs is not None:
+                from .jobs import OWNER
+
+                for p in sorted(set(parts)):
+                    batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
+                                     jobs.marker_ttl_ms)
+            batch.send()
+            inflight.append((parts, handled))
+        elif on_chunk and handled:
             on_chunk(handled)
         parts, handled = [], 0
+        while last and inflight:
+            settle()
 
     def check(item: Item) -> tuple[int, Fields] | None:
         """(partition, log entry) of one item; None for a skipped FIX message."""
@@ -144,7 +176,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
                 expiration = opts["expiration"]
         expiration = check_expiration(expiration)
         parsed = parse(data, topic, sow_key, obj)
-        return parsed.partition, _entry(cmd, data, sow_key, expiration)
+        members = index_members(parsed.obj, topic, parsed.sow_key) if (
+            cmd == "publish" and topic.hash_index and parsed.sow_key) else ""
+        return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key,
+                                            members)
 
     pos = start - 1
     it = iter(items)
@@ -154,7 +189,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         except StopIteration:
             break
         except Exception as exc:
-            flush()
+            try:
+                flush(last=True)
+            finally:
+                batch.close()
             if result.last_ids:
                 touch(r, topic.name, result.last_ids)
             exc.add_note(f"sow_redis: reading item {pos + 1} failed; the {result.published} "
@@ -180,7 +218,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         parts.append(p)
         if len(parts) >= CHUNK:
             flush()
-    flush()
+    try:
+        flush(last=True)
+    finally:
+        batch.close()
     if result.last_ids:
         touch(r, topic.name, result.last_ids)
     return result
@@ -190,11 +231,20 @@ class XaddBatch:
     """``XADD <key> * <field> <value> …`` commands packed as RESP by hand and sent in one
     write on one pooled connection: redis-py's per-command packing and reply handling cost
     about 4 µs per message, five times what Redis spends on the XADD (docs/benchmarks.md,
-    "Profiles"). Same round trips and replies as a redis-py pipeline."""
+    "Profiles"). Same round trips and replies as a redis-py pipeline.
 
-    def __init__(self) -> None:
+    :meth:`send` writes the queued commands and returns at once; :meth:`collect` reads their
+    replies later, so the caller prepares the next chunk while Redis appends this one; the
+    replies of several sends may be pending, read oldest first. :meth:`close` always (it gives the connection back, or drops
+    it when replies were left unread).
+    """
+
+    def __init__(self, r: Client) -> None:
+        self._r = r
         self._buf = bytearray()
         self._n = 0
+        self._sent: deque[int] = deque()  # commands per send whose replies are unread
+        self._conn: Any = None
 
     def add(self, key: bytes, fields: Fields) -> None:
         """Queue one XADD with an auto-generated id of ``fields`` (str or bytes values)."""
@@ -207,37 +257,74 @@ class XaddBatch:
             buf += b"$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v)
         self._n += 1
 
-    def execute(self, r: Client) -> list[bytes]:
-        """Send every queued XADD, read the replies (stream ids), and start empty again.
+    def add_set_nx(self, key: bytes, value: bytes, px: int) -> None:
+        """Queue ``SET key value NX PX px`` (its reply: ``OK`` when set, None when the key
+        existed)."""
+        self._buf += b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$2\r\nNX\r\n" \
+            b"$2\r\nPX\r\n$%d\r\n%d\r\n" % (len(key), key, len(value), value, len(str(px)), px)
+        self._n += 1
+
+    def send(self) -> None:
+        """Write every queued command and start queueing anew; :meth:`collect` reads the
+        replies of each send, oldest first."""
+        data, n = bytes(self._buf), self._n
+        self._buf, self._n = bytearray(), 0
+        if not n:
+            self._sent.append(0)
+            return
+        if self._conn is None:
+            self._conn = self._r.connection_pool.get_connection()
+        try:
+            self._conn.send_packed_command([data], check_health=False)
+        except BaseException:
+            self._drop()
+            raise
+        self._sent.append(n)
+
+    def collect(self) -> list[bytes]:
+        """The replies of the oldest :meth:`send` not collected yet, in order (stream ids
+        for XADD).
 
         Raises:
             redis.exceptions.ResponseError: the first error reply, after every reply was read
                 (the other commands took effect, as with a pipeline); connection errors.
         """
-        data, n = bytes(self._buf), self._n
-        self._buf, self._n = bytearray(), 0
-        if not n:
-            return []
-        pool = r.connection_pool
-        conn = pool.get_connection()
+        n = self._sent.popleft()
         out: list[bytes] = []
         error: ResponseError | None = None
         try:
-            conn.send_packed_command([data], check_health=False)
             for _ in range(n):
                 try:
-                    out.append(conn.read_response())
+                    out.append(self._conn.read_response())
                 except ResponseError as exc:
                     error = error or exc
                     out.append(b"")
         except BaseException:
-            conn.disconnect()
+            self._drop()
             raise
-        finally:
-            pool.release(conn)
         if error is not None:
             raise error
         return out
+
+    def execute(self) -> list[bytes]:
+        """Send every queued XADD and read the replies (one round trip)."""
+        self.send()
+        return self.collect()
+
+    def close(self) -> None:
+        """Give the connection back to the pool (dropped if replies are still unread)."""
+        if self._sent:
+            self._drop()
+        elif self._conn is not None:
+            self._r.connection_pool.release(self._conn)
+            self._conn = None
+
+    def _drop(self) -> None:
+        self._sent.clear()
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._r.connection_pool.release(self._conn)
+            self._conn = None
 
 
 def touch(r: Client, topic: str, last_ids: dict[int, str] | None = None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from . import keys
 from .connection import Client, Pipeline
 from .errors import from_script_error
+from .messages import expiry_for
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 
 if TYPE_CHECKING:
@@ -118,6 +120,23 @@ class Scripts:
         ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, self.packing)
         return _apply_reply(self.call("apply", ks, argv))
 
+    def apply_log(self, topic: TopicConfig, p: int, fence: int, count: int) -> LogApplied:
+        """apply_log.lua: apply the plain publishes prepared by sow_redis's publisher (fields
+        ``k``/``m``, no message expiration) at the head of partition ``p``'s unapplied log,
+        read by the script itself, at most ``count`` entries; it stops before any other entry.
+
+        Raises:
+            FencedError: ``fence`` is stale (another worker took the lease).
+        """
+        n_idx = len(topic.hash_index)
+        applied, cursor, more = self.call(
+            "apply_log", keys.partition_keys(topic.name, p, n_idx),
+            [fence, keys.channel(topic.name), topic.name, n_idx,
+             "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
+             count, expiry_for(topic, None, "0-0")])
+        return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
+                          int(more) == 1, int(more) == 2)
+
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
                    rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingApply:
         """Send the :meth:`apply` call now and read its reply later
@@ -142,6 +161,23 @@ class Scripts:
     def lease_release(self, lease_key: str, owner: str) -> bool:
         """lease_release.lua: True when the lease was the caller's and is now free."""
         return bool(self.call("lease_release", [lease_key], [owner]))
+
+
+@dataclass(frozen=True, slots=True)
+class LogApplied:
+    """Reply of :meth:`Scripts.apply_log`.
+
+    Attributes:
+        applied: log entries applied by the call.
+        cursor: the partition's applied cursor after it.
+        full: ``count`` entries were applied; the log may hold more.
+        stopped: it stopped before an entry the worker must plan (apply.lua).
+    """
+
+    applied: int
+    cursor: str
+    full: bool
+    stopped: bool
 
 
 def _pack_op(op: Op) -> tuple[Any, ...]:

@@ -51,6 +51,7 @@ local ERRORS_MAXLEN = 100000
 
 --@include event
 --@include remove_record
+--@include write_record
 
 if not nerr or (#D - FIRST + 1) % WIDTH ~= 0 then
   return redis.error_reply("SOW_BADARGS ops must have " .. WIDTH .. " fields each")
@@ -97,81 +98,30 @@ for i = ERR_FIRST, FIRST - 1, ERR_WIDTH do
     "cmd", D[i + 3], "data", D[i + 4], "sow_key", D[i + 5])
 end
 
--- the stored record of key as seen by an op logged at id: nil when absent, or when it was due
--- at or before that time (then it is removed as an expiry first)
-local function live_record(key, id)
-  local old = redis.call("HGET", P.rec, key)
-  if old and expiring then
-    local exp_ms = tonumber(header_field(old, 2))
-    if exp_ms > 0 and exp_ms <= id_parts(id) then
-      seq = seq + 1
-      remove_record(P, key, old, seq, "expired", nil, dead_letter)
-      return nil
-    end
-  end
-  return old
-end
-
-local has_expiry = redis.call("EXISTS", P.exp) == 1
-
+local S = batch_state(P, seq, expiring, dead_letter)
 local applied = 0
 for i = FIRST, #D, WIDTH do
-  local op, id, key, data = D[i], D[i + 1], D[i + 2], D[i + 3]
-  local ex, members = D[i + 4], D[i + 6]
+  local op, id, key = D[i], D[i + 1], D[i + 2]
   if op == "chain" then
-    redis.call("HSET", P.chain, key, data)
+    redis.call("HSET", P.chain, key, D[i + 3])
   elseif op == "ack" then
     redis.call("HSETNX", P.acks, id, 0)
     redis.call("PEXPIRE", P.acks, 3600000)
   elseif op == "sow_delete" then
-    local old = live_record(key, id)
+    local old = live_record(P, S, key, id)
     if old then
-      seq = seq + 1
-      remove_record(P, key, old, seq, "sow_delete", id, false)
+      S.seq = S.seq + 1
+      remove_record(P, key, old, S.seq, "sow_delete", id, false)
       redis.call("HINCRBY", P.acks, id, 1)
       applied = applied + 1
     end
   elseif op == "publish" or op == "delta_publish" then
-    if expiring then live_record(key, id) end
-    seq = seq + 1
-    local exp_ms = ex
-    if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
-    local stored = seq .. ":" .. exp_ms .. ":" .. id .. "\n" .. data
-    redis.call("HSET", P.rec, key, stored)
-    if ex ~= "" then
-      redis.call("ZADD", P.exp, exp_ms, key)
-      has_expiry = true
-    elseif has_expiry then
-      redis.call("ZREM", P.exp, key)
-    end
-    if nidx > 0 then
-      local om = redis.call("HGET", P.ixm, key)
-      if om ~= members then
-        local news = split_members(members)
-        local olds = {}
-        if om then olds = split_members(om) end
-        for j = 1, nidx do
-          if olds[j] ~= news[j] then
-            if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
-            if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
-          end
-        end
-        redis.call("HSET", P.ixm, key, members)
-      end
-    end
-    if P.listeners then
-      redis.call("PUBLISH", chan, change_event(topic, op, key, seq, id, exp_ms, data, nil))
-    end
-    if ex == "now" then
-      -- TTL 0 (expiration_policy "min"): delivered to current subscribers, never kept
-      seq = seq + 1
-      remove_record(P, key, stored, seq, "expired", nil, dead_letter)
-    end
+    upsert(P, S, op, id, key, D[i + 3], D[i + 4], D[i + 6])
     applied = applied + 1
   else
     return redis.error_reply("SOW_BADARGS unknown op " .. tostring(op))
   end
 end
 
-redis.call("HSET", P.state, "cursor", last_id, "seq", seq)
+redis.call("HSET", P.state, "cursor", last_id, "seq", S.seq)
 return {applied, last_id}

@@ -1,0 +1,75 @@
+--[[
+  apply_log: apply the plain publishes at the head of a partition's unapplied log, reading the
+  log in the script itself (no round trip of the messages through the worker), atomically.
+
+  A log entry written by sow_redis's publisher carries the SOW key it computed (field "k") and,
+  on a topic with hash indexes, the record's index members (field "m"); see
+  sow_redis/entries.py. For a "publish" with those fields and no message expiration, the worker
+  has nothing to compute: this script reads up to `count` entries after the applied cursor
+  and upserts them exactly as apply.lua does (include write_record: same records, expiry
+  scores, index members, change events), in log order, and stops before the first entry that
+  is anything else (delta_publish, sow_delete, a message expiration, an entry from another
+  client), which the worker then plans and applies with apply.lua.
+
+  Input:
+    KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
+          dead, chain, errors, log, hash indexes)
+    ARGV[1] fencing token          ARGV[2] pub/sub channel     ARGV[3] topic name
+    ARGV[4] n (number of hash indexes)     ARGV[5] "1" when the topic has a dead_letter topic
+    ARGV[6] "1" when the topic's expiration is enabled     ARGV[7] count (entries read at most)
+    ARGV[8] the topic's expiry of a message without its own expiration: "" (none), "now"
+            (TTL 0 under policy min) or a lifetime in ms added to the entry's stream id time
+
+  Output:
+    {entries applied, cursor, more}: more = 0 the log is drained, 1 `count` entries were
+    applied (there may be more), 2 stopped before an entry the worker must plan.
+    Error reply: "SOW_FENCED …" (stale fencing token).
+]]
+local fence, chan, topic = ARGV[1], ARGV[2], ARGV[3]
+local nidx, dead_letter, expiring = tonumber(ARGV[4]), ARGV[5] == "1", ARGV[6] == "1"
+local count, ttl = tonumber(ARGV[7]), ARGV[8]
+
+--@include event
+--@include remove_record
+--@include write_record
+
+local P = partition_context(chan, topic, nidx)
+local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
+if meta[1] ~= fence then
+  return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
+end
+local cursor = meta[2] or "0-0"
+local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
+local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter)
+local ttl_ms = tonumber(ttl)
+
+local applied, more = 0, 0
+for _, entry in ipairs(entries) do
+  local id, f = entry[1], entry[2]
+  local cmd, data, key, members, own_expiry
+  for j = 1, #f, 2 do
+    local name = f[j]
+    if name == "cmd" then cmd = f[j + 1]
+    elseif name == "data" then data = f[j + 1]
+    elseif name == "k" then key = f[j + 1]
+    elseif name == "m" then members = f[j + 1]
+    elseif name == "expiration" then own_expiry = true
+    end
+  end
+  if cmd ~= "publish" or not key or key == "" or not data or own_expiry
+      or string.byte(data, 1) ~= 123 or (nidx > 0 and not members) then
+    more = 2
+    break
+  end
+  local ex = ttl
+  if ttl_ms then ex = string.format("%d", id_ms(id) + ttl_ms) end
+  upsert(P, S, "publish", id, key, data, ex, members or "")
+  cursor = id
+  applied = applied + 1
+end
+if more == 0 and #entries == count then more = 1 end
+
+if applied > 0 then
+  redis.call("HSET", P.state, "cursor", cursor, "seq", S.seq)
+end
+return {applied, cursor, more}

@@ -1,0 +1,76 @@
+--[[
+  include write_record: the upsert of one record, shared by apply.lua (ops planned by the
+  worker) and apply_log.lua (plain publishes read from the log by the script itself), so both
+  write records, expiry scores, hash-index members and change events the same way. Included
+  after include event and include remove_record.
+
+  S is the batch state, made by batch_state(): S.seq (the partition's change sequence, moved
+  by every change), S.expiring (the topic's expiration is enabled), S.dead_letter (the topic
+  has a dead_letter topic), S.has_expiry (the expiry set is not empty).
+]]
+local function batch_state(P, seq, expiring, dead_letter)
+  return {seq = seq, expiring = expiring, dead_letter = dead_letter,
+          has_expiry = redis.call("EXISTS", P.exp) == 1}
+end
+
+-- the ms part of a stream id "<ms>-<n>"
+local function id_ms(id)
+  return tonumber(string.match(id, "^(%d+)-"))
+end
+
+-- The stored record of key as seen by an entry logged at id: nil when absent, or when it was
+-- due at or before that time (then it is first removed as an expiry, with event and dead letter).
+local function live_record(P, S, key, id)
+  local old = redis.call("HGET", P.rec, key)
+  if old and S.expiring then
+    local exp_ms = tonumber(header_field(old, 2))
+    if exp_ms > 0 and exp_ms <= id_ms(id) then
+      S.seq = S.seq + 1
+      remove_record(P, key, old, S.seq, "expired", nil, S.dead_letter)
+      return nil
+    end
+  end
+  return old
+end
+
+-- Store data as the record of key, written by the log entry id with op "publish" or
+-- "delta_publish" (data already merged). ex: "" (no expiry), "now" (TTL 0: delivered to
+-- current subscribers, then removed as expired) or absolute expiry ms as text. members:
+-- the positional, comma-separated hash-index members.
+local function upsert(P, S, op, id, key, data, ex, members)
+  if S.expiring then live_record(P, S, key, id) end
+  S.seq = S.seq + 1
+  local exp_ms = ex
+  if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
+  local stored = S.seq .. ":" .. exp_ms .. ":" .. id .. "\n" .. data
+  redis.call("HSET", P.rec, key, stored)
+  if ex ~= "" then
+    redis.call("ZADD", P.exp, exp_ms, key)
+    S.has_expiry = true
+  elseif S.has_expiry then
+    redis.call("ZREM", P.exp, key)
+  end
+  local nidx = #P.idx
+  if nidx > 0 then
+    local om = redis.call("HGET", P.ixm, key)
+    if om ~= members then
+      local news = split_members(members)
+      local olds = {}
+      if om then olds = split_members(om) end
+      for j = 1, nidx do
+        if olds[j] ~= news[j] then
+          if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
+          if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
+        end
+      end
+      redis.call("HSET", P.ixm, key, members)
+    end
+  end
+  if P.listeners then
+    redis.call("PUBLISH", P.chan, change_event(P.topic, op, key, S.seq, id, exp_ms, data, nil))
+  end
+  if ex == "now" then
+    S.seq = S.seq + 1
+    remove_record(P, key, stored, S.seq, "expired", nil, S.dead_letter)
+  end
+end
