@@ -73,6 +73,48 @@ class PublishResult:
 Item = tuple[str, Any, "str | None"] | tuple[str, Any, "str | None", "float | None"]
 
 
+def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
+            skip_msg_types: frozenset[str] | None = None) -> tuple[int, Fields] | None:
+    """Validate one message and build its log entry: what :func:`append` does to every item
+    before it is sent (also used by bulk loaders that write the log themselves).
+
+    Args:
+        item: ``(cmd, message, publisher SOW key or None[, expiration seconds or None])``, as
+            for :func:`append`.
+        fix_separator / skip_msg_types: FIX topics (defaults: the topic's settings).
+
+    Returns:
+        ``(partition, stream fields)``; None for a FIX message of a skipped MsgType.
+
+    Raises:
+        MessageError: the message is refused, with its reason; other exceptions for inputs
+            no check foresaw (:func:`append` reports them as ``bad_message``).
+    """
+    cmd, data, sow_key = item[0], item[1], item[2]
+    expiration = item[3] if len(item) > 3 else None
+    data = encode(data).strip()
+    if not data:
+        raise MessageError("empty", "empty message")
+    data, opts = unwrap(data)
+    obj = None
+    if topic.message_type == "fix":
+        sep = fix_separator or topic.field_separator.encode()
+        skip = frozenset(topic.skip_msg_types) if skip_msg_types is None else skip_msg_types
+        converted = to_message(data, sep, skip)
+        if converted is None:
+            return None
+        data, obj = converted
+    if opts:  # envelope options override the item's; null means absent
+        sow_key = opts.get("sow_key") or sow_key
+        if opts.get("expiration") is not None:
+            expiration = opts["expiration"]
+    expiration = check_expiration(expiration)
+    parsed = parse(data, topic, sow_key, obj)
+    members = index_members(parsed.obj, topic, parsed.sow_key) if (
+        cmd == "publish" and topic.hash_index and parsed.sow_key) else ""
+    return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key, members)
+
+
 def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
            fix_separator: bytes | None = None,
@@ -112,7 +154,6 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     parts: list[int] = []
     handled = 0
     inflight: deque[tuple[list[int], int]] = deque()  # (partitions, items handled), sent
-    is_fix = topic.message_type == "fix"
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
     skip = frozenset(topic.skip_msg_types)
@@ -156,31 +197,6 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         while last and inflight:
             settle()
 
-    def check(item: Item) -> tuple[int, Fields] | None:
-        """(partition, log entry) of one item; None for a skipped FIX message."""
-        cmd, data, sow_key = item[0], item[1], item[2]
-        expiration = item[3] if len(item) > 3 else None
-        data = encode(data).strip()
-        if not data:
-            raise MessageError("empty", "empty message")
-        data, opts = unwrap(data)
-        obj = None
-        if is_fix:
-            converted = to_message(data, sep, skip)
-            if converted is None:
-                return None
-            data, obj = converted
-        if opts:  # envelope options override the item's; null means absent
-            sow_key = opts.get("sow_key") or sow_key
-            if opts.get("expiration") is not None:
-                expiration = opts["expiration"]
-        expiration = check_expiration(expiration)
-        parsed = parse(data, topic, sow_key, obj)
-        members = index_members(parsed.obj, topic, parsed.sow_key) if (
-            cmd == "publish" and topic.hash_index and parsed.sow_key) else ""
-        return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key,
-                                            members)
-
     pos = start - 1
     it = iter(items)
     while True:
@@ -203,7 +219,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         result.read += 1
         handled += 1
         try:
-            checked = check(item)
+            checked = prepare(topic, item, sep, skip)
         except MessageError as exc:
             result.rejected.append(Rejected(pos, exc.reason, exc.detail))
             continue
