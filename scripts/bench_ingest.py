@@ -72,7 +72,7 @@ from sow_redis.settings import QUEUE_NAME, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
-console = Console()
+console = Console(width=max(Console().width, 132))
 
 SYMBOLS = ["AAPL", "MSFT", "GOOG", "AMZN", "IBM", "ORCL", "TSLA", "NVDA", "META", "INTC",
            "CSCO", "ADBE", "CRM", "QCOM", "TXN", "AVGO"]
@@ -331,6 +331,7 @@ def summary_rows(n: int, baseline: dict, sow_runs: dict[int, list[dict]]) -> lis
     for w, runs in sow_runs.items():
         for key, label in names:
             b = best(runs, key)
+            run = next(x for x in runs if x.get(key) is b)
             msg_s = b.get("msg_s")
             verified = b["verify"]["ok"] if "verify" in b else None
             if key == "live_publish":
@@ -339,14 +340,33 @@ def summary_rows(n: int, baseline: dict, sow_runs: dict[int, list[dict]]) -> lis
                          "messages": n if msg_s is not None else None,
                          "seconds": b["seconds"], "msg_s": msg_s,
                          "pct_baseline": 100.0 * msg_s / base if msg_s else None,
-                         "verified": verified})
+                         "verified": verified, "cpu_us": cpu_split(run, key, n)})
     return rows
 
 
+def cpu_split(run: dict, key: str, n: int) -> dict[str, float] | None:
+    """CPU µs per message of redis-server, the workers and the publishing process during one
+    measured phase (the publisher's share of live end-to-end is its live publish CPU)."""
+    phase = run.get(key, {})
+    out = {}
+    for who, field in (("redis", "redis_cpu_s"), ("workers", "workers_cpu_s"),
+                       ("publisher", "publisher_cpu_s")):
+        if field in phase:
+            out[who] = 1e6 * phase[field] / n
+    if key == "live_end_to_end" and "publisher_cpu_s" in run.get("live_publish", {}):
+        out["publisher"] = 1e6 * run["live_publish"]["publisher_cpu_s"] / n
+    if key == "live_publish":
+        return None
+    return out or None
+
+
 def print_table(rows: list[dict], desc: dict[str, str], title: str) -> None:
-    table = Table(title=title)
+    table = Table(title=title, caption="µs: CPU time per message of redis-server, the "
+                  "workers and the publishing process during the phase")
     for col, just in [("variant", "left"), ("workers", "right"), ("messages", "right"),
-                      ("seconds", "right"), ("msg/s", "right"), ("% of baseline", "right")]:
+                      ("seconds", "right"), ("msg/s", "right"), ("% of baseline", "right"),
+                      ("redis µs", "right"), ("workers µs", "right"),
+                      ("publisher µs", "right")]:
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for row in rows:
         ok = row["verified"]
@@ -358,6 +378,8 @@ def print_table(rows: list[dict], desc: dict[str, str], title: str) -> None:
             f"{row['seconds']:.3f}",
             "-" if row["msg_s"] is None else f"{row['msg_s']:,.0f}",
             "-" if row["pct_baseline"] is None else f"{row['pct_baseline']:.1f} %",
+            *(f"{cpu[who]:.1f}" if cpu and who in cpu else "-"
+              for cpu in [row.get("cpu_us")] for who in ("redis", "workers", "publisher")),
         )
     console.print(table)
     for k, v in desc.items():

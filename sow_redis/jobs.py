@@ -197,8 +197,13 @@ LINGER_SLICE_MS = 5
 then looks at the queue: a job of another partition waiting there ends the linger."""
 
 
-GATHER_S = 0.002
-"""Seconds a job waits after an apply call that found less than a quarter of a batch."""
+GATHER_S = 0.003
+GATHER_MIN = 8
+"""After an apply call that took at least ``GATHER_MIN`` entries but less than a quarter of
+a batch (a live publisher, the log drained as fast as it fills), a job waits ``GATHER_S``
+seconds so the next call takes a larger batch: fewer, larger calls leave Redis and the
+cores to the publisher (docs/benchmarks.md). A trickle (fewer entries per call) is applied
+at once, without the wait."""
 
 
 def _linger(r: Client, log_key: str, cursor: str, wait_ms: int, watch_queue: bool) -> bool:
@@ -246,10 +251,8 @@ def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
         while True:
             n = applier.step()
             done += n
-            if 0 < n < settings.batch_size // 4:
-                # the log is nearly drained: let a live publisher's entries gather for a
-                # moment instead of one small apply call after the other
-                time.sleep(GATHER_S)
+            if GATHER_MIN <= n < settings.batch_size // 4:
+                time.sleep(GATHER_S)  # let a live publisher's entries gather (see GATHER_S)
             now = time.monotonic()
             if applier.drained:
                 # drained (nothing in flight): linger briefly for more; a live publisher

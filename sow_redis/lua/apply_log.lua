@@ -42,6 +42,8 @@ local cursor = meta[2] or "0-0"
 local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
 local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter)
 local ttl_ms = tonumber(ttl)
+-- no entry here reads a record (no expiry check without expiration): write them in bulk
+if not expiring then S.deferred = {} end
 
 local applied, more = 0, 0
 for _, entry in ipairs(entries) do
@@ -70,6 +72,7 @@ end
 if more == 0 and #entries == count then more = 1 end
 
 if applied > 0 then
+  write_deferred(P, S)
   redis.call("HSET", P.state, "cursor", cursor, "seq", S.seq)
 end
 return {applied, cursor, more}

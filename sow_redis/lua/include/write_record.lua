@@ -6,11 +6,24 @@
 
   S is the batch state, made by batch_state(): S.seq (the partition's change sequence, moved
   by every change), S.expiring (the topic's expiration is enabled), S.dead_letter (the topic
-  has a dead_letter topic), S.has_expiry (the expiry set is not empty).
+  has a dead_letter topic), S.has_expiry (the expiry set is not empty), S.deferred (records
+  not written yet, see write_deferred).
 ]]
+local DEFERRED_MAX = 1000  -- fields and values of one HSET (well below Lua's stack limit)
+
 local function batch_state(P, seq, expiring, dead_letter)
   return {seq = seq, expiring = expiring, dead_letter = dead_letter,
-          has_expiry = redis.call("EXISTS", P.exp) == 1}
+          has_expiry = redis.call("EXISTS", P.exp) == 1, deferred = nil}
+end
+
+-- Write the records deferred by upsert in one HSET. Deferring is for a caller whose batch
+-- reads no record it writes (apply_log.lua: publishes only, on a topic without expiration);
+-- it must call this before it returns.
+local function write_deferred(P, S)
+  if S.deferred and #S.deferred > 0 then
+    redis.call("HSET", P.rec, unpack(S.deferred))
+    S.deferred = {}
+  end
 end
 
 -- the ms part of a stream id "<ms>-<n>"
@@ -43,7 +56,14 @@ local function upsert(P, S, op, id, key, data, ex, members)
   local exp_ms = ex
   if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
   local stored = S.seq .. ":" .. exp_ms .. ":" .. id .. "\n" .. data
-  redis.call("HSET", P.rec, key, stored)
+  local deferred = S.deferred
+  if deferred then
+    deferred[#deferred + 1] = key
+    deferred[#deferred + 1] = stored
+    if #deferred >= DEFERRED_MAX then write_deferred(P, S) end
+  else
+    redis.call("HSET", P.rec, key, stored)
+  end
   if ex ~= "" then
     redis.call("ZADD", P.exp, exp_ms, key)
     S.has_expiry = true
