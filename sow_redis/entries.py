@@ -11,7 +11,8 @@ sow_redis's publisher adds what it already computed while validating (:func:`mak
 record's hash-index members (a ``publish`` on a topic with hash indexes). Workers take ``k`` as
 the entry's SOW key instead of computing it again, and ``apply_log.lua`` applies a ``publish``
 carrying ``k`` (and ``m`` where indexes exist) and no ``expiration`` without the worker reading
-it at all. Another client writing to a log leaves both out; the worker then computes them.
+it at all, trusting that the publisher validated it. Another client writing to a log must
+leave both out; the worker then validates the entry and computes them.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@
   is anything else (delta_publish, sow_delete, a message expiration, an entry from another
   client), which the worker then plans and applies with apply.lua.
 
+  Trust: "k" and "m" are what sow_redis's publisher computed while validating the message;
+  the script checks only that the data is braced like a JSON object. A client that writes
+  entries itself must leave both out (the worker then validates and keys the entry, and
+  rejects a bad one to the error stream).
+
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
           dead, chain, errors, log, hash indexes)
@@ -59,7 +64,8 @@ for _, entry in ipairs(entries) do
     end
   end
   if cmd ~= "publish" or not key or key == "" or not data or own_expiry
-      or string.byte(data, 1) ~= 123 or (nidx > 0 and not members) then
+      or string.byte(data, 1) ~= 123 or string.byte(data, -1) ~= 125
+      or (nidx > 0 and not members) then
     more = 2
     break
   end
