@@ -228,11 +228,13 @@ def subscriber_main(port: int, channel: str, kind: str, ready: Any, stop: Any, c
                 out_keys.append(data.decode())
                 out_times.append(t)
                 continue
-            ev = loads(data) if marker in data else None
-            if ev is not None and ev.get("op") == "sow_delete" and ev.get("reason") == "expired":
+            block = loads(data) if marker in data else None
+            expired = [ev for ev in block["events"] if ev.get("op") == "sow_delete"
+                       and ev.get("reason") == "expired"] if block else []
+            for ev in expired:  # one change block per expirer call
                 out_keys.append(ev["sow_key"])
                 out_times.append(t)
-            else:
+            if not expired:
                 other += 1
         if len(out_keys) != n0:
             count.value = len(out_keys)

@@ -104,6 +104,8 @@ DESCRIPTIONS = {
     "worker start-up": "Popen of W worker processes until all W are registered in rq",
     "apply backlog": "W idle workers; clock from 'topic stored in registry + jobs enqueued' "
                      "until every partition's cursor reached its last id",
+    "apply backlog, no change feed": "the same on a topic with change_retention = 0 (changes "
+                                     "published, not kept): the change feed's cost",
     "live publish": "append while W workers apply concurrently (job markers set with each 1,000)",
     "live end-to-end": "from publish start until everything is applied, W workers running",
 }
@@ -186,9 +188,12 @@ class Workers:
 
 
 # -- helpers ------------------------------------------------------------------------------
-def topic_config(name: str, partitions: int) -> TopicConfig:
+def topic_config(name: str, partitions: int, change_feed: bool = True) -> TopicConfig:
+    """The benchmark topic: keyed by ``/id``; the default change feed retention, or none
+    (``change_retention = 0``: changes published only)."""
+    feed = "" if change_feed else "change_retention = 0\n"
     return parse_topics(f'[[topic]]\nname = "{name}"\nkey = ["/id"]\n'
-                        f"partitions = {partitions}\n")[0]
+                        f"partitions = {partitions}\n{feed}")[0]
 
 
 def verify(r: Redis, t: TopicConfig, n: int, distinct: int) -> dict[str, Any]:
@@ -277,6 +282,21 @@ def run_sow(url: str, r: Redis, msgs: list[bytes], workers: int, args: argparse.
                                 "verify": verify(r, backlog, n, distinct)}
         remove_topic(r, backlog)
 
+        # 2b. the same backlog on a topic without change feed (its cost, same run)
+        plain = topic_config(f"bench_{uid}_nofeed_w{workers}", args.partitions, False)
+        res_plain = append(r, plain, (("publish", m, None) for m in msgs))
+        cpu0, wcpu0 = redis_cpu_s(r), ws.cpu_s()
+        t0 = time.perf_counter()
+        apply_topics(r, [plain])
+        ensure_jobs(r, plain.name, parts, settings)
+        wait_applied(r, plain, res_plain.last_ids, timeout_s=wait_timeout, poll_s=POLL_S)
+        t1 = time.perf_counter()
+        out["apply_backlog_no_feed"] = {"seconds": t1 - t0, "msg_s": rate(n, t1 - t0),
+                                        "redis_cpu_s": redis_cpu_s(r) - cpu0,
+                                        "workers_cpu_s": ws.cpu_s() - wcpu0,
+                                        "verify": verify(r, plain, n, distinct)}
+        remove_topic(r, plain)
+
         # 3. live: publish while the workers apply
         live = topic_config(f"bench_{uid}_live_w{workers}", args.partitions)
         apply_topics(r, [live])
@@ -326,7 +346,9 @@ def summary_rows(n: int, baseline: dict, sow_runs: dict[int, list[dict]]) -> lis
              "seconds": baseline["seconds"], "msg_s": base, "pct_baseline": 100.0,
              "verified": baseline["verify"]["ok"]}]
     names = [("publish", "publish"), ("worker_startup", "worker start-up"),
-             ("apply_backlog", "apply backlog"), ("live_publish", "live publish"),
+             ("apply_backlog", "apply backlog"),
+             ("apply_backlog_no_feed", "apply backlog, no change feed"),
+             ("live_publish", "live publish"),
              ("live_end_to_end", "live end-to-end")]
     for w, runs in sow_runs.items():
         for key, label in names:
@@ -460,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             failed = not all(row["verified"] in (True, None) for row in rows) or not all(
                 b["verify"]["ok"] for b in base_runs) or not all(
                 x[k]["verify"]["ok"] for runs in sow_runs.values() for x in runs
-                for k in ("apply_backlog", "live_end_to_end"))
+                for k in ("apply_backlog", "apply_backlog_no_feed", "live_end_to_end"))
             desc = dict(DESCRIPTIONS)
             desc["baseline"] = desc["baseline"].format(depth=depth, batch=batch,
                                                        runs=len(base_runs))

@@ -32,7 +32,7 @@ from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
 from .connection import Client, connect, is_memory
 from .errors import WaitTimeout
-from .events import ChangeEvent, parse_event
+from .events import ChangeEvent, events_of
 from .jobs import drain_partition, ensure_jobs
 from .publisher import (
     PublishResult,
@@ -349,40 +349,37 @@ class Subscription:
     """An open subscription; iterate for events, or :meth:`get` with a timeout (seconds)."""
 
     def __init__(self, r: Client, topic: str, filter: str | None):
+        from collections import deque
+
         from .filter import compile_filter
 
         self.pred = compile_filter(filter) if filter else None
         self.pubsub = r.pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(keys.channel(topic))
+        self._ready: deque[ChangeEvent] = deque()
 
-    def _match(self, raw: bytes) -> ChangeEvent | None:
-        ev = parse_event(raw)
-        if self.pred is None or self.pred(ev.get("data") or {}):
-            return ev
-        return None
+    def _take(self, raw: bytes) -> None:
+        for ev in events_of(raw):
+            if self.pred is None or self.pred(ev.get("data") or {}):
+                self._ready.append(ev)
 
     def get(self, timeout: float = 1.0) -> ChangeEvent | None:
         """The next matching event, or None after ``timeout`` seconds without one."""
-        import time
-
         deadline = time.monotonic() + timeout
-        while True:
+        while not self._ready:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             msg = self.pubsub.get_message(timeout=left)
-            if msg is None or msg.get("type") != "message":
-                continue
-            ev = self._match(msg["data"])
-            if ev is not None:
-                return ev
+            if msg is not None and msg.get("type") == "message":
+                self._take(msg["data"])
+        return self._ready.popleft()
 
     def __iter__(self) -> Iterator[ChangeEvent]:
-        for msg in self.pubsub.listen():
-            if msg.get("type") == "message":
-                ev = self._match(msg["data"])
-                if ev is not None:
-                    yield ev
+        while True:
+            ev = self.get(timeout=3600.0)
+            if ev is not None:
+                yield ev
 
     def close(self) -> None:
         self.pubsub.close()

@@ -14,6 +14,8 @@ One ``[[topic]]`` table per SOW topic (AMPS ``SOW/Topic``, seeds/004 "Configurat
     expiration_policy = "override"  # AMPS (message wins) or "min" (RabbitMQ: lower TTL wins)
     dead_letter = "orders_expired"  # expired records are published there
     idle_expiration = "1h"        # remove the topic after this long unused (RabbitMQ x-expires)
+    change_retention = "1h"       # change feed kept for bookmark replay and gap recovery:
+                                  # a duration, { age = "1h", count = 100000 }, or 0 (no feed)
 
     [[topic]]                     # a FIX order topic with cancel/replace chains (seeds/003)
     name = "orders"
@@ -102,6 +104,9 @@ def duration_text(value: object) -> str:
 
 
 DEFAULT_PARTITIONS = 8
+DEFAULT_CHANGE_RETENTION = "1h"
+DEFAULT_CHANGE_RETENTION_COUNT = 100_000
+MAX_CHANGE_RETENTION_COUNT = 100_000_000
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
 
 
@@ -127,6 +132,8 @@ class TopicConfig:
     chain_validation: bool = False
     field_separator: str = "\x01"
     skip_msg_types: tuple[str, ...] = ()
+    change_retention: str = DEFAULT_CHANGE_RETENTION
+    change_retention_count: int = DEFAULT_CHANGE_RETENTION_COUNT
     key_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     partition_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     index_parts: tuple[tuple[tuple[str, ...], ...], ...] = field(
@@ -167,6 +174,17 @@ class TopicConfig:
         """``idle_expiration`` in milliseconds, None when not set."""
         return parse_duration_ms(self.idle_expiration) if self.idle_expiration else None
 
+    @cached_property
+    def change_retention_ms(self) -> int:
+        """Age after which change blocks leave the change feed, in milliseconds (0: no age
+        limit, only the count)."""
+        return parse_duration_ms(self.change_retention)
+
+    @property
+    def change_feed(self) -> bool:
+        """False when ``change_retention = 0``: changes are published, not kept."""
+        return self.change_retention_count > 0
+
     @property
     def publisher_keys(self) -> bool:
         """True when the topic has no key fields and publishers must supply the SOW key."""
@@ -197,6 +215,10 @@ def _is_int(v: Any) -> bool:
 
 def _is_bool(v: Any) -> bool:
     return isinstance(v, bool)
+
+
+def _is_retention(v: Any) -> bool:
+    return isinstance(v, (dict, str, int, float)) and not isinstance(v, bool)
 
 
 def _is_duration(v: Any) -> bool:
@@ -236,6 +258,8 @@ _SHAPES: dict[str, tuple[Any, str]] = {
                       'secondary = ["/41"] }'),
     "field_separator": (_is_str, 'a string like ";"'),
     "skip_msg_types": (_is_paths, 'a list of MsgType (35) values like ["0", "A"]'),
+    "change_retention": (_is_retention, 'a duration like "1h", 0 (no change feed), or a '
+                         'table like { age = "1h", count = 100000 }'),
 }
 """Every ``[[topic]]`` field → (type check on the TOML value, what the field must be). Each
 field is type-checked here first, so the value checks below only ever see the right type."""
@@ -300,6 +324,9 @@ def _build(d: dict[str, Any]) -> TopicConfig:
         chain_validation=bool(d.get("chain_validation", False)),
         field_separator=d.get("field_separator") or "\x01",
         skip_msg_types=tuple(d.get("skip_msg_types") or ()),
+        change_retention=str(d.get("change_retention", DEFAULT_CHANGE_RETENTION)),
+        change_retention_count=int(d.get("change_retention_count",
+                                         DEFAULT_CHANGE_RETENTION_COUNT)),
         key_parts=tuple(split_path(p) for p in key),
         partition_parts=tuple(split_path(p) for p in (partition_by or key)),
         index_parts=tuple(tuple(split_path(p) for p in ix) for ix in hash_index),
@@ -389,6 +416,7 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
             problems.append(f"{where}: 'max_message_bytes' must be an integer from 16 to "
                             f"{MAX_MESSAGE_BYTES} (512 MiB)")
         _check_expiration(where, t, d, problems)
+        _check_change_retention(where, t, d, problems)
         if len(problems) == before:
             topics.append(_build(d))
     for built in topics:
@@ -499,6 +527,41 @@ def _check_expiration(where: str, t: dict[str, Any], d: dict[str, Any],
                 problems.append(f"{where}: 'idle_expiration' must be > 0")
         except ValueError as exc:
             problems.append(f"{where}: 'idle_expiration': {exc}")
+
+
+def _check_change_retention(where: str, t: dict[str, Any], d: dict[str, Any],
+                            problems: list[str]) -> None:
+    """``change_retention``: a duration (age; the count stays the default), 0 (no change
+    feed: changes are published only), or ``{ age = …, count = N }`` (either or both; a table
+    without ``age`` keeps changes by count only). Stored as ``change_retention`` (age text,
+    "0" = no age limit) and ``change_retention_count``."""
+    if "change_retention" not in t:
+        return
+    value = d.pop("change_retention")
+    age: object = DEFAULT_CHANGE_RETENTION
+    count: object = DEFAULT_CHANGE_RETENTION_COUNT
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - {"age", "count"})
+        if unknown:
+            problems.append(f"{where}: 'change_retention' has unknown field(s) "
+                            f"{', '.join(unknown)} (known: age, count)")
+            return
+        age, count = value.get("age", 0), value.get("count", DEFAULT_CHANGE_RETENTION_COUNT)
+    else:
+        age = value
+    try:
+        d["change_retention"] = duration_text(age)
+    except ValueError as exc:
+        problems.append(f"{where}: 'change_retention': {exc}")
+        return
+    if not isinstance(value, dict) and parse_duration_ms(d["change_retention"]) == 0:
+        count = 0  # change_retention = 0: no change feed
+    if not _is_int(count) or not 1 <= cast("int", count) <= MAX_CHANGE_RETENTION_COUNT:
+        if count != 0 or isinstance(value, dict):
+            problems.append(f"{where}: 'change_retention' count must be an integer from 1 to "
+                            f"{MAX_CHANGE_RETENTION_COUNT}")
+            return
+    d["change_retention_count"] = count
 
 
 def load_file(path: str) -> list[TopicConfig]:

@@ -87,6 +87,18 @@ def index(topic: str, p: int, n: int) -> str:
     return _tag(topic, p) + ":idx:%d" % n
 
 
+def changes(topic: str, p: int) -> str:
+    """STREAM: the partition's change feed: one entry per atomic call that changed records,
+    id ``<first seq>-0``, field ``block`` = the change block as published (events.py)."""
+    return _tag(topic, p) + ":changes"
+
+
+def change_times(topic: str, p: int) -> str:
+    """ZSET first seq of a change block → its server time in ms (retention by age, and
+    bookmarks given as a time)."""
+    return _tag(topic, p) + ":changes:t"
+
+
 def errors(topic: str) -> str:
     """STREAM: topic-level rejections outside a partition's apply (dead letters the expirer
     could not forward), with reason and original bytes."""
@@ -123,6 +135,8 @@ def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
         chain(topic, p),
         partition_errors(topic, p),
         log(topic, p),
+        changes(topic, p),
+        change_times(topic, p),
     ] + [index(topic, p, n) for n in range(n_indexes)]
 
 

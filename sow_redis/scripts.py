@@ -133,7 +133,7 @@ class Scripts:
             "apply_log", keys.partition_keys(topic.name, p, n_idx),
             [fence, keys.channel(topic.name), topic.name, n_idx,
              "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-             count, expiry_for(topic, None, "0-0")])
+             count, expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
         return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
                           int(more) == 1, int(more) == 2)
 
@@ -151,7 +151,7 @@ class Scripts:
         n_idx = len(topic.hash_index)
         self.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
                    [keys.channel(topic.name), topic.name, n_idx,
-                    "1" if topic.dead_letter else "0", limit])
+                    "1" if topic.dead_letter else "0", limit, p, *retention_args(topic)])
 
     def lease_acquire(self, lease_key: str, state_key: str, owner: str, ms: int) -> int | None:
         """lease_acquire.lua: the fencing token, or None when another owner holds the lease."""
@@ -178,6 +178,12 @@ class LogApplied:
     cursor: str
     full: bool
     stopped: bool
+
+
+def retention_args(topic: TopicConfig) -> tuple[int, int]:
+    """The change feed retention ARGV of the scripts: changes kept per partition (0: no
+    feed) and their age limit in ms (0: none)."""
+    return topic.change_retention_count, topic.change_retention_ms
 
 
 def _pack_op(op: Op) -> tuple[Any, ...]:
@@ -219,7 +225,8 @@ def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
         fields += _pack_op(op)
     argv: list[Any] = [fence, keys.channel(topic.name), topic.name, first, last,
                        len(topic.hash_index), "1" if topic.dead_letter else "0",
-                       "1" if topic.expiration_enabled else "0", p, len(rejects), packing]
+                       "1" if topic.expiration_enabled else "0", p, len(rejects),
+                       *retention_args(topic), packing]
     if packing == "msgpack":
         argv.append(msgpack.packb([f if isinstance(f, (str, bytes)) else str(f) for f in fields],
                                   use_bin_type=False))

@@ -17,6 +17,7 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.entries import make_entry
 from sow_redis.errors import FencedError
+from sow_redis.events import events_of
 from sow_redis.jobs import drain_partition
 from sow_redis.messages import index_members, key_of
 from sow_redis.scripts import Scripts
@@ -70,7 +71,10 @@ def _state(r, t):
         "rec": r.hgetall(keys.records(t.name, 0)),
         "exp": r.zrange(keys.expiry(t.name, 0), 0, -1, withscores=True),
         "ixm": r.hgetall(keys.index_members(t.name, 0)),
-        "idx": [r.zrange(k, 0, -1) for k in keys.partition_keys(t.name, 0, n)[9:]],
+        "idx": [r.zrange(keys.index(t.name, 0, j), 0, -1) for j in range(n)],
+        # the change feed, event by event (blocks follow the calls, which differ)
+        "changes": [e for _sid, f in r.xrange(keys.changes(t.name, 0))
+                    for e in events_of(f[b"block"])],
         "seq": r.hget(keys.state(t.name, 0), "seq"),
         "cursor": r.hget(keys.state(t.name, 0), "cursor"),
         "errors": r.xlen(keys.errors(t.name)) + r.xlen(keys.partition_errors(t.name, 0)),
@@ -81,9 +85,7 @@ def _events(pubsub):
     out = []
     while (m := pubsub.get_message(timeout=0.2)) is not None:
         if m["type"] == "message":
-            e = orjson.loads(m["data"])
-            e.pop("topic")
-            out.append(e)
+            out += events_of(m["data"])
     return out
 
 

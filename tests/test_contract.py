@@ -221,7 +221,7 @@ def test_change_events_on_pubsub(sow, topic_name):
     assert [(e["op"], e["data"]["orderId"]) for e in evs] == [
         ("publish", 1), ("publish", 2), ("delta_publish", 1), ("sow_delete", 2)]
     assert evs[2]["data"] == {"orderId": 1, "px": 20}
-    assert evs[3]["reason"] == "sow_delete" and evs[3]["topic"] == topic_name
+    assert evs[3]["reason"] == "deleted" and evs[3]["topic"] == topic_name
     assert evs[0]["sow_key"] == sowkey.generate(topic_name, ["1"])
     assert [e["seq"] for e in evs if e["sow_key"] == evs[0]["sow_key"]] == sorted(
         e["seq"] for e in evs if e["sow_key"] == evs[0]["sow_key"])

@@ -20,6 +20,7 @@ from redis import Redis
 
 from sow_redis import keys
 from sow_redis.client import Sow
+from sow_redis.events import events_of
 from sow_redis.expirer import Expirer
 from sow_redis.messages import merge
 from sow_redis.publisher import append
@@ -156,7 +157,7 @@ def test_delta_expiry_race_against_the_reference_model(redis_server, topic_name)
         while not stop.is_set():
             msg = ps.get_message(timeout=0.2)
             if msg:
-                events.append(orjson.loads(msg["data"]))
+                events.extend(events_of(msg["data"]))
         ps.close()
 
     listener = threading.Thread(target=listen, daemon=True)

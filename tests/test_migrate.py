@@ -7,6 +7,7 @@ workers' code (``jobs.drain_partition``), or left queued to stand for unapplied 
 from __future__ import annotations
 
 import pytest
+from conftest import run_cli
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -15,8 +16,6 @@ from sow_redis.errors import ConfigError, SowError
 from sow_redis.jobs import drain_partition
 from sow_redis.records import decode as decode_record
 from sow_redis.settings import Settings
-
-from conftest import run_cli
 
 
 def cfg(name: str, extra: str = "", key: str = '["/id"]') -> str:

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from sow_redis import keys
 from sow_redis.client import Sow
+from sow_redis.events import events_of
 from sow_redis.jobs import ensure_jobs
 from sow_redis.publisher import append, wait_applied
 from sow_redis.scripts import Scripts
@@ -257,9 +258,9 @@ def test_kill9_workers_during_mixed_ingest_loses_and_duplicates_nothing(url, r, 
         while not stop_sub.is_set():
             m = sub.get_message(timeout=0.2)
             if m and m["type"] == "message":
-                ev = orjson.loads(m["data"])
-                eid = (ev["sow_key"], ev["id"])  # stream ids repeat across partitions
-                events[eid] = events.get(eid, 0) + 1
+                for ev in events_of(m["data"]):
+                    eid = (ev["sow_key"], ev["id"])  # stream ids repeat across partitions
+                    events[eid] = events.get(eid, 0) + 1
 
     listener = threading.Thread(target=listen, daemon=True)
     listener.start()

@@ -5,22 +5,25 @@
   expected record versions (compare-and-set for delta merges done by the worker), writes the
   batch's rejected entries to the partition's error stream, then upserts / deletes records,
   keeps expiry scores and hash-index members, moves the cursor, counts sow_delete results and
-  publishes one change event per change (skipped when nobody subscribes).
+  publishes the batch's changes as one change block on the topic's channel and in the
+  partition's change feed (include remove_record publish_changes).
 
   Every entry sees the SOW as of its own log time (ARCHITECTURE §5; issue "deltas race
   expiry"): when the topic's expiration is enabled and the stored record of an op's SOW key
   was due at or before the op's stream id time, the record is first removed as an expiry
-  (event reason "expired", dead-letter copy), then the op runs on an absent record.
+  (change reason "expired", dead-letter copy), then the op runs on an absent record.
 
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
-          dead, chain, errors, log, hash indexes)
+          dead, chain, errors, log, changes, change times, hash indexes)
     ARGV[1] fencing token          ARGV[2] pub/sub channel     ARGV[3] topic name
     ARGV[4] first stream id of the batch   ARGV[5] last stream id of the batch
     ARGV[6] n (number of hash indexes)     ARGV[7] "1" when the topic has a dead_letter topic
     ARGV[8] "1" when the topic's expiration is enabled     ARGV[9] partition number
     ARGV[10] e (number of rejected entries)
-    ARGV[11] packing: "flat" (the fields below are ARGV[12..]) or "msgpack" (ARGV[12] is one
+    ARGV[11] change feed retention: changes kept per partition (0: no feed, pub/sub only)
+    ARGV[12] change feed retention in ms (0: by count only)
+    ARGV[13] packing: "flat" (the fields below are ARGV[14..]) or "msgpack" (ARGV[14] is one
              MessagePack array of the fields below, unpacked with Redis's cmsgpack: one
              argument instead of 7 per op, measured cheaper for the worker; docs/benchmarks.md)
     then e × 6 fields:
@@ -43,8 +46,9 @@ local fence, chan, topic = ARGV[1], ARGV[2], ARGV[3]
 local first_id, last_id, nidx = ARGV[4], ARGV[5], tonumber(ARGV[6])
 local dead_letter, expiring, partition = ARGV[7] == "1", ARGV[8] == "1", ARGV[9]
 local nerr = tonumber(ARGV[10])
-local D, ERR_FIRST = ARGV, 12
-if ARGV[11] == "msgpack" then D, ERR_FIRST = cmsgpack.unpack(ARGV[12]), 1 end
+local keep_count, keep_ms = ARGV[11], ARGV[12]
+local D, ERR_FIRST = ARGV, 14
+if ARGV[13] == "msgpack" then D, ERR_FIRST = cmsgpack.unpack(ARGV[14]), 1 end
 local ERR_WIDTH, WIDTH = 6, 7
 local FIRST = ERR_FIRST + ERR_WIDTH * (nerr or 0)
 local ERRORS_MAXLEN = 100000
@@ -56,7 +60,7 @@ local ERRORS_MAXLEN = 100000
 if not nerr or (#D - FIRST + 1) % WIDTH ~= 0 then
   return redis.error_reply("SOW_BADARGS ops must have " .. WIDTH .. " fields each")
 end
-local P = partition_context(chan, topic, nidx)
+local P = partition_context(chan, topic, partition, nidx)
 
 local function id_parts(id)
   local ms, s = string.match(id, "^(%d+)-(%d+)$")
@@ -98,7 +102,7 @@ for i = ERR_FIRST, FIRST - 1, ERR_WIDTH do
     "cmd", D[i + 3], "data", D[i + 4], "sow_key", D[i + 5])
 end
 
-local S = batch_state(P, seq, expiring, dead_letter)
+local S = batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
 local applied = 0
 for i = FIRST, #D, WIDTH do
   local op, id, key = D[i], D[i + 1], D[i + 2]
@@ -110,8 +114,7 @@ for i = FIRST, #D, WIDTH do
   elseif op == "sow_delete" then
     local old = live_record(P, S, key, id)
     if old then
-      S.seq = S.seq + 1
-      remove_record(P, key, old, S.seq, "sow_delete", id, false)
+      remove_record(P, S, key, old, "deleted", id)
       redis.call("HINCRBY", P.acks, id, 1)
       applied = applied + 1
     end
@@ -124,4 +127,5 @@ for i = FIRST, #D, WIDTH do
 end
 
 redis.call("HSET", P.state, "cursor", last_id, "seq", S.seq)
+publish_changes(P, S)
 return {applied, last_id}

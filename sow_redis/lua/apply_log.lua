@@ -18,12 +18,15 @@
 
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
-          dead, chain, errors, log, hash indexes)
+          dead, chain, errors, log, changes, change times, hash indexes)
     ARGV[1] fencing token          ARGV[2] pub/sub channel     ARGV[3] topic name
     ARGV[4] n (number of hash indexes)     ARGV[5] "1" when the topic has a dead_letter topic
     ARGV[6] "1" when the topic's expiration is enabled     ARGV[7] count (entries read at most)
     ARGV[8] the topic's expiry of a message without its own expiration: "" (none), "now"
             (TTL 0 under policy min) or a lifetime in ms added to the entry's stream id time
+    ARGV[9] partition number
+    ARGV[10] change feed retention: changes kept per partition (0: no feed, pub/sub only)
+    ARGV[11] change feed retention in ms (0: by count only)
 
   Output:
     {entries applied, cursor, more}: more = 0 the log is drained, 1 `count` entries were
@@ -32,20 +35,20 @@
 ]]
 local fence, chan, topic = ARGV[1], ARGV[2], ARGV[3]
 local nidx, dead_letter, expiring = tonumber(ARGV[4]), ARGV[5] == "1", ARGV[6] == "1"
-local count, ttl = tonumber(ARGV[7]), ARGV[8]
+local count, ttl, partition = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 
 --@include event
 --@include remove_record
 --@include write_record
 
-local P = partition_context(chan, topic, nidx)
+local P = partition_context(chan, topic, partition, nidx)
 local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
 if meta[1] ~= fence then
   return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
 end
 local cursor = meta[2] or "0-0"
 local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
-local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter)
+local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter, ARGV[10], ARGV[11])
 local ttl_ms = tonumber(ttl)
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
 if not expiring then S.deferred = {} end
@@ -80,5 +83,6 @@ if more == 0 and #entries == count then more = 1 end
 if applied > 0 then
   write_deferred(P, S)
   redis.call("HSET", P.state, "cursor", cursor, "seq", S.seq)
+  publish_changes(P, S)
 end
 return {applied, cursor, more}

@@ -8,14 +8,18 @@
   partition still holds unapplied log entries logged before its due time (they must still
   see it): only records due at or before the first unapplied entry's time are removed here;
   the worker expires the others itself when it reaches entries logged after their due time.
-  Each expired record leaves the SOW with its index members, a sow_delete event with reason
-  "expired" is published, and with a dead_letter topic a copy goes to the outbox stream.
+  Each expired record leaves the SOW with its index members, a sow_delete change with reason
+  "expired" is published (one change block for the call, also in the change feed), and with
+  a dead_letter topic a copy goes to the outbox stream.
 
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
-          dead, chain, errors, log, hash indexes)
+          dead, chain, errors, log, changes, change times, hash indexes)
     ARGV[1] pub/sub channel   ARGV[2] topic name   ARGV[3] n (hash indexes)
     ARGV[4] "1" when the topic has a dead_letter topic   ARGV[5] most records to expire
+    ARGV[6] partition number
+    ARGV[7] change feed retention: changes kept per partition (0: no feed, pub/sub only)
+    ARGV[8] change feed retention in ms (0: by count only)
   Output:
     {expired count, next due ms or -1 when none, server now ms, dead-letter outbox length}
     (next due is at least now + 5 while due records wait for the workers)
@@ -26,7 +30,7 @@ local dead_letter, limit = ARGV[4] == "1", tonumber(ARGV[5])
 --@include event
 --@include remove_record
 
-local P = partition_context(chan, topic, nidx)
+local P = partition_context(chan, topic, ARGV[6], nidx)
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local horizon = now
@@ -37,20 +41,21 @@ if pending[1] then
   if logged < horizon then horizon = logged end
 end
 local due = redis.call("ZRANGEBYSCORE", P.exp, "-inf", horizon, "LIMIT", 0, limit)
-local seq = tonumber(redis.call("HGET", P.state, "seq") or "0")
+local S = batch_state(P, tonumber(redis.call("HGET", P.state, "seq") or "0"), true,
+  dead_letter, ARGV[7], ARGV[8])
 local n = 0
 for _, key in ipairs(due) do
   local stored = redis.call("HGET", P.rec, key)
   if stored then
-    seq = seq + 1
-    remove_record(P, key, stored, seq, "expired", nil, dead_letter)
+    remove_record(P, S, key, stored, "expired", nil)
     n = n + 1
   else
     redis.call("ZREM", P.exp, key)
   end
 end
 if n > 0 then
-  redis.call("HSET", P.state, "seq", seq)
+  redis.call("HSET", P.state, "seq", S.seq)
+  publish_changes(P, S)
 end
 local nxt = redis.call("ZRANGE", P.exp, 0, 0, "WITHSCORES")
 local next_due = -1

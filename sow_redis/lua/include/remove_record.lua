@@ -1,22 +1,83 @@
 --[[
-  include remove_record: record helpers shared by apply.lua and expire.lua (included textually
-  by the loader, after include event). Every function takes the partition context P as a
-  parameter, built by partition_context() from the scripts' common KEYS layout:
+  include remove_record: the partition context, the batch state and the change feed, shared
+  by apply.lua, apply_log.lua and expire.lua (included textually by the loader, after include
+  event). Every function takes the partition context P and the batch state S as parameters.
+
+  partition_context(chan, topic, partition, nidx) reads the scripts' common KEYS layout:
     KEYS[1] records  KEYS[2] state  KEYS[3] expiry  KEYS[4] acks  KEYS[5] ixm
     KEYS[6] dead-letter outbox  KEYS[7] chain  KEYS[8] errors  KEYS[9] log
-    KEYS[10..9+n] hash indexes
+    KEYS[10] change feed (stream)  KEYS[11] change feed block times (zset)
+    KEYS[12..11+n] hash indexes
+
+  batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms) starts a batch: S.seq (the
+  partition's change sequence, moved by every change), S.first (the seq of the batch's first
+  change), S.changes (the fields of the batch's changes, in order; include event), S.expiring (the topic's
+  expiration is enabled), S.dead_letter (the topic has a dead_letter topic), S.has_expiry
+  (the expiry set is not empty), S.keep_count / S.keep_ms (change feed retention: changes per
+  partition, and milliseconds; keep_count 0 = no feed), S.deferred (see write_deferred).
 ]]
-local function partition_context(chan, topic, nidx)
+local function partition_context(chan, topic, partition, nidx)
   local idx = {}
-  for j = 1, nidx do idx[j] = KEYS[9 + j] end
+  for j = 1, nidx do idx[j] = KEYS[11 + j] end
   return {
     rec = KEYS[1], state = KEYS[2], exp = KEYS[3], acks = KEYS[4], ixm = KEYS[5],
-    dead = KEYS[6], chain = KEYS[7], errors = KEYS[8], log = KEYS[9], idx = idx,
-    chan = chan, topic = topic,
-    -- nobody subscribes: skip building and publishing events
-    listeners = redis.call("PUBSUB", "NUMSUB", chan)[2] > 0 or
-      redis.call("PUBSUB", "NUMPAT") > 0,
+    dead = KEYS[6], chain = KEYS[7], errors = KEYS[8], log = KEYS[9], changes = KEYS[10],
+    change_times = KEYS[11], idx = idx, chan = chan, topic = topic, partition = partition,
   }
+end
+
+local function batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
+  return {seq = seq, first = seq + 1, changes = {}, expiring = expiring,
+          dead_letter = dead_letter, keep_count = tonumber(keep_count) or 0,
+          keep_ms = tonumber(keep_ms) or 0,
+          has_expiry = redis.call("EXISTS", P.exp) == 1, deferred = nil}
+end
+
+-- Record one change: the next seq, and its fields in the batch's block.
+local function emit(S, op, key, id, expiry_ms, data, reason)
+  S.seq = S.seq + 1
+  add_change(S.changes, op, key, S.seq, id, expiry_ms, data, reason)
+end
+
+-- Publish the batch's change block on the topic's channel, whether or not anyone listens,
+-- and append it to the partition's change feed (stream id "<first seq>-0", so a reader finds
+-- the block holding any seq), trimmed to the retention by count and by age.
+local function publish_changes(P, S)
+  if #S.changes == 0 then return end
+  local t = redis.call("TIME")
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local block = encode_block(P.topic, P.partition, S.first, S.seq, now, S.changes)
+  redis.call("PUBLISH", P.chan, block)
+  if S.keep_count > 0 then
+    local id = string.format("%d", S.first) .. "-0"
+    local min_seq = S.seq - S.keep_count + 1
+    if min_seq > 1 then
+      redis.call("XADD", P.changes, "MINID", "~", string.format("%d", min_seq) .. "-0", id,
+        "block", block)
+    else
+      redis.call("XADD", P.changes, id, "block", block)
+    end
+    redis.call("ZADD", P.change_times, now, string.format("%d", S.first))
+    if S.keep_ms > 0 then
+      local cutoff = now - S.keep_ms
+      local oldest = redis.call("ZRANGE", P.change_times, 0, 0, "WITHSCORES")
+      if oldest[2] and tonumber(oldest[2]) < cutoff then
+        local keep = redis.call("ZRANGEBYSCORE", P.change_times, cutoff, "+inf", "LIMIT", 0, 1)
+        if keep[1] then
+          redis.call("XTRIM", P.changes, "MINID", keep[1] .. "-0")
+          redis.call("ZREMRANGEBYSCORE", P.change_times, "-inf", "(" .. cutoff)
+        end
+      end
+    end
+    -- the time index follows the count trim (amortised: each block leaves it once)
+    for _ = 1, 100 do
+      local o = redis.call("ZRANGE", P.change_times, 0, 0)
+      if not o[1] or tonumber(o[1]) >= min_seq then break end
+      redis.call("ZREM", P.change_times, o[1])
+    end
+  end
+  S.changes = {}
+  S.first = S.seq + 1
 end
 
 -- positional split on ","; an empty slot means "no member in that index"
@@ -43,11 +104,11 @@ local function header_field(stored, n)
   end
 end
 
--- Remove a stored record with its expiry score and index members, publish a sow_delete event
--- with the reason, and (reason "expired", dead_letter on) queue a dead-letter copy.
--- cause_id: the log entry that removed it (a sow_delete); nil for an expiry, whose event
--- carries the id of the entry that last wrote the record (and so set its expiry).
-local function remove_record(P, key, stored, seq, reason, cause_id, dead_letter)
+-- Remove a stored record with its expiry score and index members, emit a sow_delete change
+-- with the reason ("deleted" or "expired"), and (reason "expired", dead_letter on) queue a
+-- dead-letter copy. cause_id: the log entry that removed it (a sow_delete); nil for an
+-- expiry, whose event carries the id of the entry that last wrote the record.
+local function remove_record(P, S, key, stored, reason, cause_id)
   redis.call("HDEL", P.rec, key)
   redis.call("ZREM", P.exp, key)
   if #P.idx > 0 then
@@ -62,11 +123,8 @@ local function remove_record(P, key, stored, seq, reason, cause_id, dead_letter)
   end
   local body = string.sub(stored, string.find(stored, "\n", 1, true) + 1)
   local exp_ms = header_field(stored, 2)
-  if P.listeners then
-    redis.call("PUBLISH", P.chan, change_event(P.topic, "sow_delete", key, seq,
-      cause_id or header_field(stored, 3), exp_ms, body, reason))
-  end
-  if dead_letter and reason == "expired" then
+  emit(S, "sow_delete", key, cause_id or header_field(stored, 3), exp_ms, body, reason)
+  if S.dead_letter and reason == "expired" then
     redis.call("XADD", P.dead, "*", "sow_key", key, "topic", P.topic, "expiry_ms", exp_ms,
       "data", body)
   end

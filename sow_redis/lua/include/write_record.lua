@@ -2,23 +2,13 @@
   include write_record: the upsert of one record, shared by apply.lua (ops planned by the
   worker) and apply_log.lua (plain publishes read from the log by the script itself), so both
   write records, expiry scores, hash-index members and change events the same way. Included
-  after include event and include remove_record.
-
-  S is the batch state, made by batch_state(): S.seq (the partition's change sequence, moved
-  by every change), S.expiring (the topic's expiration is enabled), S.dead_letter (the topic
-  has a dead_letter topic), S.has_expiry (the expiry set is not empty), S.deferred (records
-  not written yet, see write_deferred).
+  after include event and include remove_record (batch state S: see there).
 ]]
 local DEFERRED_MAX = 1000  -- fields and values of one HSET (well below Lua's stack limit)
 
-local function batch_state(P, seq, expiring, dead_letter)
-  return {seq = seq, expiring = expiring, dead_letter = dead_letter,
-          has_expiry = redis.call("EXISTS", P.exp) == 1, deferred = nil}
-end
-
--- Write the records deferred by upsert in one HSET. Deferring is for a caller whose batch
--- reads no record it writes (apply_log.lua: publishes only, on a topic without expiration);
--- it must call this before it returns.
+-- Write the records deferred by upsert in one HSET. Deferring (S.deferred = {}) is for a
+-- caller whose batch reads no record it writes (apply_log.lua: publishes only, on a topic
+-- without expiration); it must call this before it returns.
 local function write_deferred(P, S)
   if S.deferred and #S.deferred > 0 then
     redis.call("HSET", P.rec, unpack(S.deferred))
@@ -38,8 +28,7 @@ local function live_record(P, S, key, id)
   if old and S.expiring then
     local exp_ms = tonumber(header_field(old, 2))
     if exp_ms > 0 and exp_ms <= id_ms(id) then
-      S.seq = S.seq + 1
-      remove_record(P, key, old, S.seq, "expired", nil, S.dead_letter)
+      remove_record(P, S, key, old, "expired", nil)
       return nil
     end
   end
@@ -52,9 +41,9 @@ end
 -- the positional, comma-separated hash-index members.
 local function upsert(P, S, op, id, key, data, ex, members)
   if S.expiring then live_record(P, S, key, id) end
-  S.seq = S.seq + 1
   local exp_ms = ex
   if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
+  emit(S, op, key, id, exp_ms, data, nil)
   local stored = S.seq .. ":" .. exp_ms .. ":" .. id .. "\n" .. data
   local deferred = S.deferred
   if deferred then
@@ -86,11 +75,8 @@ local function upsert(P, S, op, id, key, data, ex, members)
       redis.call("HSET", P.ixm, key, members)
     end
   end
-  if P.listeners then
-    redis.call("PUBLISH", P.chan, change_event(P.topic, op, key, S.seq, id, exp_ms, data, nil))
-  end
   if ex == "now" then
-    S.seq = S.seq + 1
-    remove_record(P, key, stored, S.seq, "expired", nil, S.dead_letter)
+    -- TTL 0 (expiration_policy "min"): delivered to current subscribers, never kept
+    remove_record(P, S, key, stored, "expired", nil)
   end
 end
