@@ -490,32 +490,118 @@ def sow_delete(ctx: click.Context, topic: str, filter_: str | None, keys: str | 
     click.echo(f"removed {n} record(s) from {topic}")
 
 
+def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> None:
+    """Print a subscription's messages as JSON Lines until ``count`` messages, ``timeout``
+    seconds without one, Ctrl-C or SIGTERM; each is processed once written. Recoveries go to
+    stderr too. Closing flushes the bookmark store."""
+    import signal
+
+    from .feed.subscriber import to_line
+
+    def on_term(*_a: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    out = sys.stdout.buffer
+    try:
+        with sub:
+            def write(msg: dict[str, Any]) -> None:
+                out.write(to_line(msg))
+                out.flush()
+
+            sub.run(write, count=count, timeout=timeout)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _report_recovery(msg: dict[str, Any]) -> None:
+    click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
+               f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "
+               f"{'change feed' if msg['how'] == 'feed' else 'records'})", err=True)
+
+
 @main.command()
 @click.option("-t", "--topic", required=True, help="SOW topic.")
-@click.option("-f", "--filter", "filter_", help="Only events whose record matches.")
-@click.option("--count", type=int, help="Exit after this many events.")
-@click.option("--timeout", type=float, help="Exit after this many seconds without an event.")
+@click.option("-f", "--filter", "filter_", help="Only records that match (AMPS filter).")
+@click.option("--oof", is_flag=True, help="Out-of-focus notices: matching records removed "
+              "(deleted, expired) or no longer matching (match).")
+@click.option("--bookmark", help="Replay the change feed after this point first: a bookmark, "
+              "EPOCH, NOW, RECENT or an ISO-8601 time.")
+@click.option("--client-name", help="Keep this subscription's bookmark in the SOW-backed "
+              "bookmark store under this client name (with --sub-id).")
+@click.option("--sub-id", help="Subscription id in the bookmark store.")
+@click.option("--persist-every", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Processed messages between two writes of the bookmark.")
+@click.option("--count", type=click.IntRange(min=1), help="Exit after this many messages.")
+@click.option("--timeout", type=float, help="Exit after this many seconds without a message.")
 @click.pass_context
 @_friendly
-def subscribe(ctx: click.Context, topic: str, filter_: str | None, count: int | None,
-              timeout: float | None) -> None:
-    """Print live change events of a topic as JSON Lines (Redis pub/sub channel sow:TOPIC).
+def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
+              bookmark: str | None, client_name: str | None, sub_id: str | None,
+              persist_every: int, count: int | None, timeout: float | None) -> None:
+    """Print the changes of a topic as JSON Lines (one message per line, with a "kind":
+    publish, oof, completed, recovery), AMPS subscribe semantics: records published to the
+    topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
+    feed. With --client-name/--sub-id the subscription resumes from its stored bookmark.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 subscribe -t orders -f "/price > 100"
+      sow-redis subscribe -t orders --client-name w1 --sub-id orders-feed
     """
-    n = 0
-    with _sow(ctx).subscribe(topic, filter_) as sub:
-        while count is None or n < count:
-            ev = sub.get(timeout=timeout if timeout is not None else 3600.0)
-            if ev is None:
-                if timeout is not None:
-                    break
-                continue
-            sys.stdout.buffer.write(orjson.dumps(ev) + b"\n")
-            sys.stdout.flush()
-            n += 1
+    if (client_name is None) != (sub_id is None):
+        raise click.UsageError("--client-name and --sub-id go together")
+    sub = _sow(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
+                              client_name=client_name, sub_id=sub_id,
+                              persist_every=persist_every, report=_report_recovery)
+    _run_subscription(sub, count, timeout)
+
+
+@main.command("sow-and-subscribe")
+@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.option("-f", "--filter", "filter_", help="Only records that match (AMPS filter).")
+@click.option("--oof", is_flag=True, help="Out-of-focus notices (see subscribe).")
+@click.option("--top-n", type=click.IntRange(min=0), help="The query returns at most N records.")
+@click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
+@click.option("--count", type=click.IntRange(min=1), help="Exit after this many messages.")
+@click.option("--timeout", type=float, help="Exit after this many seconds without a message.")
+@click.pass_context
+@_friendly
+def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
+                      top_n: int | None, order_by: str | None, count: int | None,
+                      timeout: float | None) -> None:
+    """Print the query result ("kind": "sow"), a group_end line (also when the result is
+    empty), then the live changes as subscribe does, as if query and subscription happened at
+    the same instant (no gap, no duplicate).
+
+    \b
+    Example:
+      sow-redis sow-and-subscribe -t orders -f "/sym = 'MSFT'" --oof
+    """
+    sub = _sow(ctx).sow_and_subscribe(topic, filter_, oof=oof, top_n=top_n,
+                                      order_by=order_by, report=_report_recovery)
+    _run_subscription(sub, count, timeout)
+
+
+@main.command()
+@click.option("--client-name", required=True, help="Client name in the bookmark store.")
+@click.option("--sub-id", help="Only this subscription.")
+@click.pass_context
+@_friendly
+def bookmarks(ctx: click.Context, client_name: str, sub_id: str | None) -> None:
+    """Print the bookmarks stored for a client in the SOW-backed bookmark store
+    (/ADMIN/bookmark_store), one JSON record per subscription.
+
+    \b
+    Example:
+      sow-redis bookmarks --client-name w1
+    """
+    from .feed.bookmark_store import list_bookmarks
+
+    for rec in list_bookmarks(_sow(ctx).r, client_name, sub_id):
+        sys.stdout.buffer.write(orjson.dumps(rec) + b"\n")
 
 
 @main.command()

@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -31,8 +31,9 @@ import orjson
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
 from .connection import Client, connect, is_memory
-from .errors import WaitTimeout
-from .events import ChangeEvent, events_of
+from .errors import BookmarkError, WaitTimeout
+from .feed.bookmark_store import BookmarkStore
+from .feed.subscriber import Message, Subscriber
 from .jobs import drain_partition, ensure_jobs
 from .publisher import (
     PublishResult,
@@ -312,15 +313,75 @@ class Sow:
         return delete_counts(self.r, t, ids)
 
     # live events ---------------------------------------------------------------------
-    def subscribe(self, topic: str, filter: str | None = None) -> Subscription:
-        """Live change events of a topic (Redis pub/sub channel ``sow:<topic>``).
+    def subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
+                  bookmark: str | None = None, client_name: str | None = None,
+                  sub_id: str | None = None, persist_every: int = 10,
+                  auto_processed: bool = True,
+                  report: Callable[[Message], None] | None = None) -> Subscriber:
+        """Subscribe to a topic's changes (AMPS ``subscribe``): the records published to it
+        that match ``filter`` (the merged record of a delta_publish) and, with ``oof``, an
+        out-of-focus notice for each matching record that is removed (``deleted``,
+        ``expired``) or stops matching (``match``). Messages and recovery:
+        :mod:`sow_redis.feed.subscriber`.
 
-        Each event is a dict: ``topic``, ``op`` (publish | delta_publish | sow_delete),
-        ``sow_key``, ``seq``, ``id`` (log stream id), ``data`` and, for deletes, ``reason``.
-        With a filter, only events whose record data match are delivered.
+        Args:
+            bookmark: replay the change feed after this point first (a bookmark string,
+                ``EPOCH``, ``NOW``, ``RECENT`` or an ISO-8601 time), then a ``completed``
+                message, then live.
+            client_name / sub_id: keep the subscription's bookmark in the SOW-backed bookmark
+                store (seeds/002, :mod:`sow_redis.feed.bookmark_store`): resume from its most
+                recent bookmark (``RECENT``, the default bookmark then; EPOCH when none is
+                stored), persist it every ``persist_every`` processed messages and on close.
+            auto_processed: a message counts as processed when the next is asked for; False:
+                call :meth:`Subscriber.processed` for each.
+
+        Raises:
+            UnknownTopicError, FilterSyntaxError, BookmarkError.
         """
-        self.topic(topic)
-        return Subscription(self.r, topic, filter)
+        return self._subscriber(topic, filter=filter, oof=oof, bookmark=bookmark,
+                                client_name=client_name, sub_id=sub_id,
+                                persist_every=persist_every, auto_processed=auto_processed,
+                                report=report)
+
+    def sow_and_subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
+                          top_n: int | None = None, order_by: str | None = None,
+                          report: Callable[[Message], None] | None = None) -> Subscriber:
+        """AMPS ``sow_and_subscribe``: the query result (``sow`` messages, with ``top_n`` and
+        ``order_by``), a ``group_end`` message (also when the result is empty), then the live
+        changes as :meth:`subscribe` gives them, as if query and subscription were placed at
+        the same instant (decided per partition by the change sequence: no gap, no duplicate,
+        no older state after a newer one).
+
+        Raises:
+            UnknownTopicError, FilterSyntaxError.
+        """
+        return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
+                                order_by=order_by, report=report)
+
+    def _subscriber(self, topic: str, *, client_name: str | None = None,
+                    sub_id: str | None = None, persist_every: int = 10,
+                    bookmark: str | None = None, **kw: Any) -> Subscriber:
+        t = self.topic(topic)
+        if (client_name is None) != (sub_id is None):
+            raise ValueError("client_name and sub_id go together")
+        store = None
+        tracker = None
+        if client_name is not None and sub_id is not None:
+            store = BookmarkStore(self.r, client_name, persist_every)
+            tracker = store.tracker(sub_id, t.partitions)
+            if bookmark is None or bookmark.strip().upper() == "RECENT":
+                bookmark = store.recent(sub_id) or "EPOCH"
+        elif bookmark is not None and bookmark.strip().upper() == "RECENT":
+            raise BookmarkError("RECENT needs the bookmark store: give client_name and sub_id")
+        try:
+            sub = Subscriber(self.r, t, bookmark=bookmark, tracker=tracker, **kw)
+        except BaseException:
+            if store is not None:
+                store.close()
+            raise
+        if store is not None:
+            sub.on_close.append(store.close)
+        return sub
 
     def errors(self, topic: str, count: int = 100) -> list[dict[str, Any]]:
         """The newest ``count`` entries of the topic's error streams (log entries the workers
@@ -345,50 +406,4 @@ class Sow:
         return [e for _order, e in newest[-count:]] if count > 0 else []
 
 
-class Subscription:
-    """An open subscription; iterate for events, or :meth:`get` with a timeout (seconds)."""
-
-    def __init__(self, r: Client, topic: str, filter: str | None):
-        from collections import deque
-
-        from .filter import compile_filter
-
-        self.pred = compile_filter(filter) if filter else None
-        self.pubsub = r.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(keys.channel(topic))
-        self._ready: deque[ChangeEvent] = deque()
-
-    def _take(self, raw: bytes) -> None:
-        for ev in events_of(raw):
-            if self.pred is None or self.pred(ev.get("data") or {}):
-                self._ready.append(ev)
-
-    def get(self, timeout: float = 1.0) -> ChangeEvent | None:
-        """The next matching event, or None after ``timeout`` seconds without one."""
-        deadline = time.monotonic() + timeout
-        while not self._ready:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            msg = self.pubsub.get_message(timeout=left)
-            if msg is not None and msg.get("type") == "message":
-                self._take(msg["data"])
-        return self._ready.popleft()
-
-    def __iter__(self) -> Iterator[ChangeEvent]:
-        while True:
-            ev = self.get(timeout=3600.0)
-            if ev is not None:
-                yield ev
-
-    def close(self) -> None:
-        self.pubsub.close()
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-__all__ = ["Sow", "Subscription", "connect"]  # connect: from sow_redis.connection
+__all__ = ["Sow", "Subscriber", "connect"]  # connect: from sow_redis.connection

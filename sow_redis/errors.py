@@ -85,3 +85,8 @@ def from_script_error(exc: Exception) -> Exception:
         if code in text:
             return cls(text[text.index(code):])
     return exc
+
+
+class BookmarkError(SowError):
+    """A bookmark that cannot be used: malformed, for another number of partitions, or older
+    than what the change feed retains (the message names the oldest retained point)."""

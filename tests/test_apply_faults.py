@@ -146,7 +146,7 @@ def test_delete_events_carry_the_id_of_the_deleting_log_entry(url, topic_name):
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name)
     sow.publish(t.name, [{"k": 1}, {"k": 2}, {"k": 3}], wait=True)
-    with sow.subscribe(t.name) as sub:
+    with sow.subscribe(t.name, oof=True) as sub:
         by_filter = append_delete_all_partitions(sow.r, t, {"filter": "/k = 1"})
         sow.handoff(t, by_filter, True, 30)
         key2 = [r.sow_key for r in sow.sow(t.name, "/k = 2")][0]

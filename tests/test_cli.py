@@ -103,7 +103,7 @@ def test_sow_delete_prints_count(url, topic):
 
 def test_subscribe_prints_events(url, topic):
     sub = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "subscribe", "-t", topic,
-                            "-f", "/px > 10", "--count", "2", "--timeout", "30"],
+                            "-f", "/px > 10", "--oof", "--count", "2", "--timeout", "30"],
                            env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     import time
 
@@ -113,8 +113,10 @@ def test_subscribe_prints_events(url, topic):
     run_cli(url, "sow-delete", "-t", topic, "-f", "/orderId = 2")
     out, err = sub.communicate(timeout=40)
     evs = [orjson.loads(x) for x in out.splitlines()]
-    assert [(e["op"], e["data"]) for e in evs] == [
-        ("publish", {"orderId": 2, "px": 50}), ("sow_delete", {"orderId": 2, "px": 50})]
+    assert [(e["kind"], e["op"], e.get("reason"), e["data"]) for e in evs] == [
+        ("publish", "publish", None, {"orderId": 2, "px": 50}),
+        ("oof", "sow_delete", "deleted", {"orderId": 2, "px": 50})]
+    assert all(e["bookmark"] and e["sow_key"] for e in evs)
 
 
 def test_errors_lists_worker_rejections(url, r, topic):

@@ -210,7 +210,8 @@ def test_hash_index_equality_reads_index_not_whole_topic(sow, topic_name, monkey
 
 def test_change_events_on_pubsub(sow, topic_name):
     sow.apply_config(cfg(topic_name))
-    with sow.subscribe(topic_name) as sub, sow.subscribe(topic_name, "/px > 10") as big:
+    with sow.subscribe(topic_name, oof=True) as sub, \
+            sow.subscribe(topic_name, "/px > 10", oof=True) as big:
         sow.publish(topic_name, [{"orderId": 1, "px": 5}, {"orderId": 2, "px": 50}])
         sow.delta_publish(topic_name, {"orderId": 1, "px": 20})
         sow.sow_delete(topic_name, filter="/orderId = 2")

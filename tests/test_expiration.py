@@ -105,7 +105,7 @@ def test_update_resets_lifetime(sow, topic_name, method):
 
 def test_expiry_is_delete_processing_with_event(sow, topic_name):
     sow.apply_config(cfg(topic_name, 'expiration = "200ms"\nhash_index = [["/g"]]'))
-    with sow.subscribe(topic_name) as sub:
+    with sow.subscribe(topic_name, oof=True) as sub:
         sow.publish(topic_name, [{"id": 1, "g": "a"}, {"id": 2, "g": "a"}])
         sow.publish(topic_name, {"id": 3, "g": "a"}, expiration=0)
         assert [sub.get(2)["op"] for _ in range(3)] == ["publish"] * 3
@@ -180,7 +180,7 @@ def test_min_policy_lower_ttl_wins(sow, topic_name):
 def test_min_policy_ttl_zero_delivered_then_removed(sow, topic_name):
     sow.apply_config(cfg(topic_name, 'expiration = "1h"\nexpiration_policy = "min"'))
     sow.publish(topic_name, {"id": 1, "v": "old"})
-    with sow.subscribe(topic_name) as sub:
+    with sow.subscribe(topic_name, oof=True) as sub:
         sow.publish(topic_name, {"id": 1, "v": "now"}, expiration=0)
         sow.publish(topic_name, {"id": 2}, expiration=0)
         evs = [sub.get(2) for _ in range(4)]

@@ -63,7 +63,7 @@ def test_delta_after_due_time_does_not_revive_expired_fields(inline, topic_name)
     rec = inline.r.hget(keys.records(t.name, 0), inline.sow(t.name)[0].sow_key)
     due = int(rec.split(b":", 2)[1])
     _wait_due(inline.r, due)
-    with inline.subscribe(t.name) as sub:
+    with inline.subscribe(t.name, oof=True) as sub:
         inline.delta_publish(t.name, {"k": 1, "b": "new"}, wait=True)
         evs = [sub.get(timeout=5) for _ in range(2)]
     assert [r.obj() for r in inline.sow(t.name)] == [{"k": 1, "b": "new"}]
@@ -99,7 +99,7 @@ def test_sow_delete_logged_after_due_time_finds_the_record_expired(inline, topic
     inline.publish(t.name, [{"k": 1}, {"k": 2}], expiration=0.2, wait=True)
     due = max(r.expiry_ms for r in inline.sow(t.name))
     _wait_due(inline.r, due)
-    with inline.subscribe(t.name) as sub:
+    with inline.subscribe(t.name, oof=True) as sub:
         assert inline.sow_delete(t.name, filter="1=1") == 0
         inline.publish(t.name, {"k": 3}, wait=True)
         evs = [sub.get(timeout=2) for _ in range(3)]

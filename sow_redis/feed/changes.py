@@ -1,0 +1,171 @@
+"""Reading a partition's change feed (``{sow:T:p}:changes``, see :mod:`sow_redis.events`).
+
+Blocks are stored under the stream id ``<first seq>-0``, so the block holding any ``seq`` is
+the last one whose id is at or below ``<seq>-0`` (one ``XREVRANGE … COUNT 1``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import cast
+
+from .. import keys
+from ..config import TopicConfig
+from ..connection import Client, StreamEntry
+from ..errors import BookmarkError
+from ..events import ChangeBlock, parse_block
+from .bookmark import Bookmark
+
+PAGE = 64
+"""Blocks read per XRANGE."""
+
+
+class FeedGap(Exception):
+    """The change feed no longer holds (or never held) the changes after a position."""
+
+    def __init__(self, partition: int, after: int, oldest: int | None):
+        self.partition, self.after, self.oldest = partition, after, oldest
+        held = f"its oldest retained change is seq {oldest}" if oldest else "it holds nothing"
+        super().__init__(f"partition {partition}: changes after seq {after} are not in the "
+                         f"change feed ({held})")
+
+
+def current_seqs(r: Client, topic: TopicConfig) -> list[int]:
+    """Each partition's current change sequence (the seq of its latest change; 0 = none)."""
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        pipe.hget(keys.state(topic.name, p), "seq")
+    return [int(v or 0) for v in pipe.execute()]
+
+
+def oldest_retained(r: Client, topic: TopicConfig, p: int) -> int | None:
+    """The first seq the change feed of partition ``p`` holds, None when it holds nothing."""
+    first = cast("list[StreamEntry]", r.xrange(keys.changes(topic.name, p), count=1))
+    return _first_of(first[0][0]) if first else None
+
+
+def _first_of(sid: bytes | str) -> int:
+    text = sid.decode() if isinstance(sid, bytes) else sid
+    return int(text.split("-", 1)[0])
+
+
+def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
+                 ) -> Iterator[ChangeBlock]:
+    """The blocks of partition ``p`` holding the changes ``after`` + 1 … ``upto`` (the first
+    may start before ``after`` + 1, the last end after ``upto``: callers skip by seq).
+
+    Raises:
+        FeedGap: the feed does not hold change ``after`` + 1 (trimmed by the retention, or the
+            topic keeps no change feed).
+    """
+    if after >= upto:
+        return
+    stream = keys.changes(topic.name, p)
+    start = after + 1
+    below = cast("list[StreamEntry]", r.xrevrange(stream, max=f"{start}-0", min="-", count=1))
+    cursor = "-"
+    if below:
+        sid, fields = below[0]
+        block = parse_block(fields[b"block"])
+        cursor = "(" + sid.decode()
+        if block["last"] >= start:
+            yield block
+            if block["last"] >= upto:
+                return
+            start = block["last"] + 1
+    while True:
+        page = cast("list[StreamEntry]", r.xrange(stream, min=cursor, max="+", count=PAGE))
+        if not page:
+            raise FeedGap(p, start - 1, oldest_retained(r, topic, p))
+        for sid, fields in page:
+            block = parse_block(fields[b"block"])
+            if block["first"] > start:
+                raise FeedGap(p, start - 1, oldest_retained(r, topic, p))
+            yield block
+            if block["last"] >= upto:
+                return
+            start = block["last"] + 1
+            cursor = "(" + sid.decode()
+
+
+def seq_at(r: Client, topic: TopicConfig, p: int, ms: int) -> int:
+    """The position in partition ``p`` just before its first change at or after ``ms`` (server
+    time, ms since the epoch); the current seq when nothing changed since.
+
+    Raises:
+        BookmarkError: ``ms`` is older than what the change feed retains.
+    """
+    pipe = r.pipeline(transaction=False)
+    pipe.zrangebyscore(keys.change_times(topic.name, p), ms, "+inf", start=0, num=1)
+    pipe.zrange(keys.change_times(topic.name, p), 0, 0, withscores=True)
+    pipe.hget(keys.state(topic.name, p), "seq")
+    after, oldest, seq = pipe.execute()
+    if oldest and oldest[0][1] > ms and int(oldest[0][0]) > 1:
+        raise BookmarkError(f"{_when(ms)} is older than the change feed of topic "
+                            f"'{topic.name}' retains: partition {p} starts at "
+                            f"{_when(int(oldest[0][1]))}")
+    return int(after[0]) - 1 if after else int(seq or 0)
+
+
+def _when(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+
+
+def check_retained(r: Client, topic: TopicConfig, bm: Bookmark) -> None:
+    """Raise unless the change feed holds every change after ``bm``.
+
+    Raises:
+        BookmarkError: naming the oldest retained point of the first partition that lacks
+            changes after the bookmark.
+    """
+    seqs = current_seqs(r, topic)
+    for p, (pos, cur) in enumerate(zip(bm.seqs, seqs)):
+        if pos > cur:
+            raise BookmarkError(f"bookmark is ahead of topic '{topic.name}': partition {p} is "
+                                f"at seq {cur}, the bookmark at {pos}")
+        if pos == cur:
+            continue
+        oldest = oldest_retained(r, topic, p)
+        if oldest is None or oldest > pos + 1:
+            head = cast("list[StreamEntry]", r.xrange(keys.changes(topic.name, p), count=1))
+            when = ""
+            if head:
+                when = f" ({_when(parse_block(head[0][1][b'block'])['ms'])})"
+            retained = (f"its oldest retained change is seq {oldest}{when}" if oldest
+                        else "the topic keeps no change feed (change_retention = 0)"
+                        if not topic.change_feed else "it holds nothing")
+            raise BookmarkError(f"bookmark is older than the change feed of topic "
+                                f"'{topic.name}' retains: partition {p} needs seq {pos + 1}, "
+                                f"{retained}")
+
+
+def resolve(r: Client, topic: TopicConfig, text: str) -> Bookmark:
+    """A bookmark from its string, ``EPOCH``, ``NOW`` or an ISO-8601 time (``RECENT`` is the
+    bookmark store's: :mod:`.bookmark_store`).
+
+    Raises:
+        BookmarkError: malformed, or older than the change feed retains.
+    """
+    word = text.strip()
+    if word.upper() == "EPOCH":  # all that is retained (a partition with none: from now)
+        cur = current_seqs(r, topic)
+        seqs = []
+        for p in range(topic.partitions):
+            oldest = oldest_retained(r, topic, p)
+            seqs.append(cur[p] if oldest is None else oldest - 1)
+        return Bookmark(tuple(seqs))
+    if word.upper() == "NOW":
+        return Bookmark(tuple(current_seqs(r, topic)))
+    if "," not in word and ("T" in word or ":" in word or word.count("-") >= 2):
+        try:
+            when = dt.datetime.fromisoformat(word.replace("Z", "+00:00"))
+        except ValueError:
+            raise BookmarkError(f"not an ISO-8601 time: {word[:80]!r}") from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        ms = int(when.timestamp() * 1000)
+        return Bookmark(tuple(seq_at(r, topic, p, ms) for p in range(topic.partitions)))
+    bm = Bookmark.parse(word, topic.partitions)
+    check_retained(r, topic, bm)
+    return bm

@@ -1,0 +1,426 @@
+"""Subscriptions: ``subscribe``, ``sow_and_subscribe`` and bookmark replay, with out-of-focus
+notices, that never lose a change silently (AMPS User Guide: "Atomic Query and Subscribe",
+"Out-of-Focus messages", "Replaying Messages with Bookmark Subscription"; seeds/000, 004;
+ARCHITECTURE §6).
+
+A :class:`Subscriber` listens to the topic's change blocks on pub/sub (:mod:`sow_redis.events`)
+and keeps, per partition, the ``seq`` of the last change it has accounted for. A block that
+starts after that position means blocks were lost (Redis drops a subscriber whose output
+buffer overflows, and whatever is published while one reconnects): the subscriber reads them
+from the change feed; when the feed no longer holds them it re-reads the partition's records
+and emits what brings its view up to date. Every recovery is reported as a ``recovery``
+message (and to the ``report`` callback, e.g. stderr). Decisions use the per-partition
+sequence only, never timing, so the query part of ``sow_and_subscribe`` and the live part meet
+with no gap, no duplicate and no older state after a newer one.
+
+Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
+
+* ``sow``: a record of the query part (``sow_and_subscribe``): ``topic``, ``sow_key``,
+  ``partition``, ``seq``, ``bookmark`` (the position of the query), ``data``;
+* ``group_end``: the end of the query part (also when it is empty): ``topic``, ``count``,
+  ``bookmark``;
+* ``publish``: a record published to the topic that matches the filter (the merged record of a
+  delta_publish): ``topic``, ``op`` (``publish`` | ``delta_publish``), ``sow_key``,
+  ``partition``, ``seq``, ``id`` (log entry), ``bookmark``, ``data``;
+* ``oof`` (only with ``oof=True``): a record left the subscription's view (``op``: the change's
+  op, ``sow_delete`` for a removal), ``reason``
+  ``deleted`` (sow_delete), ``expired``, ``match`` (an update no longer matches the filter;
+  ``data`` is the update) or ``resync`` (found gone when a gap was recovered by re-reading the
+  records), with the record's ``sow_key`` and last known ``data``;
+* ``completed``: the end of the replay part of a bookmark subscription: ``bookmark``;
+* ``recovery``: ``partition``, ``cause`` (``gap`` | ``reconnect``), ``how`` (``feed`` |
+  ``requery``), ``after`` and ``to`` (the seqs the recovery covered).
+
+A plain subscription receives ``publish`` messages only: removals reach subscriptions that ask
+for out-of-focus notices.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import orjson
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .. import keys
+from ..config import TopicConfig
+from ..connection import Client, server_ms
+from ..errors import FilterEvalError
+from ..events import ChangeBlock, ChangeEvent, parse_block
+from ..records import decode as decode_record
+from .bookmark import Bookmark
+from .changes import FeedGap, blocks_after, current_seqs, resolve
+
+log = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+
+
+class Tracker(Protocol):
+    """What a bookmark store learns from a subscription (see :mod:`.bookmark_store`)."""
+
+    def start(self, bm: Bookmark) -> None:
+        """The subscription starts after ``bm``."""
+
+    def received(self, p: int, seq: int) -> None:
+        """Change ``seq`` of partition ``p`` is delivered to the application."""
+
+    def skip(self, p: int, seq: int) -> None:
+        """Every change of partition ``p`` up to ``seq`` not delivered is accounted for."""
+
+    def processed(self, p: int, seq: int) -> None:
+        """The application handled the delivered change ``seq`` of partition ``p``."""
+
+
+class Subscriber:
+    """One subscription to a topic; iterate it (or :meth:`get`) for messages.
+
+    Args:
+        r: the client (its connection pool is used for reads; pub/sub gets a connection of
+            its own).
+        topic: the topic.
+        filter: AMPS content filter applied to each record (None: all).
+        oof: deliver out-of-focus notices.
+        sow: ``sow_and_subscribe``: first the query result, then ``group_end``, then live.
+        top_n / order_by: of the query part.
+        bookmark: replay the change feed after this point (a bookmark string, ``EPOCH``,
+            ``NOW`` or an ISO-8601 time), then ``completed``, then live.
+        tracker: told of every delivered and processed change (a bookmark store).
+        report: called with each ``recovery`` message (e.g. to print it on stderr).
+        auto_processed: a message counts as processed when the next one is asked for (and at
+            :meth:`close`); False: call :meth:`processed` for each (several handler threads).
+
+    Raises:
+        FilterSyntaxError: the filter or order-by does not parse.
+        BookmarkError: the bookmark is malformed or older than the change feed retains.
+    """
+
+    def __init__(self, r: Client, topic: TopicConfig, *, filter: str | None = None,
+                 oof: bool = False, sow: bool = False, top_n: int | None = None,
+                 order_by: str | None = None, bookmark: str | Bookmark | None = None,
+                 tracker: Tracker | None = None,
+                 report: Callable[[Message], None] | None = None,
+                 auto_processed: bool = True):
+        from ..filter import compile_filter
+        from ..orderby import parse_order_by
+
+        self.r, self.topic, self.oof = r, topic, oof
+        self.pred = compile_filter(filter) if filter else None
+        self._order = parse_order_by(order_by) if order_by else None
+        self._top_n = top_n
+        self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
+        self._ready: deque[Message] = deque()
+        self._last: Message | None = None
+        self._pubsub: Any = None
+        self._view: list[set[str]] = [set() for _ in range(topic.partitions)]
+        self.on_close: list[Callable[[], object]] = []
+        """Called by :meth:`close` after the last message is processed (e.g. a bookmark
+        store's flush)."""
+        self._subscribe()
+        if isinstance(bookmark, Bookmark):
+            start = bookmark
+        elif bookmark is not None:
+            start = resolve(r, topic, bookmark)
+        else:
+            start = None
+        if sow:
+            self.pos = self._query()
+        elif start is not None:
+            self.pos = list(start.seqs)
+            self._replay()
+        else:
+            self.pos = current_seqs(r, topic)
+        if tracker is not None and not sow and start is None:
+            tracker.start(Bookmark(tuple(self.pos)))
+
+    # -- pub/sub -------------------------------------------------------------------------
+    def _subscribe(self) -> None:
+        """Subscribe on a connection of its own and wait for the confirmation, so every
+        block published from now on reaches this subscriber (or leaves a gap it detects)."""
+        ps = self.r.pubsub()
+        ps.subscribe(keys.channel(self.topic.name))
+        deadline = time.monotonic() + 10
+        while True:
+            msg = ps.get_message(timeout=1.0)
+            if msg is not None and msg.get("type") == "subscribe":
+                break
+            if time.monotonic() > deadline:
+                raise RedisTimeoutError("no subscribe confirmation from Redis in 10 s")
+        self._pubsub = ps
+
+    def _reconnect(self) -> None:
+        """After the connection was lost (or Redis dropped this subscriber): subscribe again,
+        then recover every partition from the change feed (or by re-reading its records)."""
+        try:
+            self._pubsub.close()
+        except Exception:  # the connection is gone already
+            pass
+        self._pubsub = None
+        pause = 0.05
+        warned = False
+        while True:
+            try:
+                self._subscribe()
+                cur = current_seqs(self.r, self.topic)
+                break
+            except RedisError as exc:
+                if not warned:
+                    log.warning("subscriber of %s: Redis unreachable (%s); retrying",
+                                self.topic.name, exc)
+                    warned = True
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
+        for p, seq in enumerate(cur):
+            if seq > self.pos[p]:
+                self._recover(p, seq, "reconnect")
+
+    # -- the query part ------------------------------------------------------------------
+    def _snapshot(self, p: int) -> tuple[int, list[tuple[Any, dict[str, Any]]]]:
+        """Partition ``p``'s seq and its live records matching the filter, read in one
+        MULTI/EXEC (the records exactly as of that seq)."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hget(keys.state(self.topic.name, p), "seq")
+        pipe.hgetall(keys.records(self.topic.name, p))
+        seq_raw, raw = pipe.execute()
+        now = server_ms(self.r) if self.topic.expiration_enabled else 0
+        out = []
+        for k, v in raw.items():
+            rec = decode_record(k, v)
+            if now and 0 < rec.expiry_ms <= now:
+                continue  # due: its expiry event follows
+            obj = rec.obj()
+            if self._match(obj):
+                out.append((rec, obj))
+        return int(seq_raw or 0), out
+
+    def _query(self) -> list[int]:
+        from ..orderby import sort_records
+
+        seqs: list[int] = []
+        rows: list[tuple[int, Any, dict[str, Any]]] = []
+        for p in range(self.topic.partitions):
+            seq, recs = self._snapshot(p)
+            seqs.append(seq)
+            rows += [(p, rec, obj) for rec, obj in recs]
+            self._view[p] = {rec.sow_key for rec, _obj in recs}
+        if self._order is not None:
+            by_key = {rec.sow_key: (p, rec, obj) for p, rec, obj in rows}
+            ordered = sort_records([rec for _p, rec, _o in rows], self._order,
+                                   data=lambda rec: by_key[rec.sow_key][2])
+            rows = [by_key[rec.sow_key] for rec in ordered]
+        if self._top_n is not None:
+            rows = rows[:self._top_n]
+        bm = str(Bookmark(tuple(seqs)))
+        for p, rec, obj in rows:
+            self._ready.append({"kind": "sow", "topic": self.topic.name, "sow_key": rec.sow_key,
+                                "partition": p, "seq": rec.seq, "bookmark": bm, "data": obj})
+        self._ready.append({"kind": "group_end", "topic": self.topic.name, "count": len(rows),
+                            "bookmark": bm})
+        if self.tracker is not None:
+            self.tracker.start(Bookmark(tuple(seqs)))
+        return seqs
+
+    # -- replay --------------------------------------------------------------------------
+    def _replay(self) -> None:
+        """The change feed from the bookmark to the current seqs, then ``completed``."""
+        if self.tracker is not None:
+            self.tracker.start(Bookmark(tuple(self.pos)))
+        for p, upto in enumerate(current_seqs(self.r, self.topic)):
+            if upto > self.pos[p]:
+                for block in blocks_after(self.r, self.topic, p, self.pos[p], upto):
+                    self._events(block, upto)
+        self._ready.append({"kind": "completed", "topic": self.topic.name,
+                            "bookmark": self.bookmark})
+
+    # -- live ----------------------------------------------------------------------------
+    def _match(self, obj: dict[str, Any]) -> bool:
+        if self.pred is None:
+            return True
+        try:
+            return bool(self.pred(obj))
+        except (FilterEvalError, RecursionError):
+            return False
+
+    def _block(self, block: ChangeBlock) -> None:
+        p = block["partition"]
+        if not 0 <= p < self.topic.partitions or block["last"] <= self.pos[p]:
+            return  # seen (the query or the replay covered it) or not this topic's layout
+        if block["first"] > self.pos[p] + 1:
+            self._recover(p, block["first"] - 1, "gap")
+        self._events(block)
+
+    def _events(self, block: ChangeBlock, upto: int | None = None) -> None:
+        p = block["partition"]
+        for ev in block["events"]:
+            if ev["seq"] <= self.pos[p] or (upto is not None and ev["seq"] > upto):
+                continue
+            self.pos[p] = ev["seq"]
+            msg = self._message(p, ev)
+            if msg is None:
+                if self.tracker is not None:
+                    self.tracker.skip(p, ev["seq"])
+                continue
+            msg["bookmark"] = self.bookmark
+            if self.tracker is not None:
+                self.tracker.received(p, ev["seq"])
+            self._ready.append(msg)
+
+    def _message(self, p: int, ev: ChangeEvent) -> Message | None:
+        """The message of one change for this subscription, None when it gets none."""
+        key, data = ev["sow_key"], ev["data"]
+        view = self._view[p]
+        base = {"topic": self.topic.name, "sow_key": key, "partition": p, "seq": ev["seq"],
+                "id": ev["id"], "expiry_ms": ev["expiry_ms"]}
+        if ev["op"] == "sow_delete":
+            matched = key in view or self._match(data)
+            view.discard(key)
+            if self.oof and matched:
+                return {"kind": "oof", "op": ev["op"], "reason": ev.get("reason", "deleted"),
+                        **base, "data": data}
+            return None
+        if self._match(data):
+            view.add(key)
+            return {"kind": "publish", "op": ev["op"], **base, "data": data}
+        if key in view:
+            view.discard(key)
+            if self.oof:
+                return {"kind": "oof", "op": ev["op"], "reason": "match", **base, "data": data}
+        return None
+
+    def _recover(self, p: int, upto: int, cause: str) -> None:
+        """Account for the changes of partition ``p`` after its position up to ``upto``: from
+        the change feed, or (when the feed no longer holds them) by re-reading the records."""
+        after = self.pos[p]
+        try:
+            for block in blocks_after(self.r, self.topic, p, after, upto):
+                self._events(block, upto)
+            how = "feed"
+        except FeedGap:
+            self._requery(p)
+            how = "requery"
+        msg = {"kind": "recovery", "topic": self.topic.name, "partition": p, "cause": cause,
+               "how": how, "after": after, "to": self.pos[p]}
+        log.warning("subscriber of %s: partition %d: recovered seq %d..%d (%s, %s)",
+                    self.topic.name, p, after + 1, self.pos[p], cause, how)
+        if self.report is not None:
+            self.report(msg)
+        self._ready.append(msg)
+
+    def _requery(self, p: int) -> None:
+        """The gap is older than the change feed: read partition ``p``'s records and emit the
+        current record of each one changed since the position, and (``oof``) an out-of-focus
+        notice for each record of the view that is gone or no longer matches."""
+        seq, recs = self._snapshot(p)
+        after = self.pos[p]
+        now = {rec.sow_key: (rec, obj) for rec, obj in recs}
+        view = self._view[p]
+        out: list[Message] = []
+        for key in sorted(view - now.keys()):
+            if self.oof:
+                out.append({"kind": "oof", "reason": "resync", "topic": self.topic.name,
+                            "sow_key": key, "partition": p, "seq": seq, "data": None})
+        for key, (rec, obj) in now.items():
+            if rec.seq > after:
+                out.append({"kind": "publish", "op": "publish", "topic": self.topic.name,
+                            "sow_key": key, "partition": p, "seq": rec.seq,
+                            "id": rec.stream_id, "data": obj})
+        self._view[p] = set(now)
+        self.pos[p] = max(seq, after)
+        if self.tracker is not None:
+            self.tracker.skip(p, self.pos[p])
+        bm = self.bookmark
+        for msg in out:
+            msg["bookmark"] = bm
+            self._ready.append(msg)
+
+    # -- the API -------------------------------------------------------------------------
+    @property
+    def bookmark(self) -> str:
+        """The bookmark of everything accounted for so far."""
+        return str(Bookmark(tuple(self.pos)))
+
+    def get(self, timeout: float = 1.0) -> Message | None:
+        """The next message, or None after ``timeout`` seconds without one."""
+        self._settle_last()
+        deadline = time.monotonic() + timeout
+        while not self._ready:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                msg = self._pubsub.get_message(timeout=min(left, 1.0))
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                self._reconnect()
+                continue
+            if msg is None or msg.get("type") != "message":
+                continue
+            try:
+                block = parse_block(msg["data"])
+            except ValueError:
+                continue  # topic_removed and other channel messages
+            self._block(block)
+        out = self._ready.popleft()
+        self._last = out
+        return out
+
+    def _settle_last(self) -> None:
+        last, self._last = self._last, None
+        if last is not None and self.auto_processed:
+            self.processed(last)
+
+    def processed(self, msg: Message) -> None:
+        """Mark a delivered message as handled (the bookmark store's ``discard``)."""
+        if self.tracker is not None and msg.get("kind") in ("publish", "oof") \
+                and "seq" in msg and msg.get("seq") is not None:
+            self.tracker.processed(msg["partition"], msg["seq"])
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            msg = self.get(timeout=3600.0)
+            if msg is not None:
+                yield msg
+
+    def run(self, callback: Callable[[Message], object], count: int | None = None,
+            timeout: float | None = None) -> int:
+        """Call ``callback`` with each message (processed when it returns) until ``count``
+        messages or ``timeout`` seconds without one; returns the messages handled."""
+        n = 0
+        while count is None or n < count:
+            msg = self.get(timeout=timeout if timeout is not None else 3600.0)
+            if msg is None:
+                if timeout is not None:
+                    break
+                continue
+            callback(msg)
+            n += 1
+        return n
+
+    def close(self) -> None:
+        """Stop listening (the last message counts as processed), then run :attr:`on_close`."""
+        self._settle_last()
+        hooks, self.on_close = self.on_close, []
+        for hook in hooks:
+            hook()
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except Exception as exc:  # closing a dead connection
+                log.debug("closing pub/sub: %s", exc)
+            self._pubsub = None
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def to_line(msg: Message) -> bytes:
+    """One JSON line of a message."""
+    return orjson.dumps(msg) + b"\n"
