@@ -368,9 +368,9 @@ class Sow:
         tracker = None
         if client_name is not None and sub_id is not None:
             store = BookmarkStore(self.r, client_name, persist_every)
-            tracker = store.tracker(sub_id, t.partitions)
             if bookmark is None or bookmark.strip().upper() == "RECENT":
                 bookmark = store.recent(sub_id) or "EPOCH"
+            tracker = store.tracker(sub_id, t.partitions)
         elif bookmark is not None and bookmark.strip().upper() == "RECENT":
             raise BookmarkError("RECENT needs the bookmark store: give client_name and sub_id")
         try:
