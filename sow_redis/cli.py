@@ -549,7 +549,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 subscribe -t orders -f "/price > 100"
-      sow-redis subscribe -t orders --client-name w1 --sub-id orders-feed
+      sow-redis --redis-url redis://127.0.0.1:6390/0 subscribe -t orders \\
+          --client-name w1 --sub-id orders-feed
     """
     if (client_name is None) != (sub_id is None):
         raise click.UsageError("--client-name and --sub-id go together")
@@ -578,7 +579,7 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: 
 
     \b
     Example:
-      sow-redis sow-and-subscribe -t orders -f "/sym = 'MSFT'" --oof
+      sow-redis --redis-url redis://127.0.0.1:6390/0 sow-and-subscribe -t orders --oof
     """
     sub = _sow(ctx).sow_and_subscribe(topic, filter_, oof=oof, top_n=top_n,
                                       order_by=order_by, report=_report_recovery)
@@ -596,7 +597,7 @@ def bookmarks(ctx: click.Context, client_name: str, sub_id: str | None) -> None:
 
     \b
     Example:
-      sow-redis bookmarks --client-name w1
+      sow-redis --redis-url redis://127.0.0.1:6390/0 bookmarks --client-name w1
     """
     from .feed.bookmark_store import list_bookmarks
 

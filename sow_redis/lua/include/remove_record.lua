@@ -27,10 +27,23 @@ local function partition_context(chan, topic, partition, nidx)
 end
 
 local function batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
-  return {seq = seq, first = seq + 1, changes = {}, expiring = expiring,
+  return {seq = seq, first = seq + 1, changes = {}, inserts = 0, deletes = 0, expiries = 0,
+          expiring = expiring,
           dead_letter = dead_letter, keep_count = tonumber(keep_count) or 0,
           keep_ms = tonumber(keep_ms) or 0,
           has_expiry = redis.call("EXISTS", P.exp) == 1, deferred = nil}
+end
+
+-- Count the batch's changes in the partition's state hash (fields n_insert, n_update,
+-- n_delete, n_expire: the per-topic SOW statistics of `sow-redis stats`).
+local function count_changes(P, S)
+  local total = S.seq - S.first + 1
+  local updates = total - S.inserts - S.deletes - S.expiries
+  if S.inserts > 0 then redis.call("HINCRBY", P.state, "n_insert", S.inserts) end
+  if updates > 0 then redis.call("HINCRBY", P.state, "n_update", updates) end
+  if S.deletes > 0 then redis.call("HINCRBY", P.state, "n_delete", S.deletes) end
+  if S.expiries > 0 then redis.call("HINCRBY", P.state, "n_expire", S.expiries) end
+  S.inserts, S.deletes, S.expiries = 0, 0, 0
 end
 
 -- Record one change: the next seq, and its fields in the batch's block.
@@ -44,6 +57,7 @@ end
 -- the block holding any seq), trimmed to the retention by count and by age.
 local function publish_changes(P, S)
   if #S.changes == 0 then return end
+  count_changes(P, S)
   local t = redis.call("TIME")
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local block = encode_block(P.topic, P.partition, S.first, S.seq, now, S.changes)
@@ -124,6 +138,7 @@ local function remove_record(P, S, key, stored, reason, cause_id)
   local body = string.sub(stored, string.find(stored, "\n", 1, true) + 1)
   local exp_ms = header_field(stored, 2)
   emit(S, "sow_delete", key, cause_id or header_field(stored, 3), exp_ms, body, reason)
+  if reason == "expired" then S.expiries = S.expiries + 1 else S.deletes = S.deletes + 1 end
   if S.dead_letter and reason == "expired" then
     redis.call("XADD", P.dead, "*", "sow_key", key, "topic", P.topic, "expiry_ms", exp_ms,
       "data", body)

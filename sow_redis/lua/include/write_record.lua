@@ -11,7 +11,9 @@ local DEFERRED_MAX = 1000  -- fields and values of one HSET (well below Lua's st
 -- without expiration); it must call this before it returns.
 local function write_deferred(P, S)
   if S.deferred and #S.deferred > 0 then
-    redis.call("HSET", P.rec, unpack(S.deferred))
+    -- the reply counts the fields that were new: the inserts among these upserts (a key
+    -- written twice in the batch counts once as an insert, once as an update)
+    S.inserts = S.inserts + redis.call("HSET", P.rec, unpack(S.deferred))
     S.deferred = {}
   end
 end
@@ -51,7 +53,7 @@ local function upsert(P, S, op, id, key, data, ex, members)
     deferred[#deferred + 1] = stored
     if #deferred >= DEFERRED_MAX then write_deferred(P, S) end
   else
-    redis.call("HSET", P.rec, key, stored)
+    S.inserts = S.inserts + redis.call("HSET", P.rec, key, stored)
   end
   if ex ~= "" then
     redis.call("ZADD", P.exp, exp_ms, key)
