@@ -646,18 +646,93 @@ def status(ctx: click.Context) -> None:
 
 
 @main.command()
+@click.option("-t", "--topic", "topics", multiple=True, help="Only this topic (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per topic (for scripts).")
+@click.option("--watch", is_flag=True, help="Refresh a terminal view every --interval seconds.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Seconds between the two readings the rates come from.")
 @click.pass_context
 @_friendly
-def stats(ctx: click.Context) -> None:
-    """Per topic: records, records with an expiry, the next due time, expiration settings.
+def stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: bool,
+          interval: float) -> None:
+    """Per topic: records, partitions, log length and lag (entries not yet applied, age of the
+    oldest), errors, records with an expiry and the next due time, chain identifiers,
+    subscribers, change feed length, and inserts / updates / deletes / expiries / queries
+    per second (from counters the Lua scripts keep in the same atomic calls).
 
     \b
     Example:
-      sow-redis --redis-url redis://127.0.0.1:6390/0 stats
+      sow-redis --redis-url redis://127.0.0.1:6390/0 stats --watch
+      sow-redis --redis-url redis://127.0.0.1:6390/0 stats --json -t orders
     """
-    from .status import expiry_stats
+    from .config import load_topics
+    from .status import topic_stats, with_rates
 
-    _each_topic(ctx, expiry_stats)
+    sow = _sow(ctx)
+    chosen = load_topics(sow.r)
+    unknown = [t for t in topics if t not in chosen]
+    if unknown:
+        sow.topic(unknown[0])  # raises UnknownTopicError: one line
+    names = sorted(topics or chosen)
+
+    def reading() -> dict[str, dict[str, Any]]:
+        return {n: topic_stats(sow.r, chosen[n]) for n in names}
+
+    before = reading()
+    if as_json and not watch:
+        time.sleep(interval)
+        after = reading()
+        for n in names:
+            sys.stdout.buffer.write(orjson.dumps(with_rates(before[n], after[n])) + b"\n")
+        return
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console() if sys.stdout.isatty() else Console(width=180)
+    time.sleep(interval)
+    after = reading()
+    if not watch:
+        console.print(_stats_table([with_rates(before[n], after[n]) for n in names]))
+        return
+    try:
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                rows = [with_rates(before[n], after[n]) for n in names]
+                if as_json:
+                    for row in rows:
+                        sys.stdout.buffer.write(orjson.dumps(row) + b"\n")
+                    sys.stdout.flush()
+                else:
+                    live.update(_stats_table(rows), refresh=True)
+                time.sleep(interval)
+                before, after = after, reading()
+    except KeyboardInterrupt:
+        pass
+
+
+def _stats_table(rows: list[dict[str, Any]]) -> Any:
+    import datetime as _dt
+
+    from rich.table import Table
+
+    table = Table(title="sow_redis topics")
+    for col in ("topic", "records", "parts", "log", "lag", "lag age s", "errors", "expiring",
+                "next due", "chain ids", "subs", "feed blocks", "ins/s", "upd/s", "del/s",
+                "exp/s", "qry/s"):
+        table.add_column(col, justify="left" if col in ("topic", "next due") else "right")
+    for x in rows:
+        due = x["next_due_ms"]
+        ps = x["per_second"]
+        table.add_row(
+            x["topic"], f"{x['records']:,}", str(x["partitions"]), f"{x['log_entries']:,}",
+            f"{x['lag']:,}", f"{x['lag_age_ms'] / 1000:.1f}", f"{x['errors']:,}",
+            f"{x['with_expiry']:,}",
+            "-" if due is None else _dt.datetime.fromtimestamp(due / 1000, _dt.UTC).strftime(
+                "%H:%M:%S.%f")[:-3],
+            f"{x['chain_ids']:,}", str(x["subscribers"]), f"{x['change_feed_blocks']:,}",
+            *(f"{ps[k]:,.0f}" for k in ("inserts", "updates", "deletes", "expiries",
+                                         "queries")))
+    return table
 
 
 @main.command()

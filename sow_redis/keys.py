@@ -117,6 +117,11 @@ def error_streams(topic: str, partitions: int) -> list[str]:
     return [errors(topic)] + [partition_errors(topic, p) for p in range(partitions)]
 
 
+def topic_stats(topic: str) -> str:
+    """HASH: topic-level counters of ``sow-redis stats`` (``n_query``: SOW queries run)."""
+    return "{sow:%s}:stats" % topic
+
+
 def channel(topic: str) -> str:
     """Pub/sub channel of the topic's live change events."""
     return "sow:%s" % topic
@@ -142,7 +147,7 @@ def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
 
 def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]:
     """Every key a topic owns (for removal of a topic)."""
-    out = [errors(topic), chain_conflicts(topic)]
+    out = [errors(topic), chain_conflicts(topic), topic_stats(topic)]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
         out += [lease(topic, p), job_marker(topic, p)]

@@ -127,6 +127,7 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
 
     if top_n is not None and top_n < 0:
         raise ValueError(f"top_n must be 0 or more, got {top_n}")
+    r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
     pred = compile_filter(filter) if filter else None
     order = parse_order_by(order_by) if order_by else None
     if top_n == 0:

@@ -1,4 +1,7 @@
-"""Per-topic status: records, log length and lag per partition."""
+"""Per-topic status and statistics: records, log length and lag per partition, expiry, and the
+per-topic SOW statistics of ``sow-redis stats`` (AMPS's per-topic SOW statistics: inserts,
+updates, deletes, expiries and queries, from counters the Lua scripts keep in the same atomic
+calls that make the changes)."""
 
 from __future__ import annotations
 
@@ -64,3 +67,77 @@ def expiry_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         "expiration": topic.expiration,
         "policy": topic.expiration_policy,
     }
+
+
+COUNTERS = {"inserts": "n_insert", "updates": "n_update", "deletes": "n_delete",
+            "expiries": "n_expire"}
+"""Figure → field of a partition's state hash (kept by the Lua scripts)."""
+
+
+def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
+    """The figures of one topic, read now (rates need two readings: :func:`with_rates`).
+
+    Returns:
+        ``topic``, ``partitions``, ``records``, ``log_entries``, ``lag`` (log entries not yet
+        applied, counted up to 100,000 per partition), ``lag_age_ms`` (age of the oldest of
+        them, ms; 0 when none), ``errors``, ``with_expiry``, ``next_due_ms`` (earliest expiry,
+        ms since the epoch on the Redis server clock; None when none), ``chain_ids``
+        (identifiers in chain tables), ``subscribers`` (on the topic's channel),
+        ``change_feed_blocks`` (blocks the change feed holds), ``counters`` (``inserts``,
+        ``updates``, ``deletes``, ``expiries``, ``queries`` since the topic was created) and
+        ``time_ms`` (server clock of the reading).
+    """
+    from .connection import server_ms
+
+    states = read_partitions(r, topic.name, topic.partitions)
+    pipe = r.pipeline(transaction=False)
+    for st in states:
+        pipe.hmget(keys.state(topic.name, st.partition), list(COUNTERS.values()))
+        pipe.xrange(keys.log(topic.name, st.partition), min="(" + st.cursor, count=1)
+        pipe.zcard(keys.expiry(topic.name, st.partition))
+        pipe.zrange(keys.expiry(topic.name, st.partition), 0, 0, withscores=True)
+        pipe.xlen(keys.changes(topic.name, st.partition))
+    pipe.hget(keys.topic_stats(topic.name), "n_query")
+    pipe.pubsub_numsub(keys.channel(topic.name))
+    res = pipe.execute()
+    now = server_ms(r)
+    counters = dict.fromkeys(COUNTERS, 0)
+    oldest: list[int] = []
+    with_expiry = blocks = 0
+    dues: list[int] = []
+    for i in range(len(states)):
+        vals, first, n_exp, head, n_blocks = res[5 * i: 5 * i + 5]
+        for name, v in zip(COUNTERS, vals):
+            counters[name] += int(v or 0)
+        if first:
+            oldest.append(int(first[0][0].split(b"-")[0]))
+        with_expiry += n_exp
+        if head:
+            dues.append(int(head[0][1]))
+        blocks += n_blocks
+    counters["queries"] = int(res[-2] or 0)
+    return {
+        "topic": topic.name,
+        "partitions": topic.partitions,
+        "records": sum(s.records for s in states),
+        "log_entries": sum(s.log for s in states),
+        "lag": sum(s.pending for s in states),
+        "lag_age_ms": max(0, now - min(oldest)) if oldest else 0,
+        "errors": error_count(r, topic),
+        "with_expiry": with_expiry,
+        "next_due_ms": min(dues) if dues else None,
+        "chain_ids": sum(s.chain_ids for s in states),
+        "subscribers": int(res[-1][0][1]) if res[-1] else 0,
+        "change_feed_blocks": blocks,
+        "counters": counters,
+        "time_ms": now,
+    }
+
+
+def with_rates(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """``after`` with ``per_second``: each counter's rate between the two readings."""
+    dt_s = max(1e-3, (after["time_ms"] - before["time_ms"]) / 1000)
+    out = dict(after)
+    out["per_second"] = {k: round((after["counters"][k] - before["counters"][k]) / dt_s, 1)
+                         for k in after["counters"]}
+    return out

@@ -437,3 +437,36 @@ def test_cli_subscribe_with_the_bookmark_store_and_bookmarks_command(url, topic_
                   topic_name, "--timeout", "1")
     assert [orjson.loads(x).get("data", {}).get("k") for x in out.stdout.splitlines()] == [
         3, 4, None]
+
+
+# -- statistics (issue 13 item 2: counters kept by the Lua scripts) -------------------------
+def test_stats_figures_of_a_known_workload(url, topic_name):
+    from sow_redis.expirer import Expirer
+
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, 'expiration = "enabled"\nhash_index = [["/g"]]\n', 2)
+    sow.publish(t.name, [{"k": i, "g": "a"} for i in range(10)])  # 10 inserts
+    sow.publish(t.name, [{"k": i, "g": "b"} for i in range(4)])  # 4 updates
+    sow.delta_publish(t.name, {"k": 5, "x": 1})  # 1 update
+    sow.sow_delete(t.name, filter="/k IN (8, 9)")  # 2 deletes
+    sow.publish(t.name, [{"k": 20 + i} for i in range(3)], expiration=0.05)  # 3 inserts
+    time.sleep(0.1)
+    Expirer(sow.r, topics=[t.name]).loop()  # 3 expiries
+    for _ in range(4):
+        sow.sow(t.name, "/g = 'a'")
+    with sow.subscribe(t.name):
+        out = run_cli(url, "stats", "--json", "--interval", "0.1", "-t", t.name)
+    (st,) = [orjson.loads(x) for x in out.stdout.splitlines()]
+    print(st)
+    assert st["counters"] == {"inserts": 13, "updates": 5, "deletes": 2, "expiries": 3,
+                              "queries": 4}
+    assert st["records"] == 8 and st["partitions"] == 2 and st["lag"] == 0
+    assert st["subscribers"] == 1 and st["errors"] == 0 and st["with_expiry"] == 0
+    assert st["change_feed_blocks"] >= 2 and set(st["per_second"]) == set(st["counters"])
+    sow.r.xadd(keys.log(t.name, 0), {"cmd": "publish", "data": b'{"k": 99}'})
+    time.sleep(0.05)
+    (st,) = [orjson.loads(x) for x in run_cli(url, "stats", "--json", "--interval", "0.1",
+                                              "-t", t.name).stdout.splitlines()]
+    assert st["lag"] == 1 and st["lag_age_ms"] >= 50
+    table = run_cli(url, "stats", "--interval", "0.1", "-t", t.name).stdout.decode()
+    assert t.name in table and "ins/s" in table
