@@ -736,6 +736,39 @@ def _stats_table(rows: list[dict[str, Any]]) -> Any:
 
 
 @main.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=9464, show_default=True,
+              help="HTTP port of the Prometheus endpoint (/metrics).")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface).")
+@click.pass_context
+@_friendly
+def metrics(ctx: click.Context, port: int, bind: str) -> None:
+    """Serve Prometheus metrics on http://BIND:PORT/metrics: the stats figures of every topic
+    and histograms of publish→applied latency, apply batch latency and expiry lag (due time
+    → delete event), from the topics' change blocks. Runs until Ctrl-C or SIGTERM.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 metrics --port 9464
+    """
+    import signal
+    import threading
+
+    from .metrics import serve
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_a: stop.set())
+    click.echo(f"metrics on http://{bind}:{port}/metrics for {redact(_sow(ctx).url)}", err=True)
+    try:
+        serve(_sow(ctx).r, port, bind, stop)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve metrics on {bind}:{port}: "
+                                   f"{exc.strerror or exc}") from None
+
+
+@main.command()
 @click.option("-t", "--topic", required=True, help="A topic with the chaining key generator.")
 @click.option("--id", "ident", help="Show the chain of this identifier (e.g. a ClOrdID).")
 @click.pass_context
