@@ -43,6 +43,7 @@ from .errors import (
     ScriptArgsError,
 )
 from .keying import KeyResolver, Resolved, resolver
+from .logs import fields as event_fields
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .partition_state import read_cursor
@@ -93,7 +94,8 @@ def _rejection(exc: BaseException) -> tuple[str, str]:
 
 def _reject(sid: str, fields: dict[bytes, bytes], exc: BaseException, p: int) -> Reject:
     reason, detail = _rejection(exc)
-    log.warning("partition %d: entry %s rejected: %s: %s", p, sid, reason, detail)
+    log.warning("partition %d: entry %s rejected: %s: %s", p, sid, reason, detail,
+                extra=event_fields("rejected", partition=p, id=sid, reason=reason))
     return Reject(sid, reason, detail, *original(fields))
 
 

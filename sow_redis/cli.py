@@ -105,9 +105,15 @@ def _sow(ctx: click.Context) -> Any:
               help="Redis to use: redis://, rediss:// or unix:// (env SOW_REDIS_URL).")
 @click.option("--config", "config_path", envvar="SOW_REDIS_CONFIG", default=DEFAULT_CONFIG_PATH,
               show_default=True, help="Topic configuration TOML (env SOW_REDIS_CONFIG).")
+@click.option("--log-json", is_flag=True, envvar="SOW_LOG_JSON",
+              help="Logs as JSON, one object per line (env SOW_LOG_JSON=1).")
+@click.option("--log-level", envvar="SOW_LOG_LEVEL", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="Least level logged (env SOW_LOG_LEVEL; DEBUG shows every lease).")
 @click.version_option(package_name="sow_redis")
 @click.pass_context
-def main(ctx: click.Context, redis_url: str, config_path: str) -> None:
+def main(ctx: click.Context, redis_url: str, config_path: str, log_json: bool,
+         log_level: str) -> None:
     """sow_redis: a State of the World message database on Redis.
 
     \b
@@ -118,6 +124,9 @@ def main(ctx: click.Context, redis_url: str, config_path: str) -> None:
       sow-redis sow -t orders -f "/price > 100"
       sow-redis down
     """
+    from .logs import setup
+
+    setup(json=log_json, level=log_level)
     ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path)}
 
 

@@ -30,6 +30,7 @@ from . import events, keys
 from .client import Sow
 from .config import TopicCache, TopicConfig
 from .connection import Client, StreamEntry, connect, server_ms
+from .logs import fields
 from .scripts import Scripts
 from .settings import Settings
 
@@ -190,8 +191,13 @@ class Expirer:
         for t in topics.values():
             if not t.expiration_enabled:
                 continue
+            started = time.monotonic()
             n, next_due, now = expire_topic(self.r, self.scripts, t, self.sow)
             expired += n
+            if n:
+                log.info("expired %d record(s) of %s", n, t.name, extra=fields(
+                    "expired", topic=t.name, count=n,
+                    pass_ms=round((time.monotonic() - started) * 1000, 1)))
             if next_due >= 0:
                 wait_s = min(wait_s, max(0.0, (next_due - now) / 1000))
         if time.monotonic() >= self._next_idle_check:

@@ -31,6 +31,7 @@ from .apply import PartitionApplier
 from .config import TopicCache, TopicConfig
 from .connection import Client
 from .errors import FencedError, UnknownTopicError
+from .logs import fields
 from .partition_state import read_cursor
 from .scripts import Scripts, attached
 from .settings import QUEUE_NAME, Settings
@@ -240,6 +241,8 @@ def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
     fence = scripts.lease_acquire(lease_key, state_key, owner, settings.lease_ms)
     if fence is None:
         return 0, False
+    log.debug("lease taken", extra=fields("lease_taken", topic=topic.name, partition=p,
+                                           fence=fence))
     done = 0
     now = time.monotonic()
     deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
@@ -318,7 +321,8 @@ def ingest_job(topic: str, partition: int) -> int:
     try:
         done, drained = drain_partition(r, t, partition, settings)
     except FencedError:
-        log.warning("%s[%d]: lease taken over by another worker", topic, partition)
+        log.warning("%s[%d]: lease taken over by another worker", topic, partition,
+                    extra=fields("lease_lost", topic=topic, partition=partition))
         return 0
     finally:
         with _active_lock:

@@ -39,6 +39,7 @@ from rq.exceptions import StopRequested
 
 from .connection import Client, Pipeline
 from .jobs import HOST, owner_dead, sweep
+from .logs import fields
 from .safejob import SERIALIZER, SowJob
 from .settings import QUEUE_NAME, Settings
 
@@ -89,7 +90,8 @@ def wait_for_redis(r: Client, stop: threading.Event) -> bool:
             r.ping()
             return True
         except REDIS_DOWN as exc:
-            log.warning("redis unreachable (%s); retry in %.1f s", exc, pause)
+            log.warning("redis unreachable (%s); retry in %.1f s", exc, pause,
+                        extra=fields("redis_unreachable", retry_s=pause))
         stop.wait(pause)
         pause = min(BACKOFF_MAX_S, pause * 2)
     return False
@@ -290,6 +292,10 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     if not burst:
         sweeper = Sweeper(Redis.from_url(settings.redis_url), settings, keep=wname)
         sweeper.start()
+    # a burst worker is a one-shot command: its start and stop are DEBUG events
+    lifecycle = logging.DEBUG if burst else logging.INFO
+    log.log(lifecycle, "worker %s started", wname,
+            extra=fields("worker_start", worker=wname, burst=burst))
     # a burst worker drains whatever lags, even behind a marker whose job is gone
     worked, pause, recover = False, BACKOFF_MIN_S, burst
     try:
@@ -321,4 +327,5 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     finally:
         if sweeper is not None:
             sweeper.stopped.set()
+        log.log(lifecycle, "worker %s stopped", wname, extra=fields("worker_stop", worker=wname))
     return worked

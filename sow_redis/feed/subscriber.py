@@ -53,6 +53,7 @@ from ..config import TopicConfig
 from ..connection import Client, server_ms
 from ..errors import FilterEvalError
 from ..events import ChangeBlock, ChangeEvent, parse_block
+from ..logs import fields
 from ..records import decode as decode_record
 from .bookmark import Bookmark
 from .changes import FeedGap, blocks_after, current_seqs, resolve
@@ -307,7 +308,9 @@ class Subscriber:
         msg = {"kind": "recovery", "topic": self.topic.name, "partition": p, "cause": cause,
                "how": how, "after": after, "to": self.pos[p]}
         log.warning("subscriber of %s: partition %d: recovered seq %d..%d (%s, %s)",
-                    self.topic.name, p, after + 1, self.pos[p], cause, how)
+                    self.topic.name, p, after + 1, self.pos[p], cause, how,
+                    extra=fields("recovery", topic=self.topic.name, partition=p, cause=cause,
+                                 how=how, after=after, to=self.pos[p]))
         if self.report is not None:
             self.report(msg)
         self._ready.append(msg)
