@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import cast
+
+from redis.exceptions import RedisError
 
 from . import keys
 from .apply import PartitionApplier
@@ -194,25 +198,30 @@ def sweep(r: Client, settings: Settings, recover: bool = False) -> int:
 
 
 LINGER_SLICE_MS = 5
-"""A lingering job blocks on its partition's log for at most this many milliseconds at a time,
-then looks at the queue: a job of another partition waiting there ends the linger."""
-
+"""A lingering job blocks on its partitions' logs for at most this many milliseconds at a
+time, then looks at the queue: a job of another topic's partition waiting there ends the
+linger."""
 
 GATHER_S = 0.003
-GATHER_MIN = 8
-"""After an apply call that took at least ``GATHER_MIN`` entries but less than a quarter of
-a batch (a live publisher, the log drained as fast as it fills), a job waits ``GATHER_S``
-seconds so the next call takes a larger batch: fewer, larger calls leave Redis and the
-cores to the publisher (docs/benchmarks.md). A trickle (fewer entries per call) is applied
-at once, without the wait."""
+GATHER_MIN = 32
+"""After a round of apply calls that took at least ``GATHER_MIN`` entries but less than a
+quarter of a batch (a live publisher, the logs drained as fast as they fill), a job waits
+``GATHER_S`` seconds so the next calls take larger batches: fewer, larger calls leave Redis
+and the cores to the publisher (docs/benchmarks.md). A trickle (fewer entries per round) is
+applied at once, without the wait."""
+
+ADOPT_EVERY_S = 0.25
+"""Seconds between two looks for free partitions of the job's topic to adopt."""
 
 
-def _linger(r: Client, log_key: str, cursor: str, wait_ms: int, watch_queue: bool) -> bool:
-    """Wait up to ``wait_ms`` milliseconds for an entry after ``cursor`` in ``log_key``.
+def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
+            watch_queue: bool) -> bool:
+    """Wait up to ``wait_ms`` milliseconds for an entry after the cursor of any of ``logs``
+    (log key → cursor; one blocking XREAD on all of them).
 
     Returns:
-        True when an entry arrived; False when the time ran out or (``watch_queue``) another
-        partition's job waits in the queue, where this worker is needed more.
+        True when an entry arrived; False when the time ran out or (``watch_queue``) a job
+        waits in the queue, where this worker is needed more.
     """
     deadline = time.monotonic() + wait_ms / 1000
     while True:
@@ -221,70 +230,183 @@ def _linger(r: Client, log_key: str, cursor: str, wait_ms: int, watch_queue: boo
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             return False
-        if r.xread({log_key: cursor}, count=1, block=min(left_ms, LINGER_SLICE_MS)):
+        streams: dict[str, str] = {k: v for k, v in logs.items() if v is not None}
+        if r.xread(streams, count=1, block=min(left_ms, LINGER_SLICE_MS)):  # type: ignore[arg-type]
             return True
+
+
+QUEUE_PEEK = 20
+"""Queued jobs looked at to decide whether a worker is needed elsewhere."""
+
+_DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\]$")
+
+
+def _needed_elsewhere(r: Client) -> bool:
+    """True when a job waits in the queue that some worker must run: one whose partition's
+    lease nobody holds (a job whose lease is held ends at once). Looks at the first
+    :data:`QUEUE_PEEK` queued jobs, by their description ``ingest <topic>[<p>]``."""
+    ids = cast("list[bytes]", r.lrange(QUEUE_KEY, 0, QUEUE_PEEK - 1))
+    if not ids:
+        return False
+    pipe = r.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hget(b"rq:job:" + job_id, "description")
+    leases = []
+    for desc in pipe.execute():
+        m = _DESCRIPTION.match(desc or b"")
+        if m is None:
+            log.debug("queued job %r needs a worker", desc)
+            return True  # not an ingest job: run it
+        leases.append(keys.lease(m.group(1).decode(), int(m.group(2))))
+    free = [k for k, owner in zip(leases, r.mget(leases)) if owner is None]
+    if free:
+        log.debug("queued jobs of free partitions %s", free)
+    return bool(free)
+
+
+def _workers(r: Client) -> int:
+    """Registered rq workers of the ``sow`` queue (at least 1)."""
+    return max(1, r.scard(f"rq:workers:{QUEUE_NAME}"))
+
+
+class _Held:
+    """One partition a job holds: its fencing token and its applier."""
+
+    def __init__(self, r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
+                 settings: Settings):
+        self.p, self.fence = p, fence
+        self.applier = PartitionApplier(r, scripts, topic, p, fence, settings.batch_size)
+        self.done = 0
+
+
+def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
+                     budget_s: float | None = None, owner: str = OWNER,
+                     linger_ms: int | None = None, adopt: bool = False
+                     ) -> dict[int, tuple[int, bool]]:
+    """Apply partition ``p`` of ``topic`` (and, with ``adopt``, free partitions of the same
+    topic up to a fair share: partitions / registered workers) under their leases, for up to
+    ``budget_s`` seconds (default ``job_budget_s``), waiting up to ``linger_ms`` (default
+    ``settings.linger_ms``) for new entries once all are drained, on all of them at once.
+
+    One job serving several partitions applies each new entry as it comes, instead of
+    handing the worker from one partition's rq job to the next (which costs milliseconds of
+    latency per hand-over; docs/benchmarks.md, "Subscriber latency").
+
+    Returns:
+        partition → ``(entries consumed, drained)``; ``{p: (0, False)}`` when ``p``'s lease
+        belongs to another worker. ``drained`` is False when the budget ran out.
+
+    Raises:
+        FencedError: a held lease was taken over (the others are released).
+    """
+    scripts = _tools(r)[0]
+    held: dict[int, _Held] = {}
+
+    def take(q: int) -> bool:
+        with _active_lock:  # marked before leasing: the sweeper leaves our leases alone
+            _active.add((topic.name, q))
+        fence = scripts.lease_acquire(keys.lease(topic.name, q), keys.state(topic.name, q),
+                                      owner, settings.lease_ms)
+        if fence is None:
+            with _active_lock:
+                _active.discard((topic.name, q))
+            return False
+        held[q] = _Held(r, scripts, topic, q, fence, settings)
+        log.debug("lease taken", extra=fields("lease_taken", topic=topic.name, partition=q,
+                                               fence=fence))
+        return True
+
+    if not take(p):
+        return {p: (0, False)}
+    now = time.monotonic()
+    deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
+    renew_every = settings.lease_ms / 3000  # seconds
+    renewed = now
+    next_adopt = now if adopt else float("inf")
+    drained = False
+    try:
+        while True:
+            if now >= next_adopt:
+                next_adopt = now + ADOPT_EVERY_S
+                share = -(-topic.partitions // _workers(r))
+                for q in range(topic.partitions):
+                    if len(held) >= share:
+                        break
+                    if q not in held and take(q):
+                        # the marker says "served": a publisher enqueues no job for q now
+                        r.set(keys.job_marker(topic.name, q), OWNER, px=settings.marker_ttl_ms)
+            n = 0
+            for h in held.values():
+                k = h.applier.step()
+                h.done += k
+                n += k
+            if GATHER_MIN <= n < settings.batch_size // 4:
+                time.sleep(GATHER_S)  # let a live publisher's entries gather (see GATHER_S)
+            now = time.monotonic()
+            all_drained = all(h.applier.drained for h in held.values())
+            if now >= deadline:
+                if not adopt or _needed_elsewhere(r):
+                    drained = all_drained
+                    break
+                # nobody else waits for this worker: keep serving (no hand-over gap)
+                deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
+            if all_drained:
+                # drained (nothing in flight): linger briefly for more on every held log; a
+                # live publisher keeps one job busy instead of paying for a new rq job per
+                # burst. A job serving its share of a topic does not give way to queued jobs
+                # (mostly its own partitions': they find the lease taken and end at once).
+                wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
+                              int((deadline - now) * 1000))
+                logs = {keys.log(topic.name, h.p): h.applier.cursor for h in held.values()}
+                watch = linger_ms is None and not adopt
+                if None in logs.values() or not _linger(r, logs, wait_ms, watch_queue=watch):
+                    drained = True
+                    break
+                now = time.monotonic()
+                continue
+            if now - renewed >= renew_every:
+                for h in held.values():
+                    if scripts.lease_acquire(keys.lease(topic.name, h.p),
+                                             keys.state(topic.name, h.p), owner,
+                                             settings.lease_ms) != h.fence:
+                        raise FencedError(f"lost the lease of {topic.name}[{h.p}]")
+                renewed = now
+        for h in held.values():
+            h.done += h.applier.finish()
+            _trim(r, topic, h.p, settings)
+    finally:
+        for h in held.values():
+            try:
+                h.applier.finish()  # never leave a call unread (no-op after the finish above)
+            except Exception as exc:  # the first error is the one raised
+                log.warning("%s[%d]: finishing the batch in flight failed: %s", topic.name,
+                            h.p, exc)
+            finally:
+                with _active_lock:  # first: releasing fails when Redis is gone
+                    _active.discard((topic.name, h.p))
+                _release(scripts, keys.lease(topic.name, h.p), owner)
+    return {q: (h.done, drained) for q, h in held.items()}
+
+
+def _release(scripts: Scripts, lease_key: str, owner: str) -> None:
+    """Release a lease; when Redis cannot be reached the lease lapses by itself (the sweeper
+    reclaims it sooner: it is no longer marked active)."""
+    try:
+        scripts.lease_release(lease_key, owner)
+    except RedisError as exc:
+        log.warning("releasing %s failed (%s); it lapses after the lease time", lease_key, exc)
 
 
 def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,
                     budget_s: float | None = None, owner: str = OWNER,
                     linger_ms: int | None = None) -> tuple[int, bool]:
-    """Apply partition ``p`` under its lease for up to ``budget_s`` seconds (default
-    ``job_budget_s``), waiting up to ``linger_ms`` (default ``settings.linger_ms``) for new
-    entries once drained.
+    """Apply partition ``p`` alone (see :func:`drain_partitions`).
 
     Returns:
         ``(entries consumed, drained)``; ``drained`` is False when the budget ran out or the
         lease belongs to another worker.
     """
-    scripts = _tools(r)[0]
-    lease_key, state_key = keys.lease(topic.name, p), keys.state(topic.name, p)
-    fence = scripts.lease_acquire(lease_key, state_key, owner, settings.lease_ms)
-    if fence is None:
-        return 0, False
-    log.debug("lease taken", extra=fields("lease_taken", topic=topic.name, partition=p,
-                                           fence=fence))
-    done = 0
-    now = time.monotonic()
-    deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
-    renew_every = settings.lease_ms / 3000  # seconds
-    renewed = now
-    drained = False
-    applier = PartitionApplier(r, scripts, topic, p, fence, settings.batch_size)
-    try:
-        while True:
-            n = applier.step()
-            done += n
-            if GATHER_MIN <= n < settings.batch_size // 4:
-                time.sleep(GATHER_S)  # let a live publisher's entries gather (see GATHER_S)
-            now = time.monotonic()
-            if applier.drained:
-                # drained (nothing in flight): linger briefly for more; a live publisher
-                # keeps one job busy instead of paying for a new rq job per burst. Not while
-                # other partitions' jobs wait in the queue: this worker is needed there.
-                wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
-                              int((deadline - now) * 1000))
-                cursor = applier.cursor
-                if cursor is None or not _linger(r, keys.log(topic.name, p), cursor, wait_ms,
-                                                 watch_queue=linger_ms is None):
-                    drained = True
-                    break
-                continue
-            if now >= deadline:
-                break
-            if now - renewed >= renew_every:
-                if scripts.lease_acquire(lease_key, state_key, owner, settings.lease_ms) != fence:
-                    raise FencedError(f"lost the lease of {topic.name}[{p}]")
-                renewed = now
-        done += applier.finish()
-        _trim(r, topic, p, settings)
-    finally:
-        try:
-            applier.finish()  # never leave a call unread (no-op after the finish above)
-        except Exception as exc:  # the first error is the one raised
-            log.warning("%s[%d]: finishing the batch in flight failed: %s", topic.name, p, exc)
-        finally:
-            scripts.lease_release(lease_key, owner)
-    return done, drained
+    return drain_partitions(r, topic, p, settings, budget_s, owner, linger_ms)[p]
 
 
 def _trim(r: Client, topic: TopicConfig, p: int, settings: Settings) -> None:
@@ -314,33 +436,37 @@ def ingest_job(topic: str, partition: int) -> int:
         r.delete(keys.job_marker(topic, partition))
         log.warning("topic %s no longer defined; job dropped", topic)
         return 0
-    marker = keys.job_marker(topic, partition)
-    r.pexpire(marker, settings.marker_ttl_ms)
-    with _active_lock:
-        _active.add((topic, partition))
+    r.pexpire(keys.job_marker(topic, partition), settings.marker_ttl_ms)
     try:
-        done, drained = drain_partition(r, t, partition, settings)
+        results = drain_partitions(r, t, partition, settings, adopt=True)
     except FencedError:
         log.warning("%s[%d]: lease taken over by another worker", topic, partition,
                     extra=fields("lease_lost", topic=topic, partition=partition))
         return 0
-    finally:
-        with _active_lock:
-            _active.discard((topic, partition))
+    total = 0
+    for q, (done, drained) in results.items():
+        total += done
+        _hand_over(r, t, q, done, drained, settings)
+    return total
+
+
+def _hand_over(r: Client, t: TopicConfig, p: int, done: int, drained: bool,
+               settings: Settings) -> None:
+    """After a job served partition ``p``: re-enqueue it or retire it."""
+    marker = keys.job_marker(t.name, p)
     if done == 0 and not drained:
         # another worker holds the lease: it re-enqueues or retires the partition itself
-        return 0
+        return
     if drained and done and r.llen(QUEUE_KEY):
         # left its partition for the jobs waiting in the queue while entries kept coming:
         # come back after them (keeping the marker spares a live publisher the enqueue)
         r.pexpire(marker, settings.marker_ttl_ms)
-        enqueue_job(r, topic, partition)
+        enqueue_job(r, t.name, p)
     elif drained:
         r.delete(marker)
         # entries appended after our last read but before the marker went away
-        if partition in lagging_partitions(r, t):
-            ensure_jobs(r, topic, [partition], settings)
+        if p in lagging_partitions(r, t):
+            ensure_jobs(r, t.name, [p], settings)
     else:
         r.pexpire(marker, settings.marker_ttl_ms)
-        enqueue_job(r, topic, partition)
-    return done
+        enqueue_job(r, t.name, p)
