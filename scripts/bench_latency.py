@@ -1,222 +1,345 @@
 #!/usr/bin/env python3
-"""Read-your-writes latency: ``Sow.publish(..., wait=True)`` of one message, idle workers.
+"""Publish → subscriber latency of sow_redis subscriptions, next to raw Redis pub/sub and a
+NATS JetStream key-value watch, in one run; and the replay rate of a bookmark subscription.
 
-Starts its own redis-server on a free loopback port (``--save "" --appendonly no``, in a
-temporary folder; never 6379). For each worker count W of ``--workers`` and each linger of
-``--linger-ms`` (``SOW_LINGER_MS`` of the workers; ``default`` = the library's), it starts W
-``sow-redis worker`` processes (rq registered, start-up excluded), then for each gap of
-``--gap-ms`` runs ``--tries`` tries on a fresh topic (``key = ["/id"]``, ``--partitions``
-partitions), each with a new ``id`` (so the partitions vary), ``gap`` ms apart:
+Starts its own redis-server on a free loopback port (never 6379) and ``--workers`` ``sow-redis
+worker`` processes, and, when ``nats-server`` is installed, ``nats-server -js`` on a free
+loopback port with its store in a temporary folder. For each rate of ``--rates`` (messages per
+second) and each variant, a publisher **process** sends ``--seconds`` of messages at that rate
+(paced in batches of rate/1000 per millisecond), each carrying its send time
+(``time.time_ns()``); the benchmark process receives them and records receive − send (one
+host, one clock). The first ``--warmup`` seconds of each run are left out of the figures (jobs
+and connections start then), for every variant alike.
 
-* ``api``: ``Sow.publish(topic, msg, wait=True)`` through the Python API, as a user calls it
-  (``wait_applied`` polls the cursor every 10 ms); the time of the call is the latency.
-* ``steps``: the same steps done one by one, timed (registry read; ``append`` = XADD and the
-  ``last_used`` HSET; ``ensure_jobs`` = job marker SET NX and the rq enqueue, or nothing when
-  a job is still outstanding, e.g. lingering on the partition), then the partition's lease
-  and cursor polled every 0.2 ms: ``→ lease`` = until a job holds the partition's lease (rq
-  dequeue + job start-up; 0 when a lingering job already held it), ``→ applied`` = until the
-  cursor covers the message. ``wait 10 ms`` = what the API's 10 ms poll adds on top (the
-  ``api`` latency minus the ``steps`` applied time, medians).
+Variants:
 
-A gap longer than the linger (e.g. 100 ms against 50) makes every try find its workers idle
-(no job lingering anywhere): the pure cold path. A gap of 0 is back-to-back publishing.
+* ``subscribe``: ``Sow.subscribe(topic)`` while the workers apply (publish → log → worker →
+  Lua apply → change block → subscriber, with its gap checks);
+* ``sow_and_subscribe``: ``Sow.sow_and_subscribe(topic)``, measured after its ``group_end``;
+* ``raw pub/sub``: ``PUBLISH`` of the same payload to a channel, redis-py ``SUBSCRIBE``;
+* ``nats kv watch``: ``kv.put`` of the same payload to a JetStream key-value bucket (nats-py),
+  a ``watch`` on the bucket.
 
-Prints p50 / p99 / max in ms per configuration and writes JSON (``--json``). This is a
-benchmark, not a test: the figures depend on the machine's load.
+Replay: ``--replay-n`` changes are published to a topic keeping them all in its change feed,
+then ``Sow.subscribe(topic, bookmark="EPOCH")`` is timed until its ``completed`` message.
+
+Prints a table (p50 / p99 / p99.9 / max in ms, and sow_redis p99 ÷ raw pub/sub p99) and
+writes JSON (``--json``).
 
 Example::
 
-    .venv/bin/python scripts/bench_latency.py --tries 200 --workers 1,2 --gap-ms 0,100
+    .venv/bin/python scripts/bench_latency.py --rates 1000,10000 --seconds 10
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime as dt
-import os
-import statistics
+import multiprocessing as mp
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import orjson
-from bench_ingest import Workers, topic_config
+from bench_ingest import Workers
 from benchlib import BenchError, machine_info, private_redis, write_json
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
 
-from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.config import apply_topics, get_topic
-from sow_redis.jobs import ensure_jobs
-from sow_redis.publisher import append
-from sow_redis.settings import Settings
+from sow_redis.server import free_port
 
-console = Console(width=140)
-FINE_POLL_S = 0.0002
-"""Poll interval (seconds) of the lease and cursor in the ``steps`` tries."""
+console = Console(width=max(Console().width, 120))
 
 
-def pct(xs: list[float], q: float) -> float:
-    """The q-th percentile (0-100, nearest rank) of ``xs``."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+# -- publishers (run in their own process) --------------------------------------------------
+def _pace(n: int, rate: int, send) -> None:
+    batch = max(1, rate // 1000)
+    t0 = time.perf_counter()
+    for i in range(0, n, batch):
+        wait = t0 + i / rate - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        send(i, min(batch, n - i))
 
 
-def summary(xs: list[float]) -> dict[str, float]:
-    return {"p50": pct(xs, 50), "p99": pct(xs, 99), "max": max(xs), "mean": statistics.fmean(xs)}
+def publish_sow(url: str, topic: str, n: int, rate: int) -> None:
+    sow = Sow(url)
+    _pace(n, rate, lambda i, k: sow.publish(
+        topic, [{"id": (i + j) % 1000, "t": time.time_ns(), "i": i + j} for j in range(k)]))
 
 
-def message(i: int) -> bytes:
-    return orjson.dumps({"id": i, "price": 1.5, "qty": 7, "symbol": "MSFT", "pad": "x" * 120})
+def publish_raw(url: str, channel: str, n: int, rate: int) -> None:
+    r = Redis.from_url(url)
+
+    def send(i: int, k: int) -> None:
+        pipe = r.pipeline(transaction=False)
+        for j in range(k):
+            pipe.publish(channel, orjson.dumps({"id": (i + j) % 1000, "t": time.time_ns(),
+                                                "i": i + j}))
+        pipe.execute()
+
+    _pace(n, rate, send)
 
 
-def api_tries(sow: Sow, topic: str, tries: int, gap_s: float, first_id: int) -> list[float]:
-    out = []
-    for i in range(tries):
+def publish_nats(nats_url: str, bucket: str, n: int, rate: int) -> None:
+    import nats
+
+    async def main() -> None:
+        nc = await nats.connect(nats_url)
+        kv = await nc.jetstream().key_value(bucket)
+        batch = max(1, rate // 1000)
         t0 = time.perf_counter()
-        res = sow.publish(topic, message(first_id + i), wait=True, timeout=30)
-        out.append(1000 * (time.perf_counter() - t0))
-        if res.published != 1:
-            raise BenchError(f"publish: {res}")
-        time.sleep(gap_s)
-    return out
+        for i in range(0, n, batch):
+            wait = t0 + i / rate - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            for j in range(min(batch, n - i)):
+                await kv.put(f"k{(i + j) % 1000}", orjson.dumps({"t": time.time_ns(),
+                                                               "i": i + j}))
+        await nc.close()
+
+    asyncio.run(main())
 
 
-def step_tries(r: Redis, settings: Settings, topic: str, tries: int, gap_s: float,
-               first_id: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {k: [] for k in ("registry", "append", "ensure_jobs",
-                                                   "to_lease", "to_applied", "total")}
-    out["enqueued"] = []
-    for i in range(tries):
-        t0 = time.perf_counter()
-        t = get_topic(r, topic)
-        t1 = time.perf_counter()
-        res = append(r, t, [("publish", message(first_id + i), None)])
-        t2 = time.perf_counter()
-        enq = ensure_jobs(r, t.name, list(res.last_ids), settings)
-        t3 = time.perf_counter()
-        (p, sid), = res.last_ids.items()
-        want = tuple(int(x) for x in sid.split("-"))
-        lease_at = None
-        deadline = t3 + 30
+# -- measuring -------------------------------------------------------------------------------
+def summary(lat_ns: list[tuple[int, int]], warmup_s: float) -> dict[str, Any]:
+    """Percentiles (ms) of the latencies sent after the warm-up."""
+    if not lat_ns:
+        return {"n": 0}
+    t0 = min(t for t, _l in lat_ns)
+    vals = sorted(lat for t, lat in lat_ns if t - t0 >= warmup_s * 1e9)
+    if not vals:
+        return {"n": 0}
+
+    def q(p: float) -> float:
+        return vals[min(len(vals) - 1, int(p * len(vals)))] / 1e6
+
+    return {"n": len(vals), "received": len(lat_ns), "p50_ms": q(0.5), "p99_ms": q(0.99),
+            "p999_ms": q(0.999), "max_ms": vals[-1] / 1e6}
+
+
+def run_sow(url: str, rate: int, args: argparse.Namespace, query_first: bool) -> dict[str, Any]:
+    sow = Sow(url)
+    topic = f"lat_{uuid.uuid4().hex[:8]}"
+    sow.apply_config(f'[[topic]]\nname = "{topic}"\nkey = ["/id"]\npartitions = '
+                     f"{args.partitions}\n")
+    n = rate * args.seconds
+    got: list[tuple[int, int]] = []
+    sub = sow.sow_and_subscribe(topic) if query_first else sow.subscribe(topic)
+    if query_first:
+        assert sub.get(5)["kind"] == "group_end"
+    proc = mp.Process(target=publish_sow, args=(url, topic, n, rate))
+    proc.start()
+    deadline = time.monotonic() + args.seconds * 3 + 30
+    with sub:
+        while len(got) < n and time.monotonic() < deadline:
+            m = sub.get(timeout=1.0)
+            if m is not None and m["kind"] == "publish":
+                now = time.time_ns()
+                got.append((m["data"]["t"], now - m["data"]["t"]))
+    proc.join()
+    return summary(got, args.warmup) | {"sent": n}
+
+
+def run_raw(url: str, rate: int, args: argparse.Namespace) -> dict[str, Any]:
+    r = Redis.from_url(url)
+    channel = f"raw_{uuid.uuid4().hex[:8]}"
+    ps = r.pubsub(ignore_subscribe_messages=True)
+    ps.subscribe(channel)
+    time.sleep(0.1)
+    n = rate * args.seconds
+    got: list[tuple[int, int]] = []
+    proc = mp.Process(target=publish_raw, args=(url, channel, n, rate))
+    proc.start()
+    deadline = time.monotonic() + args.seconds * 3 + 30
+    while len(got) < n and time.monotonic() < deadline:
+        m = ps.get_message(timeout=1.0)
+        if m is not None and m["type"] == "message":
+            now = time.time_ns()
+            t = orjson.loads(m["data"])["t"]
+            got.append((t, now - t))
+    proc.join()
+    ps.close()
+    return summary(got, args.warmup) | {"sent": n}
+
+
+def run_nats(nats_url: str, rate: int, args: argparse.Namespace) -> dict[str, Any]:
+    import nats
+
+    bucket = f"lat{uuid.uuid4().hex[:8]}"
+    n = rate * args.seconds
+    got: list[tuple[int, int]] = []
+
+    async def main() -> None:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        kv = await js.create_key_value(bucket=bucket, history=1)
+        watcher = await kv.watchall(ignore_deletes=True)
+        proc = mp.Process(target=publish_nats, args=(nats_url, bucket, n, rate))
+        proc.start()
+        deadline = time.monotonic() + args.seconds * 3 + 30
+        while len(got) < n and time.monotonic() < deadline:
+            try:
+                e = await watcher.updates(timeout=1.0)
+            except Exception:  # nats-py raises its TimeoutError
+                continue
+            if e is None or not e.value:
+                continue
+            now = time.time_ns()
+            t = orjson.loads(e.value)["t"]
+            got.append((t, now - t))
+        await watcher.stop()
+        proc.join()
+        await js.delete_key_value(bucket)
+        await nc.close()
+
+    asyncio.run(main())
+    return summary(got, args.warmup) | {"sent": n}
+
+
+def run_replay(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    from sow_redis.publisher import append, wait_applied
+
+    sow = Sow(url)
+    topic = f"replay_{uuid.uuid4().hex[:8]}"
+    sow.apply_config(f'[[topic]]\nname = "{topic}"\nkey = ["/id"]\npartitions = '
+                     f"{args.partitions}\nchange_retention = {{ count = {args.replay_n * 2} }}\n")
+    t = sow.topic(topic)
+    n = args.replay_n
+    t0 = time.perf_counter()
+    res = append(sow.r, t, (("publish", b'{"id":%d,"v":%d}' % (i % 100_000, i), None)
+                            for i in range(n)), jobs=sow.settings)
+    wait_applied(sow.r, t, res.last_ids, timeout_s=600)
+    loaded = time.perf_counter() - t0
+    events = 0
+    t0 = time.perf_counter()
+    with sow.subscribe(topic, bookmark="EPOCH") as sub:
         while True:
-            pipe = r.pipeline(transaction=False)
-            pipe.exists(keys.lease(t.name, p))
-            pipe.hget(keys.state(t.name, p), "cursor")
-            leased, cur = pipe.execute()
-            now = time.perf_counter()
-            if leased and lease_at is None:
-                lease_at = now
-            if cur is not None and tuple(int(x) for x in cur.split(b"-")) >= want:
+            m = sub.get(timeout=30)
+            if m is None:
+                raise BenchError("replay stalled")
+            if m["kind"] == "completed":
                 break
-            if now > deadline:
-                raise BenchError(f"{topic}[{p}] not applied after 30 s")
-            time.sleep(FINE_POLL_S)
-        lease_at = lease_at or now
-        ms = 1000.0
-        out["registry"].append(ms * (t1 - t0))
-        out["append"].append(ms * (t2 - t1))
-        out["ensure_jobs"].append(ms * (t3 - t2))
-        out["to_lease"].append(ms * (lease_at - t3))
-        out["to_applied"].append(ms * (now - t3))
-        out["total"].append(ms * (now - t0))
-        out["enqueued"].append(float(enq))
-        time.sleep(gap_s)
-    return out
+            events += 1
+    took = time.perf_counter() - t0
+    return {"events": events, "seconds": took, "events_s": events / took if took else 0.0,
+            "load_seconds": loaded}
+
+
+class Nats:
+    """A ``nats-server -js`` on a free loopback port, its store in a temporary folder."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="nats-bench-")
+        self.port = free_port()
+        self.proc = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p",
+                                      str(self.port), "-sd", self.dir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"nats://127.0.0.1:{self.port}"
+        time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--rates", default="1000,10000", help="messages per second, comma-separated")
+    ap.add_argument("--seconds", type=int, default=10, help="seconds of publishing per run")
+    ap.add_argument("--warmup", type=float, default=0.5, help="seconds left out at the start")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--replay-n", type=int, default=1_000_000, help="0: no replay run")
+    ap.add_argument("--no-nats", action="store_true", help="skip the NATS baseline")
+    ap.add_argument("--json", default="bench-results/bench_latency.json")
+    a = ap.parse_args(argv)
+    a.rate_list = [int(x) for x in a.rates.split(",") if x.strip()]
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--tries", type=int, default=200)
-    ap.add_argument("--workers", default="1,2")
-    ap.add_argument("--linger-ms", default="default",
-                    help="comma-separated SOW_LINGER_MS values for the workers")
-    ap.add_argument("--gap-ms", default="0,100", help="comma-separated pauses between tries")
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--json", default="bench-results/bench_latency.json")
-    a = ap.parse_args(argv)
-    wcounts = [int(x) for x in a.workers.split(",") if x]
-    lingers = [x for x in a.linger_ms.split(",") if x]
-    gaps = [float(x) for x in a.gap_ms.split(",") if x]
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    nats_server = None
     rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"benchmark": "bench_latency",
+                              "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                              "options": vars(args) | {"rate_list": args.rate_list}}
     try:
         with private_redis("sow-lat-") as server:
-            tmp = server.workdir
             r = Redis.from_url(server.url)
-            settings = Settings.from_env(redis_url=server.url)
-            sow = Sow(settings=settings)
-            next_id = 0
-            for w in wcounts:
-                for linger in lingers:
-                    env_before = os.environ.get("SOW_LINGER_MS")
-                    if linger != "default":
-                        os.environ["SOW_LINGER_MS"] = linger
-                    ws = Workers(server.url, w, tmp, settings.batch_size)
-                    if env_before is None:
-                        os.environ.pop("SOW_LINGER_MS", None)
-                    else:
-                        os.environ["SOW_LINGER_MS"] = env_before
-                    try:
-                        ws.start()
-                        ws.wait_registered(r)
-                        time.sleep(0.5)
-                        for gap in gaps:
-                            t = topic_config(f"lat_{uuid.uuid4().hex[:8]}", a.partitions)
-                            apply_topics(r, [t])
-                            api = api_tries(sow, t.name, a.tries, gap / 1000, next_id)
-                            next_id += a.tries
-                            steps = step_tries(r, settings, t.name, a.tries, gap / 1000, next_id)
-                            next_id += a.tries
-                            lg = (settings.linger_ms if linger == "default" else int(linger))
-                            row = {"workers": w, "linger_ms": lg, "gap_ms": gap,
-                                   "api_ms": summary(api),
-                                   "steps_ms": {k: summary(v) for k, v in steps.items()
-                                                if k != "enqueued"},
-                                   "enqueued_share": statistics.fmean(steps["enqueued"]),
-                                   "api_raw_ms": api, "steps_raw_ms": steps}
-                            rows.append(row)
-                            console.print(
-                                f"W={w} linger={lg} ms gap={gap:g} ms: api p50 "
-                                f"{row['api_ms']['p50']:.1f} p99 {row['api_ms']['p99']:.1f} "
-                                f"max {row['api_ms']['max']:.1f} ms; steps applied p50 "
-                                f"{row['steps_ms']['total']['p50']:.1f} p99 "
-                                f"{row['steps_ms']['total']['p99']:.1f} ms")
-                    finally:
-                        ws.stop()
-            table = Table(title=f"publish(wait=True) of one message, {a.tries} tries, "
-                                f"{a.partitions} partitions (ms)")
-            for col in ("W", "linger", "gap", "api p50", "api p99", "api max", "registry",
-                        "append", "ensure_jobs", "job enqueued", "→ lease p50/p99",
-                        "→ applied p50/p99", "wait 10 ms"):
-                table.add_column(col, justify="right")
-            for x in rows:
-                s = x["steps_ms"]
-                table.add_row(
-                    str(x["workers"]), str(x["linger_ms"]), f"{x['gap_ms']:g}",
-                    f"{x['api_ms']['p50']:.1f}", f"{x['api_ms']['p99']:.1f}",
-                    f"{x['api_ms']['max']:.1f}", f"{s['registry']['p50']:.2f}",
-                    f"{s['append']['p50']:.2f}", f"{s['ensure_jobs']['p50']:.2f}",
-                    f"{100 * x['enqueued_share']:.0f} %",
-                    f"{s['to_lease']['p50']:.1f}/{s['to_lease']['p99']:.1f}",
-                    f"{s['to_applied']['p50']:.1f}/{s['to_applied']['p99']:.1f}",
-                    f"{x['api_ms']['p50'] - s['total']['p50']:.1f}")
-            console.print(table)
-            result = {
-                "benchmark": "bench_latency",
-                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "machine": machine_info(r),
-                "options": vars(a), "rows": rows,
-            }
-            console.print(f"results written to {write_json(a.json, result)}")
-            return 0
-    except BenchError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 1
+            result["machine"] = machine_info(r)
+            ws = Workers(server.url, args.workers, server.workdir, 500)
+            ws.start()
+            ws.wait_registered(r)
+            if not args.no_nats and shutil.which("nats-server"):
+                nats_server = Nats()
+            elif not args.no_nats:
+                console.print("nats-server is not installed: no NATS baseline")
+            try:
+                for rate in args.rate_list:
+                    variants = [("raw pub/sub", lambda rt=rate: run_raw(server.url, rt, args)),
+                                ("subscribe", lambda rt=rate: run_sow(server.url, rt, args, False)),
+                                ("sow_and_subscribe",
+                                 lambda rt=rate: run_sow(server.url, rt, args, True))]
+                    if nats_server is not None:
+                        variants.append(("nats kv watch",
+                                         lambda rt=rate: run_nats(nats_server.url, rt, args)))
+                    raw_p99 = None
+                    for name, run in variants:
+                        res = run()
+                        if name == "raw pub/sub":
+                            raw_p99 = res.get("p99_ms")
+                        row = {"variant": name, "rate": rate, **res}
+                        if raw_p99 and res.get("p99_ms") is not None:
+                            row["p99_vs_raw"] = res["p99_ms"] / raw_p99
+                        rows.append(row)
+                        console.print(f"{rate:,}/s {name}: {res}")
+                if args.replay_n:
+                    result["replay"] = run_replay(server.url, args)
+                    console.print(f"replay: {result['replay']}")
+            finally:
+                ws.stop()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        return 130
+    finally:
+        if nats_server is not None:
+            nats_server.stop()
+    table = Table(title="publish → subscriber latency (ms; after the warm-up)")
+    for col in ("variant", "msg/s", "received", "p50", "p99", "p99.9", "max", "p99 ÷ raw"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for row in rows:
+        table.add_row(row["variant"], f"{row['rate']:,}", f"{row.get('received', 0):,}",
+                      *(f"{row[k]:.2f}" if k in row else "-" for k in
+                        ("p50_ms", "p99_ms", "p999_ms", "max_ms")),
+                      f"{row['p99_vs_raw']:.1f}×" if "p99_vs_raw" in row else "-")
+    console.print(table)
+    if "replay" in result:
+        rp = result["replay"]
+        console.print(f"bookmark replay from EPOCH: {rp['events']:,} events in "
+                      f"{rp['seconds']:.2f} s = {rp['events_s']:,.0f} events/s")
+    result["rows"] = rows
+    console.print(f"results written to {write_json(args.json, result)}")
+    return 0
 
 
 if __name__ == "__main__":
+    threading.current_thread().name = "bench_latency"
     sys.exit(main())

@@ -45,3 +45,17 @@ def test_bench_packing_compares_packings(tmp_path: Path) -> None:
         assert x["verify"] == {"ok": True, "records": want, "seq": 3000,
                                "expected_records": 1000, "expected_seq": 3000}
         assert x["calls"] == 3000 // x["batch"]
+
+
+def test_bench_latency_measures_every_variant_and_the_replay(tmp_path: Path) -> None:
+    out = tmp_path / "lat.json"
+    proc = _run("bench_latency.py", "--rates", "500", "--seconds", "1", "--warmup", "0.2",
+                "--replay-n", "3000", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    names = [row["variant"] for row in data["rows"]]
+    print(names, data["replay"])
+    assert names[:3] == ["raw pub/sub", "subscribe", "sow_and_subscribe"]
+    assert all(row["received"] == row["sent"] == 500 for row in data["rows"])
+    assert data["replay"]["events"] == 3000
+    assert "p99 ÷ raw" in proc.stdout.decode()
