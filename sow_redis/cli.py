@@ -177,6 +177,43 @@ def config_apply(ctx: click.Context, file: str | None, migrate: bool) -> None:
                f"{', '.join(t.name for t in topics)} (registry version {version})")
 
 
+@config.command("import-amps")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Write the TOML here (default: standard output).")
+@_friendly
+def config_import_amps(file: str, output: str | None) -> None:
+    """Translate the <SOW><Topic> sections of an AMPS configuration FILE into sow_redis TOML
+    (Name, Key, KeyDomain, Expiration, MessageType, HashIndex, the chaining KeyGenerator);
+    each element that is not translated is listed on stderr, one line each.
+
+    \b
+    Example:
+      sow-redis config import-amps amps-config.xml -o sow.toml
+    """
+    from .amps_config import import_amps, to_toml
+    from .config import parse_topics
+
+    try:
+        with open(file, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"{file}: cannot read: {exc}") from None
+    imported = import_amps(text)
+    for line in imported.skipped:
+        click.echo(f"{file}: {line}", err=True)
+    if not imported.topics:
+        raise click.ClickException(f"{file}: no SOW topic could be translated")
+    toml_text = to_toml(imported, file)
+    parse_topics(toml_text, source=f"{file} (imported)")  # what is written loads as it is
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(toml_text)
+        click.echo(f"wrote {len(imported.topics)} topic(s) to {output}", err=True)
+    else:
+        click.echo(toml_text, nl=False)
+
+
 @config.command("show")
 @click.pass_context
 @_friendly
