@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 import click
 
+from .connection import redact
 from .errors import SowError
 from .settings import Settings
 
@@ -157,6 +158,32 @@ def _respawn_redis(url: str, data_dir: str) -> subprocess.Popen[bytes]:
     return spawn_redis(port, Path(data_dir, f"redis-{port}"), timeout_s=REDIS_RESTART_TIMEOUT_S)
 
 
+def redis_warnings(url: str) -> list[str]:
+    """What is unsafe in how the Redis at ``url`` is configured for a SOW (the records are
+    the data: deploy/redis.conf): an eviction policy other than ``noeviction`` (Redis would
+    drop records under memory pressure), or no persistence at all (neither AOF nor RDB
+    snapshots: a restart loses everything). [] when it cannot be asked (e.g. CONFIG is
+    renamed or refused by the ACL)."""
+    from redis import Redis
+    from redis.exceptions import RedisError
+
+    try:
+        cfg = Redis.from_url(url, socket_timeout=2).config_get("maxmemory-policy", "appendonly",
+                                                                "save")
+    except RedisError:
+        return []
+    where = redact(url)
+    out = []
+    policy = cfg.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        out.append(f"Redis at {where} runs with maxmemory-policy {policy}: it may evict SOW "
+                   "records under memory pressure; use noeviction (deploy/redis.conf)")
+    if cfg.get("appendonly", "no") != "yes" and not (cfg.get("save") or "").strip():
+        out.append(f"Redis at {where} has no persistence (appendonly no, no save points): a "
+                   "restart loses the SOW; use appendonly yes (deploy/redis.conf)")
+    return out
+
+
 def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool = True) -> None:
     """Run redis (if needed) + config + ``workers`` worker processes until interrupted; the
     pidfile (:func:`write_pidfile`) exists while they run.
@@ -170,6 +197,8 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
     if not _ping(settings.redis_url):
         redis_proc = start_redis(settings.redis_url, data_dir)
         click.echo(f"started redis-server at {settings.redis_url} (data in {data_dir})", err=True)
+    for warning in redis_warnings(settings.redis_url):
+        click.echo(f"warning: {warning}", err=True)
     children: list[_Child] = []
     stopping = False
 
