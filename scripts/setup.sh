@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what is missing, idempotently: redis-server (apt-get), a Python virtual environment
-# in .venv with sow_redis and the extras named in $SOW_EXTRAS (default: dev,demo).
+# Installs what is missing, idempotently: redis-server (apt-get), with SOW_BROWSER=1 Chromium
+# and its driver (apt-get), a Python virtual environment in .venv with sow_redis and the extras
+# named in $SOW_EXTRAS (default: dev,demo).
 # Sourced or run by scripts/main.sh and scripts/test.sh.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +18,11 @@ apt_install() {
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "setup: installing redis-server (apt-get)" >&2
   apt_install redis-server
+fi
+if [ "${SOW_BROWSER:-0}" = "1" ] && ! { command -v chromium >/dev/null 2>&1 \
+    && command -v chromedriver >/dev/null 2>&1; }; then
+  echo "setup: installing chromium and chromium-driver (apt-get; the dashboard browser test)" >&2
+  apt_install chromium chromium-driver
 fi
 if ! command -v python3 >/dev/null 2>&1; then
   echo "setup: installing python3 (apt-get)" >&2

@@ -1002,7 +1002,8 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
                + "; Ctrl-C stops it", err=True)
     sys.stderr.flush()
     # --json: sow_redis jobs are JSON; the dashboard must never unpickle a job payload
-    os.execve(sys.executable, [sys.executable, "-m", "rq_dashboard", "--bind", bind,
+    # sow_redis.dashboard: rq-dashboard whose workers page reads the jobs as JSON too
+    os.execve(sys.executable, [sys.executable, "-m", "sow_redis.dashboard", "--bind", bind,
                                "--port", str(port), "--redis-url", url, "--json"], env)
 
 

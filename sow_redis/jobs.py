@@ -64,15 +64,17 @@ def _tools(r: Client) -> tuple[Scripts, TopicCache]:
     return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
 
 
-def enqueue_job(r: Client, topic: str, p: int) -> None:
-    """Enqueue an ingest job of partition ``p`` (the caller set its job marker)."""
+def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None) -> None:
+    """Enqueue an ingest job of partition ``p`` (the caller set its job marker). Its
+    description, shown by rq-dashboard, is ``ingest <topic>[<p>]``, with ``(N entries behind)``
+    when the caller knows the backlog (``behind``: log entries not applied yet, at least)."""
     from rq import Queue
 
     from .safejob import SERIALIZER
 
     Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER).enqueue(
         JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
-        description=f"ingest {topic}[{p}]",
+        description=f"ingest {topic}[{p}]" + (f" ({behind:,} entries behind)" if behind else ""),
     )
 
 
@@ -238,7 +240,7 @@ def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
 QUEUE_PEEK = 20
 """Queued jobs looked at to decide whether a worker is needed elsewhere."""
 
-_DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\]$")
+_DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+ entries behind\))?$")
 
 
 def _needed_elsewhere(r: Client) -> bool:

@@ -172,7 +172,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
 
             for p, set_now in zip(sorted(set(sent)), replies[len(sent):]):
                 if set_now:  # no job was outstanding for p
-                    enqueue_job(r, topic.name, p)
+                    enqueue_job(r, topic.name, p, behind=sent.count(p))
         if on_chunk:
             on_chunk(n_handled)
 
