@@ -269,33 +269,27 @@ def run_sow(url: str, r: Redis, msgs: list[bytes], workers: int, args: argparse.
         out["worker_startup"] = {"seconds": t1 - t0}
         time.sleep(0.2)  # let the start-up sweeps and imports settle
 
-        # 2. apply the backlog: reveal the topic and enqueue its jobs, as a publisher would
-        cpu0, wcpu0 = redis_cpu_s(r), ws.cpu_s()
-        t0 = time.perf_counter()
-        apply_topics(r, [backlog])
-        ensure_jobs(r, backlog.name, parts, settings)
-        wait_applied(r, backlog, res.last_ids, timeout_s=wait_timeout, poll_s=POLL_S)
-        t1 = time.perf_counter()
-        out["apply_backlog"] = {"seconds": t1 - t0, "msg_s": rate(n, t1 - t0),
-                                "redis_cpu_s": redis_cpu_s(r) - cpu0,
-                                "workers_cpu_s": ws.cpu_s() - wcpu0,
-                                "verify": verify(r, backlog, n, distinct)}
-        remove_topic(r, backlog)
+        def apply_backlog(topic: TopicConfig, last_ids: dict[int, str]) -> dict[str, Any]:
+            """Reveal ``topic`` and enqueue its jobs, as a publisher would; time until every
+            partition is applied."""
+            cpu0, wcpu0 = redis_cpu_s(r), ws.cpu_s()
+            t0 = time.perf_counter()
+            apply_topics(r, [topic])
+            ensure_jobs(r, topic.name, parts, settings)
+            wait_applied(r, topic, last_ids, timeout_s=wait_timeout, poll_s=POLL_S)
+            t1 = time.perf_counter()
+            result = {"seconds": t1 - t0, "msg_s": rate(n, t1 - t0),
+                      "redis_cpu_s": redis_cpu_s(r) - cpu0, "workers_cpu_s": ws.cpu_s() - wcpu0,
+                      "verify": verify(r, topic, n, distinct)}
+            remove_topic(r, topic)
+            return result
 
+        # 2. apply the backlog
+        out["apply_backlog"] = apply_backlog(backlog, res.last_ids)
         # 2b. the same backlog on a topic without change feed (its cost, same run)
         plain = topic_config(f"bench_{uid}_nofeed_w{workers}", args.partitions, False)
         res_plain = append(r, plain, (("publish", m, None) for m in msgs))
-        cpu0, wcpu0 = redis_cpu_s(r), ws.cpu_s()
-        t0 = time.perf_counter()
-        apply_topics(r, [plain])
-        ensure_jobs(r, plain.name, parts, settings)
-        wait_applied(r, plain, res_plain.last_ids, timeout_s=wait_timeout, poll_s=POLL_S)
-        t1 = time.perf_counter()
-        out["apply_backlog_no_feed"] = {"seconds": t1 - t0, "msg_s": rate(n, t1 - t0),
-                                        "redis_cpu_s": redis_cpu_s(r) - cpu0,
-                                        "workers_cpu_s": ws.cpu_s() - wcpu0,
-                                        "verify": verify(r, plain, n, distinct)}
-        remove_topic(r, plain)
+        out["apply_backlog_no_feed"] = apply_backlog(plain, res_plain.last_ids)
 
         # 3. live: publish while the workers apply
         live = topic_config(f"bench_{uid}_live_w{workers}", args.partitions)

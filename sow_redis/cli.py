@@ -562,6 +562,14 @@ def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> Non
         signal.signal(signal.SIGTERM, previous)
 
 
+def _message_limits(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The --count and --timeout options of the subscription commands."""
+    fn = click.option("--timeout", type=float,
+                      help="Exit after this many seconds without a message.")(fn)
+    return click.option("--count", type=click.IntRange(min=1),
+                        help="Exit after this many messages.")(fn)
+
+
 def _report_recovery(msg: dict[str, Any]) -> None:
     click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
                f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "
@@ -580,8 +588,7 @@ def _report_recovery(msg: dict[str, Any]) -> None:
 @click.option("--sub-id", help="Subscription id in the bookmark store.")
 @click.option("--persist-every", type=click.IntRange(min=1), default=10, show_default=True,
               help="Processed messages between two writes of the bookmark.")
-@click.option("--count", type=click.IntRange(min=1), help="Exit after this many messages.")
-@click.option("--timeout", type=float, help="Exit after this many seconds without a message.")
+@_message_limits
 @click.pass_context
 @_friendly
 def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
@@ -612,8 +619,7 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @click.option("--oof", is_flag=True, help="Out-of-focus notices (see subscribe).")
 @click.option("--top-n", type=click.IntRange(min=0), help="The query returns at most N records.")
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
-@click.option("--count", type=click.IntRange(min=1), help="Exit after this many messages.")
-@click.option("--timeout", type=float, help="Exit after this many seconds without a message.")
+@_message_limits
 @click.pass_context
 @_friendly
 def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
