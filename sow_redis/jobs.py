@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import cast
 
 from redis.exceptions import RedisError
@@ -217,17 +217,18 @@ ADOPT_EVERY_S = 0.25
 
 
 def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
-            watch_queue: bool) -> bool:
+            needed_elsewhere: Callable[[], bool] | None) -> bool:
     """Wait up to ``wait_ms`` milliseconds for an entry after the cursor of any of ``logs``
-    (log key → cursor; one blocking XREAD on all of them).
+    (log key → cursor; one blocking XREAD on all of them), in slices of
+    :data:`LINGER_SLICE_MS`.
 
     Returns:
-        True when an entry arrived; False when the time ran out or (``watch_queue``) a job
-        waits in the queue, where this worker is needed more.
+        True when an entry arrived; False when the time ran out or ``needed_elsewhere()``
+        says a queued job waits for this worker.
     """
     deadline = time.monotonic() + wait_ms / 1000
     while True:
-        if watch_queue and r.llen(QUEUE_KEY):
+        if needed_elsewhere is not None and needed_elsewhere():
             return False
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
@@ -237,7 +238,7 @@ def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
             return True
 
 
-QUEUE_PEEK = 20
+QUEUE_PEEK = 100
 """Queued jobs looked at to decide whether a worker is needed elsewhere."""
 
 _DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+ entries behind\))?$")
@@ -360,8 +361,11 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
                               int((deadline - now) * 1000))
                 logs = {keys.log(topic.name, h.p): h.applier.cursor for h in held.values()}
-                watch = linger_ms is None and not adopt
-                if None in logs.values() or not _linger(r, logs, wait_ms, watch_queue=watch):
+                needed: Callable[[], bool] | None = None
+                if linger_ms is None:  # a worker's job: give way to a job that needs a worker
+                    needed = (lambda: _needed_elsewhere(r)) if adopt else (
+                        lambda: bool(r.llen(QUEUE_KEY)))
+                if None in logs.values() or not _linger(r, logs, wait_ms, needed):
                     drained = True
                     break
                 now = time.monotonic()
