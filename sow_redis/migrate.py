@@ -338,7 +338,8 @@ def _drop_partitions(r: Client, old: TopicConfig, new: TopicConfig) -> None:
             r.xadd(keys.log(name, part), cast("Fields", f))
         r.delete(keys.log(name, p), keys.state(name, p), keys.acks(name, p),
                  keys.dead_letters(name, p), keys.partition_errors(name, p),
-                 keys.job_marker(name, p), keys.lease(name, p))
+                 keys.job_marker(name, p), keys.lease(name, p), keys.changes(name, p),
+                 keys.change_times(name, p))
 
 
 def changes_to_move(old: TopicConfig, new: TopicConfig) -> list[str]:

@@ -470,3 +470,15 @@ def test_stats_figures_of_a_known_workload(url, topic_name):
     assert st["lag"] == 1 and st["lag_age_ms"] >= 50
     table = run_cli(url, "stats", "--interval", "0.1", "-t", t.name).stdout.decode()
     assert t.name in table and "ins/s" in table
+
+
+def test_a_feed_left_ahead_of_the_partition_sequence_is_started_anew(url, topic_name):
+    """A change feed whose ids are above the partition's sequence (a partition re-created
+    under an old feed) never stops the apply: the feed starts anew."""
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, partitions=1)
+    sow.r.xadd(keys.changes(t.name, 0), {"block": b"stale"}, id="1000-0")
+    sow.publish(t.name, [{"k": 1}, {"k": 2}])
+    assert sorted(r.obj()["k"] for r in sow.sow(t.name)) == [1, 2]
+    ids = [sid for sid, _f in sow.r.xrange(keys.changes(t.name, 0))]
+    assert ids == [b"1-0"] and sow.errors(t.name) == []

@@ -65,10 +65,18 @@ local function publish_changes(P, S)
   if S.keep_count > 0 then
     local id = string.format("%d", S.first) .. "-0"
     local min_seq = S.seq - S.keep_count + 1
+    local added
     if min_seq > 1 then
-      redis.call("XADD", P.changes, "MINID", "~", string.format("%d", min_seq) .. "-0", id,
-        "block", block)
+      added = redis.pcall("XADD", P.changes, "MINID", "~", string.format("%d", min_seq) .. "-0",
+        id, "block", block)
     else
+      added = redis.pcall("XADD", P.changes, id, "block", block)
+    end
+    if type(added) == "table" and added.err then
+      -- the feed holds ids at or above this block's first seq (the partition's sequence was
+      -- reset under an old feed): start the feed anew; readers of the old one see a gap and
+      -- recover by re-reading the records
+      redis.call("DEL", P.changes, P.change_times)
       redis.call("XADD", P.changes, id, "block", block)
     end
     redis.call("ZADD", P.change_times, now, string.format("%d", S.first))
