@@ -119,6 +119,7 @@ class Subscriber:
         self._ready: deque[Message] = deque()
         self._last: Message | None = None
         self._pubsub: Any = None
+        # per partition, the keys of the records seen matching (kept with oof only)
         self._view: list[set[str]] = [set() for _ in range(topic.partitions)]
         self.on_close: list[Callable[[], object]] = []
         """Called by :meth:`close` after the last message is processed (e.g. a bookmark
@@ -209,7 +210,8 @@ class Subscriber:
             seq, recs = self._snapshot(p)
             seqs.append(seq)
             rows += [(p, rec, obj) for rec, obj in recs]
-            self._view[p] = {rec.sow_key for rec, _obj in recs}
+            if self.oof:
+                self._view[p] = {rec.sow_key for rec, _obj in recs}
         if self._order is not None:
             by_key = {rec.sow_key: (p, rec, obj) for p, rec, obj in rows}
             ordered = sort_records([rec for _p, rec, _o in rows], self._order,
@@ -279,19 +281,21 @@ class Subscriber:
         base = {"topic": self.topic.name, "sow_key": key, "partition": p, "seq": ev["seq"],
                 "id": ev["id"], "expiry_ms": ev["expiry_ms"]}
         if ev["op"] == "sow_delete":
+            if not self.oof:
+                return None
             matched = key in view or self._match(data)
             view.discard(key)
-            if self.oof and matched:
+            if matched:
                 return {"kind": "oof", "op": ev["op"], "reason": ev.get("reason", "deleted"),
                         **base, "data": data}
             return None
         if self._match(data):
-            view.add(key)
+            if self.oof:  # the view (matching keys) serves out-of-focus notices only
+                view.add(key)
             return {"kind": "publish", "op": ev["op"], **base, "data": data}
         if key in view:
             view.discard(key)
-            if self.oof:
-                return {"kind": "oof", "op": ev["op"], "reason": "match", **base, "data": data}
+            return {"kind": "oof", "op": ev["op"], "reason": "match", **base, "data": data}
         return None
 
     def _recover(self, p: int, upto: int, cause: str) -> None:
@@ -333,7 +337,8 @@ class Subscriber:
                 out.append({"kind": "publish", "op": "publish", "topic": self.topic.name,
                             "sow_key": key, "partition": p, "seq": rec.seq,
                             "id": rec.stream_id, "data": obj})
-        self._view[p] = set(now)
+        if self.oof:
+            self._view[p] = set(now)
         self.pos[p] = max(seq, after)
         if self.tracker is not None:
             self.tracker.skip(p, self.pos[p])
