@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing, idempotently: redis-server (apt-get), with SOW_BROWSER=1 Chromium
-# and its driver (apt-get), a Python virtual environment in .venv with sow_redis and the extras
+# and its driver (apt-get), a Java runtime when the extras include spark (apt-get), a Python virtual environment in .venv with sow_redis and the extras
 # named in $SOW_EXTRAS (default: dev,demo).
 # Sourced or run by scripts/main.sh and scripts/test.sh.
 set -euo pipefail
@@ -23,6 +23,10 @@ if [ "${SOW_BROWSER:-0}" = "1" ] && ! { command -v chromium >/dev/null 2>&1 \
     && command -v chromedriver >/dev/null 2>&1; }; then
   echo "setup: installing chromium and chromium-driver (apt-get; the dashboard browser test)" >&2
   apt_install chromium chromium-driver
+fi
+if [[ ",$extras," == *",spark,"* ]] && ! command -v java >/dev/null 2>&1; then
+  echo "setup: installing a Java runtime for Spark (apt-get default-jre-headless)" >&2
+  apt_install default-jre-headless
 fi
 if ! command -v python3 >/dev/null 2>&1; then
   echo "setup: installing python3 (apt-get)" >&2

@@ -5,7 +5,7 @@
 # Tests start their own redis-server on a free port; the machine's 6379 is never touched.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SOW_EXTRAS="dev,demo" SOW_BROWSER=1 bash "$root/scripts/setup.sh"
+SOW_EXTRAS="dev,demo,spark" SOW_BROWSER=1 bash "$root/scripts/setup.sh"
 cd "$root"
 
 check() {  # check NAME COMMAND...: "check NAME: <tool's last line>"; on a finding, its report

@@ -99,6 +99,12 @@ def change_times(topic: str, p: int) -> str:
     return _tag(topic, p) + ":changes:t"
 
 
+def loads(topic: str, p: int) -> str:
+    """HASH ``<load id>:<batch number>`` → last stream id: the bulk-load batches appended to
+    partition ``p``'s log (``lua/load_batch.lua``: each exactly once)."""
+    return _tag(topic, p) + ":loads"
+
+
 def errors(topic: str) -> str:
     """STREAM: topic-level rejections outside a partition's apply (dead letters the expirer
     could not forward), with reason and original bytes."""
@@ -150,5 +156,5 @@ def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]
     out = [errors(topic), chain_conflicts(topic), topic_stats(topic)]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
-        out += [lease(topic, p), job_marker(topic, p)]
+        out += [lease(topic, p), job_marker(topic, p), loads(topic, p)]
     return out

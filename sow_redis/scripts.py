@@ -19,7 +19,7 @@ import msgpack
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys
-from .connection import Client, Pipeline
+from .connection import Client, Fields, Pipeline
 from .errors import from_script_error
 from .messages import expiry_for
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
@@ -152,6 +152,27 @@ class Scripts:
         self.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
                    [keys.channel(topic.name), topic.name, n_idx,
                     "1" if topic.dead_letter else "0", limit, p, *retention_args(topic)])
+
+    def load_batch(self, topic: str, p: int, marker: str, entries: Sequence[Fields],
+                   rejects: Sequence[tuple[str, str, bytes]]) -> tuple[int, str]:
+        """load_batch.lua: append a bulk-load batch to partition ``p``'s log exactly once
+        (``marker``: ``<load id>:<batch number>``), its ``rejects`` (reason, detail, data) to
+        the topic's error stream.
+
+        Returns:
+            ``(entries appended, last stream id)``; ``(-1, "")`` when the batch was appended
+            before.
+        """
+        argv: list[Any] = [marker, len(entries), len(rejects)]
+        for fields in entries:
+            argv.append(len(fields))
+            for name, value in fields.items():
+                argv += (name, value)
+        for reason, detail, data in rejects:
+            argv += (reason, detail, data)
+        n, last = self.call("load_batch", [keys.log(topic, p), keys.loads(topic, p),
+                                           keys.errors(topic)], argv)
+        return int(n), last.decode() if isinstance(last, bytes) else last
 
     def lease_acquire(self, lease_key: str, state_key: str, owner: str, ms: int) -> int | None:
         """lease_acquire.lua: the fencing token, or None when another owner holds the lease."""

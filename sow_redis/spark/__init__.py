@@ -1,0 +1,7 @@
+"""The data pipeline on Spark (PySpark, the ``spark`` extra): bulk loads into the SOW through the
+workers' own apply path (issue 11; ARCHITECTURE §7). Importing :mod:`sow_redis` never needs
+pyspark; these modules import it when used.
+
+* :mod:`.session`: a local (or ``--master``) SparkSession;
+* :mod:`.load`: ``sow-redis spark load``.
+"""

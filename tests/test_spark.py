@@ -1,0 +1,154 @@
+"""The Spark bulk load (issue 11, first part): one local Spark session per test run against a
+real redis-server. Load equals publish record by record on real data (NYC flights, FIX logs);
+a retried task appends nothing twice; bad rows reach the error stream."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from conftest import ROOT, SHARED, cli_env
+
+from sow_redis import keys
+from sow_redis.client import Sow
+from sow_redis.publisher import append
+
+pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime")
+
+N_FLIGHTS = 20_000
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sow_redis.spark.session import get_session
+
+    session = get_session("local[2]", "sow-redis-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def flights_jsonl(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("flights")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "export_flights.py"), str(out)],
+                   check=True, capture_output=True, timeout=300)
+    small = out / "flights_small.jsonl"
+    with open(out / "flights.jsonl", "rb") as src, open(small, "wb") as dst:
+        for i, line in enumerate(src):
+            if i >= N_FLIGHTS:
+                break
+            dst.write(line)
+    return small
+
+
+def _records(sow: Sow, topic: str) -> dict[str, dict]:
+    return {r.sow_key: r.obj() for r in sow.sow(topic)}
+
+
+def _config(name: str) -> str:
+    return (f'[[topic]]\nname = "{name}"\nkey = ["/tailnum"]\nkey_domain = "flights"\n'
+            'hash_index = [["/carrier"], ["/origin"]]\npartitions = 4\n')
+
+
+def test_load_equals_publish_on_the_flights(spark, url, topic_name, flights_jsonl):
+    from sow_redis.spark.load import load
+
+    sow = Sow(url, inline=True)
+    loaded, published = topic_name + "_spark", topic_name + "_cli"
+    sow.apply_config(_config(loaded) + _config(published))
+    res = load(spark, url, sow.topic(loaded), [str(flights_jsonl)])
+    lines = flights_jsonl.read_bytes().splitlines()
+    pub = append(sow.r, sow.topic(published), (("publish", ln, None) for ln in lines))
+    sow.handoff(published, pub.last_ids)
+    a, b = _records(sow, loaded), _records(sow, published)
+    errors = sow.errors(loaded, count=10_000)
+    print(f"{res}; publish: {pub.published} published, {len(pub.rejected)} rejected; "
+          f"records {len(a)} / {len(b)}")
+    assert res.rows == len(lines) and res.appended == pub.published
+    assert res.rejected == len(pub.rejected) == len(errors)
+    assert {e["reason"] for e in errors} == {r.reason for r in pub.rejected}
+    assert a == b and len(a) > 1000  # same SOW keys (same key domain), same latest flights
+    assert sorted(x.obj()["tailnum"] for x in sow.sow(loaded, "/carrier = 'UA'")) == sorted(
+        x.obj()["tailnum"] for x in sow.sow(published, "/carrier = 'UA'"))
+
+
+def test_a_retried_task_or_a_rerun_appends_nothing_twice(spark, url, topic_name, tmp_path):
+    from sow_redis.spark.load import load, prepare_rows, write_partition
+
+    sow = Sow(url, inline=True)
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n')
+    t = sow.topic(topic_name)
+    src = tmp_path / "rows.jsonl"
+    src.write_bytes(b"".join(orjson.dumps({"k": i % 30, "v": i}) + b"\n" for i in range(200))
+                    + b"not json\n")
+    first = load(spark, url, t, [str(src)])
+    again = load(spark, url, t, [str(src)])  # the same files: the same load id
+    # a task run twice by hand (a Spark retry): the second run appends nothing
+    rows = [kv for kv in prepare_rows(t.to_json(), ((ln, i) for i, ln in
+                                                     enumerate(src.read_bytes().splitlines())))
+            if kv[0] == 0]
+    once = list(write_partition(url, t.to_json(), "manual", 50, True, 0, (r for _p, r in rows)))
+    twice = list(write_partition(url, t.to_json(), "manual", 50, True, 0, (r for _p, r in rows)))
+    seqs = sum(int(sow.r.hget(keys.state(t.name, p), "seq") or 0) for p in range(2))
+    print(first, again, once, twice, "seq sum", seqs)
+    assert (first.appended, first.rejected) == (200, 1)
+    assert (again.appended, again.rejected) == (0, 0)
+    assert once[0]["appended"] > 0 and twice[0]["appended"] == 0
+    assert seqs == 200 + once[0]["appended"]
+    # one rejection per load: the Spark load, and the load "manual" whose task ran twice
+    assert [e["reason"] for e in sow.errors(topic_name)] == ["bad_json", "bad_json"]
+    assert {r.obj()["k"]: r.obj()["v"] for r in sow.sow(topic_name)} == {
+        k: max(i for i in range(200) if i % 30 == k) for k in range(30)}
+
+
+def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name):
+    from sow_redis.spark.load import load
+
+    logs = sorted((SHARED / "data" / "fix").glob("*"))
+    if not logs:
+        pytest.skip("no FIX logs in ../shared/data/fix")
+    cfg = (ROOT / "examples" / "fix_orders.toml").read_text()
+    sow = Sow(url, inline=True)
+    loaded, published = topic_name + "_spark", topic_name + "_cli"
+    import re
+
+    name = re.search(r'name = "([^"]+)"', cfg).group(1)
+    # one key domain for both, so the two topics generate the same SOW keys
+    sow.apply_config(cfg.replace(f'name = "{name}"', f'name = "{loaded}"\nkey_domain = "fx"') +
+                     cfg.replace(f'name = "{name}"', f'name = "{published}"\nkey_domain = "fx"'))
+    seps = {"Ireach_test_logs.fix.txt": b";"}
+    for log in logs:  # one file after the other: the order they are published in
+        if log.suffix == ".md":
+            continue
+        sep = seps.get(log.name)
+        res = load(spark, url, sow.topic(loaded), [str(log)], fmt="fix", separator=sep)
+        lines = log.read_bytes().splitlines()
+        pub = append(sow.r, sow.topic(published), (("publish", ln, None) for ln in lines),
+                     fix_separator=sep)
+        sow.handoff(published, pub.last_ids)
+        print(log.name, res, pub.published, pub.skipped, len(pub.rejected))
+        assert (res.appended, res.skipped) == (pub.published, pub.skipped)
+    a, b = _records(sow, loaded), _records(sow, published)
+    print(f"FIX: {len(a)} records loaded, {len(b)} published")
+    assert a == b and len(a) > 100
+
+
+def test_cli_spark_load(url, topic_name, tmp_path):
+    from conftest import run_cli
+
+    Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n')
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"k": 1}\n{"k": 2}\n{"nokey": 3}\n')
+    out = run_cli(url, "spark", "load", "-t", topic_name, str(src), "--master", "local[1]",
+                  timeout=180)
+    line = out.stdout.decode().strip().splitlines()[-1]
+    print(line)
+    assert line.startswith(f"loaded 3 row(s) into {topic_name}: appended 2, applied 2, "
+                           "rejected 1")
+    assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [1, 2]
