@@ -1067,5 +1067,69 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
                f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
 
 
+@spark.command("export")
+@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.argument("out")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
+    """Write a consistent snapshot of a topic to Parquet at OUT: record fields as columns,
+    plus _sow_key, _sow_expiry_ms, _sow_partition and _sow_seq (one task per partition).
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark export -t flights out/flights
+    """
+    from .spark.session import get_session
+    from .spark.snapshot import export
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    try:
+        session = get_session(master)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    n = export(session, sow.url, t, out)
+    click.echo(f"exported {n} record(s) of {topic} to {out}")
+
+
+@spark.command("sql")
+@click.argument("query")
+@click.option("--out", help="Write the result here (.csv: CSV, else Parquet) instead of "
+              "printing it.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Rows printed.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_sql(ctx: click.Context, query: str, out: str | None, limit: int, master: str) -> None:
+    """Run a Spark SQL QUERY over snapshot views of the SOW topics (each topic a view named
+    by its name, characters outside [A-Za-z0-9_] as _), e.g. an AMPS-like view.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark sql \\
+          "SELECT carrier, avg(dep_delay) FROM flights GROUP BY carrier ORDER BY 2 DESC"
+    """
+    from .config import load_topics
+    from .spark.session import get_session
+    from .spark.snapshot import sql
+
+    sow = _sow(ctx)
+    try:
+        session = get_session(master)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    df = sql(session, sow.url, list(load_topics(sow.r).values()), query)
+    if out:
+        writer = df.write.mode("overwrite")
+        (writer.option("header", True).csv(out) if out.endswith(".csv") else writer.parquet(out))
+        click.echo(f"wrote the result to {out}")
+    else:
+        for row in df.limit(limit).collect():
+            sys.stdout.buffer.write(orjson.dumps(row.asDict(recursive=True)) + b"\n")
+
+
 if __name__ == "__main__":
     main()
