@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -1065,6 +1066,51 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
     click.echo(f"loaded {res.rows} row(s) into {topic}: appended {res.appended}, applied "
                f"{res.applied}, rejected {res.rejected} (in the error stream), skipped "
                f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
+
+
+@spark.command("stream")
+@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.argument("directory")
+@click.option("--checkpoint", help="Spark checkpoint folder (default: DIRECTORY/_sow_checkpoint"
+              "_<topic>); keep it to resume where the query stopped.")
+@click.option("--once", is_flag=True, help="Process the files there now, then stop.")
+@click.option("--separator", help="FIX field separator of the input (default: the topic's).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str | None,
+                 once: bool, separator: str | None, master: str) -> None:
+    """Feed a topic from a folder of JSON Lines or FIX files with Spark Structured Streaming,
+    exactly once (each micro-batch's id is recorded in Redis with the batch); prints one line
+    per micro-batch; runs until Ctrl-C (or, with --once, until the folder is processed).
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark stream -t flights data/daily/
+    """
+    from .fix import separator as fix_separator
+    from .spark.session import get_session
+    from .spark.stream import stream
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    try:
+        session = get_session(master)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    cp = checkpoint or os.path.join(directory, f"_sow_checkpoint_{re.sub(r'[^A-Za-z0-9_]', '_', topic)}")
+
+    def progress(batch_id: int, res: Any) -> None:
+        click.echo(f"batch {batch_id}: {res.rows} row(s), appended {res.appended}, applied "
+                   f"{res.applied}, rejected {res.rejected}, skipped {res.skipped}")
+
+    query = stream(session, sow.url, t, directory, cp, once=once,
+                   separator=fix_separator(separator) if separator else None, on_batch=progress)
+    if not once:
+        try:
+            query.awaitTermination()
+        except KeyboardInterrupt:
+            query.stop()
 
 
 @spark.command("export")

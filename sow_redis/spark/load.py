@@ -159,8 +159,15 @@ def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str |
         rows = ordered.map(lambda x: (x[0][0], x[1]))
     else:
         rows = df.select("value", "_order").rdd.map(lambda x: (x[0], x[1]))
-    topic_json = topic.to_json()
     lid = load_id or default_load_id(topic.name, inputs)
+    return load_rows(url, topic, rows, lid, batch_size, apply, separator)
+
+
+def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size: int = 5000,
+              apply: bool = True, separator: bytes | None = None) -> LoadResult:
+    """Steps 2–4 for an RDD of ``(line, order)`` rows (a file load, or one micro-batch of
+    ``sow-redis spark stream``), appended exactly once under ``load_id``."""
+    topic_json = topic.to_json()
     prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator)).cache()
     try:
         n_rows = prepared.count()
@@ -169,7 +176,7 @@ def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str |
                                                                     lambda p: p)
 
         def task(index: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
-            return write_partition(url, topic_json, lid, batch_size, apply, index,
+            return write_partition(url, topic_json, load_id, batch_size, apply, index,
                                    (row for _p, row in it))
 
         counts = keyed.mapPartitionsWithIndex(task).collect()
