@@ -1020,6 +1020,16 @@ def spark() -> None:
     """The data pipeline on Spark (pyspark, the 'spark' extra): bulk loads into a SOW."""
 
 
+def _spark_session(master: str) -> Any:
+    """The SparkSession of the spark commands; one line when pyspark is missing."""
+    from .spark.session import get_session
+
+    try:
+        return get_session(master)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @spark.command("load")
 @click.option("-t", "--topic", required=True, help="SOW topic.")
 @click.argument("inputs", nargs=-1, required=True)
@@ -1048,14 +1058,10 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
       sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t flights data/flights.jsonl
     """
     from .spark.load import load
-    from .spark.session import get_session
 
     sow = _sow(ctx)
     t = sow.topic(topic)
-    try:
-        session = get_session(master)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
+    session = _spark_session(master)
     started = time.perf_counter()
     from .fix import separator as fix_separator
 
@@ -1089,15 +1095,11 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
       sow-redis --redis-url redis://127.0.0.1:6390/0 spark stream -t flights data/daily/
     """
     from .fix import separator as fix_separator
-    from .spark.session import get_session
     from .spark.stream import stream
 
     sow = _sow(ctx)
     t = sow.topic(topic)
-    try:
-        session = get_session(master)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
+    session = _spark_session(master)
     cp = checkpoint or os.path.join(directory, f"_sow_checkpoint_{re.sub(r'[^A-Za-z0-9_]', '_', topic)}")
 
     def progress(batch_id: int, res: Any) -> None:
@@ -1127,15 +1129,11 @@ def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 spark export -t flights out/flights
     """
-    from .spark.session import get_session
     from .spark.snapshot import export
 
     sow = _sow(ctx)
     t = sow.topic(topic)
-    try:
-        session = get_session(master)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
+    session = _spark_session(master)
     n = export(session, sow.url, t, out)
     click.echo(f"exported {n} record(s) of {topic} to {out}")
 
@@ -1159,14 +1157,10 @@ def spark_sql(ctx: click.Context, query: str, out: str | None, limit: int, maste
           "SELECT carrier, avg(dep_delay) FROM flights GROUP BY carrier ORDER BY 2 DESC"
     """
     from .config import load_topics
-    from .spark.session import get_session
     from .spark.snapshot import sql
 
     sow = _sow(ctx)
-    try:
-        session = get_session(master)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
+    session = _spark_session(master)
     df = sql(session, sow.url, list(load_topics(sow.r).values()), query)
     if out:
         writer = df.write.mode("overwrite")
