@@ -185,7 +185,8 @@ def config_apply(ctx: click.Context, file: str | None, migrate: bool) -> None:
 @_friendly
 def config_import_amps(file: str, output: str | None) -> None:
     """Translate the <SOW><Topic> sections of an AMPS configuration FILE into sow_redis TOML
-    (Name, Key, KeyDomain, Expiration, MessageType, HashIndex, the chaining KeyGenerator);
+    (Name, Key, KeyDomain, Expiration, MessageType, HashIndex, the chaining KeyGenerator with
+    its Key, Primary, Secondary and Validation options);
     each element that is not translated is listed on stderr, one line each.
 
     \b
@@ -193,14 +194,17 @@ def config_import_amps(file: str, output: str | None) -> None:
       sow-redis config import-amps amps-config.xml -o sow.toml
     """
     from .amps_config import import_amps, to_toml
-    from .config import parse_topics
+    from .config import ConfigError, parse_topics
 
     try:
         with open(file, encoding="utf-8") as fh:
             text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise click.ClickException(f"{file}: cannot read: {exc}") from None
-    imported = import_amps(text)
+    try:
+        imported = import_amps(text)
+    except ConfigError as exc:
+        raise click.ClickException(f"{file}: {'; '.join(exc.problems)}") from None
     for line in imported.skipped:
         click.echo(f"{file}: {line}", err=True)
     if not imported.topics:

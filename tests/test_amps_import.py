@@ -1,105 +1,284 @@
 """``sow-redis config import-amps`` (issue 13 item 5): every AMPS SOW configuration example
-in the seeds translates into TOML that loads, and each element not translated is listed."""
+in the seeds translates into TOML that loads and gives the same topics, each element of a
+``<SOW><Topic>`` is translated as documented, and each element not translated is listed
+with its path."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
-from conftest import SHARED
+from conftest import SHARED, run_cli
 
-from sow_redis.amps_config import import_amps, to_toml
-from sow_redis.config import parse_topics
+from sow_redis.amps_config import amps_interval, import_amps, to_toml
+from sow_redis.config import parse_duration_ms, parse_topics
 from sow_redis.errors import ConfigError
 
 SEEDS = sorted((SHARED / "seeds").glob("*.txt"))
 
 
-def _examples():
-    out = []
+def _examples() -> dict[str, str]:
+    """Each ``<SOW>…</SOW>`` block of the seed texts (with the ``<Modules>`` block right before
+    it, if any), by ``<seed number>-<index>``."""
+    out = {}
     for seed in SEEDS:
         text = seed.read_text(errors="replace")
         for i, block in enumerate(re.findall(r"(?:<Modules>.*?</Modules>\s*)?<SOW>.*?</SOW>",
                                              text, re.S)):
-            out.append(pytest.param(block, id=f"{seed.name[:3]}-{i}"))
+            out[f"{seed.name[:3]}-{i}"] = block
     return out
 
 
 EXAMPLES = _examples()
 
+# What each seed example must give, read from the AMPS texts by hand: per translated topic
+# (name, key, message type, expiration, hash indexes, (chain primary, secondary) or None),
+# and the element paths listed as not translated.
+EXPECTED = {
+    "000-0": ([("ORDERS", ("/55", "/109"), "fix", "30s", (), None)],
+              ["SOW/Topic[ORDERS]/FileName"]),
+    "000-1": ([("ORDERS", ("/55", "/109"), "fix", "enabled", (), None)],
+              ["SOW/Topic[ORDERS]/FileName"]),
+    "003-0": ([("Orders", (), "json", "disabled", (),
+                ("/DocumentNumber", ("/ParentDocument", "/RelatedDocument"))),
+               ("ExternalOrders", (), "fix", "disabled", (), ("/11", ("/41",)))],
+              ["SOW/Topic[Orders]/FileName", "SOW/Topic[Orders]/KeyGenerator/Options/FileName",
+               "SOW/Topic[ExternalOrders]/FileName",
+               "SOW/Topic[ExternalOrders]/KeyGenerator/Options/FileName"]),
+    "004-0": ([], ["SOW/Topic[custom-keyed-sow]/FileName",
+                   "SOW/Topic[custom-keyed-sow]: KeyGenerator module 'key-generator'"]),
+    "004-1": ([("ORDERS", ("/55", "/109"), "fix", "30s", (), None)],
+              ["SOW/Topic[ORDERS]/FileName"]),
+    "004-2": ([("ORDERS", ("/55", "/109"), "fix", "enabled", (), None)],
+              ["SOW/Topic[ORDERS]/FileName"]),
+    "004-3": ([("ORDERS", ("/invoice", "/customerId"), "json", "disabled", (("/region",),),
+                None)],
+              ["SOW/Topic[ORDERS]/FileName", "SOW/Topic[ORDERS]/SlabSize",
+               "SOW/Topic[ALERTS]/FileName", "SOW/Topic[ALERTS]/Index",
+               "SOW/Topic[ALERTS]: MessageType 'xml' is not supported"]),
+}
 
-def test_the_seeds_hold_sow_configuration_examples():
-    assert len(EXAMPLES) >= 6
+
+def _summary(t):
+    chain = (t.chain_primary, t.chain_secondary) if t.chaining else None
+    return (t.name, t.key, t.message_type, t.expiration, t.hash_index, chain)
 
 
-@pytest.mark.parametrize("xml", EXAMPLES)
-def test_every_seed_example_translates_into_toml_that_loads(xml):
+def test_every_sow_example_of_the_seeds_is_covered():
+    print(sorted(EXAMPLES))
+    assert sorted(EXAMPLES) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_every_seed_example_translates_into_the_same_topics(example):
+    xml = EXAMPLES[example]
+    want_topics, want_skipped = EXPECTED[example]
     imported = import_amps(xml)
-    topics = parse_topics(to_toml(imported)) if imported.topics else []
-    print([t.name for t in topics], imported.skipped)
+    text = to_toml(imported, f"seeds/{example}")
+    topics = parse_topics(text) if imported.topics else []
+    print(text, *imported.skipped, sep="\n")
+    assert [_summary(t) for t in topics] == want_topics
+    # every element of every <Topic> is either translated or listed, one line each
+    assert len(imported.skipped) == len(want_skipped)
+    for line, want in zip(imported.skipped, want_skipped):
+        assert line.startswith(want), (line, want)
     assert len(topics) + sum("topic skipped" in s for s in imported.skipped) == \
         xml.count("<Topic>")
-    assert len(topics) >= 1 or imported.skipped
+    for t in topics:
+        if t.chaining:
+            assert t.partitions == 1  # a chain stays in one partition
 
 
-def test_each_element_is_translated_as_documented():
-    xml = """
-    <AMPSConfig><Modules><Module><Name>chain</Name>
-      <Library>libamps_id_chaining_key_generator.so</Library></Module></Modules>
-    <SOW>
-      <Topic><Name>ORDERS</Name><FileName>sow/%n.sow</FileName><Key>/invoice</Key>
-        <Key>/customerId</Key><KeyDomain>shared</KeyDomain><MessageType>json</MessageType>
-        <Expiration>1h</Expiration><SlabSize>1MB</SlabSize>
-        <HashIndex><Key>/region</Key></HashIndex><HashIndex><Key>/a</Key><Key>/b</Key></HashIndex>
-      </Topic>
-      <Topic><Name>Chains</Name><MessageType>fix</MessageType>
+CHAIN_MODULE = """<Modules><Module><Name>chain</Name>
+  <Library>/opt/amps/lib/libamps_id_chaining_key_generator.so</Library></Module></Modules>"""
+
+
+def _config(*topics: str, extra: str = "") -> str:
+    return (f"<AMPSConfig><Name>test</Name>{CHAIN_MODULE}<SOW>{''.join(topics)}{extra}</SOW>"
+            "</AMPSConfig>")
+
+
+def _one(topic_xml: str, extra: str = ""):
+    imported = import_amps(_config(topic_xml, extra=extra))
+    print(to_toml(imported), *imported.skipped, sep="\n")
+    return parse_topics(to_toml(imported)), imported.skipped
+
+
+def test_name_keys_key_domain_and_message_type():
+    (t,), skipped = _one("<Topic><Name>ORDERS</Name><Key>/invoice</Key><Key>/customerId</Key>"
+                         "<KeyDomain>shared</KeyDomain><MessageType>JSON</MessageType></Topic>")
+    assert (t.name, t.key, t.key_domain, t.message_type) == \
+        ("ORDERS", ("/invoice", "/customerId"), "shared", "json")
+    assert t.expiration == "disabled" and t.hash_index == () and not t.chaining
+    assert skipped == []
+    (t,), _ = _one("<Topic><Name>fixes</Name><Key>/11</Key><MessageType>fix</MessageType>"
+                   "</Topic>")
+    assert t.message_type == "fix" and t.key == ("/11",) and t.key_domain == ""  # = name
+
+
+@pytest.mark.parametrize(("amps", "ours", "ms"), [
+    ("30s", "30s", 30_000), ("1h", "1h", 3_600_000), ("5m", "5m", 300_000),
+    ("250ms", "250ms", 250), ("2d", "2d", 172_800_000), ("1w", "7d", 604_800_000),
+    ("1500us", "2ms", 2), ("3000000ns", "3ms", 3), ("45", "45s", 45_000),
+    ("1.5h", "1.5h", 5_400_000), (" 10S ", "10s", 10_000),
+])
+def test_expiration_durations(amps, ours, ms):
+    assert amps_interval(amps) == ours
+    (t,), skipped = _one(f"<Topic><Name>T</Name><Key>/k</Key><Expiration>{amps}</Expiration>"
+                         "<MessageType>json</MessageType></Topic>")
+    assert t.expiration == ours and t.default_ttl_ms == ms and skipped == []
+    assert parse_duration_ms(ours) == ms
+
+
+def test_expiration_enabled_disabled_and_untranslatable():
+    for value, want in (("enabled", "enabled"), ("Disabled", "disabled")):
+        (t,), _ = _one(f"<Topic><Name>T</Name><Key>/k</Key><Expiration>{value}</Expiration>"
+                       "</Topic>")
+        assert t.expiration == want
+    for bad in ("soon", "10 fortnights", "100ns"):
+        (t,), skipped = _one(f"<Topic><Name>T</Name><Key>/k</Key><Expiration>{bad}"
+                             "</Expiration></Topic>")
+        assert t.expiration == "disabled"  # left out, and said so
+        assert len(skipped) == 1 and skipped[0].startswith(
+            "SOW/Topic[T]/Expiration: not translated:"), skipped
+
+
+def test_hash_indexes_each_with_its_keys():
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/id</Key>"
+                         "<HashIndex><Key>/region</Key></HashIndex>"
+                         "<HashIndex><Key>/a</Key><Key>/b</Key><Unique>true</Unique></HashIndex>"
+                         "<HashIndex></HashIndex></Topic>")
+    assert t.hash_index == (("/region",), ("/a", "/b"))
+    assert skipped == ["SOW/Topic[T]/HashIndex[2]/Unique: not translated",
+                       "SOW/Topic[T]/HashIndex[3]: no Key: not translated"]
+
+
+def test_chaining_key_generator_primary_key_secondary_validation():
+    (t,), skipped = _one("""<Topic><Name>Chains</Name><MessageType>fix</MessageType>
         <KeyGenerator><Module>chain</Module><Options><Key>/11</Key><Key>/41</Key>
           <Validation>true</Validation><FileName>x.chain</FileName></Options></KeyGenerator>
-      </Topic>
-      <Topic><Name>ALERTS</Name><Key>/alert/id</Key><MessageType>xml</MessageType></Topic>
-      <Topic><Name>Custom</Name><KeyGenerator><Module>mine</Module></KeyGenerator></Topic>
-    </SOW></AMPSConfig>"""
+        </Topic>""")
+    assert t.chaining and (t.chain_primary, t.chain_secondary) == ("/11", ("/41",))
+    assert t.chain_validation and t.partitions == 1 and t.key == ()
+    assert skipped == ["SOW/Topic[Chains]/KeyGenerator/Options/FileName: not translated "
+                       "(the chain table lives in Redis)"]
+    # Primary names the primary field; Key and Secondary are secondary fields (seeds/003)
+    (t,), skipped = _one("""<Topic><Name>Docs</Name><MessageType>json</MessageType>
+        <KeyGenerator><Module>chain</Module><Options><Key>/Parent</Key>
+          <Primary>/Doc</Primary><Secondary>/Related</Secondary><Validation>0</Validation>
+        </Options></KeyGenerator></Topic>""")
+    assert (t.chain_primary, t.chain_secondary) == ("/Doc", ("/Parent", "/Related"))
+    assert not t.chain_validation and skipped == []
+
+
+def test_chaining_module_found_by_its_library_and_topic_keys_listed():
+    xml = """<AMPSConfig><Modules><Module><Name>ids</Name>
+      <Library>libamps_id_chaining_key_generator.so</Library></Module></Modules>
+      <SOW><Topic><Name>C</Name><Key>/x</Key><KeyGenerator><Module>ids</Module>
+        <Options><Key>/1</Key><Secondary>/2</Secondary></Options><Extra/></KeyGenerator>
+      </Topic></SOW></AMPSConfig>"""
     imported = import_amps(xml)
-    orders, chains = parse_topics(to_toml(imported))
-    assert orders.key == ("/invoice", "/customerId") and orders.key_domain == "shared"
-    assert orders.expiration == "1h" and orders.hash_index == (("/region",), ("/a", "/b"))
-    assert chains.chaining and chains.chain_primary == "/11"
-    assert chains.chain_secondary == ("/41",) and chains.chain_validation
-    assert chains.message_type == "fix" and chains.partitions == 1
-    skipped = "\n".join(imported.skipped)
-    print(skipped)
-    for needle in ("SOW/Topic[ORDERS]/FileName", "SOW/Topic[ORDERS]/SlabSize",
-                   "SOW/Topic[Chains]/KeyGenerator/Options/FileName",
-                   "SOW/Topic[ALERTS]: MessageType 'xml' is not supported",
-                   "SOW/Topic[Custom]: KeyGenerator module 'mine'"):
-        assert needle in skipped
+    (t,) = parse_topics(to_toml(imported))
+    assert (t.chain_primary, t.chain_secondary) == ("/1", ("/2",))
+    assert imported.skipped == [
+        "SOW/Topic[C]/KeyGenerator/Extra: not translated",
+        "SOW/Topic[C]/Key: not translated (the KeyGenerator makes the SOW key)"]
 
 
-def test_bad_input_is_one_clear_error(tmp_path):
+def test_untranslatable_topics_and_elements_are_listed_one_line_each():
+    imported = import_amps(_config(
+        "<Topic><Name>A</Name><FileName>sow/%n.sow</FileName><Key>/id</Key>"
+        "<SlabSize>1MB</SlabSize><Durability>persistent</Durability></Topic>",
+        "<Topic><Name>X</Name><Key>/id</Key><MessageType>xml</MessageType></Topic>",
+        "<Topic><Name>Custom</Name><KeyGenerator><Module>mine</Module></KeyGenerator></Topic>",
+        "<Topic><Name>Lonely</Name><KeyGenerator><Module>chain</Module><Options>"
+        "<Key>/1</Key></Options></KeyGenerator></Topic>",
+        "<Topic><Key>/nameless</Key></Topic>",
+        "<Topic><Name>A</Name><Key>/id</Key><MessageType>fix</MessageType></Topic>",
+        "<Topic><Name>bad name!</Name><Key>/id</Key></Topic>",
+        extra="<View><Name>V</Name><Topic>V</Topic></View><ConflatedTopic><Name>C</Name>"
+              "</ConflatedTopic>"))
+    skipped = imported.skipped
+    print(*skipped, sep="\n")
+    assert [t["name"] for t in imported.topics] == ["A"]
+    assert skipped[:2] == [
+        "SOW/View[V]: not translated (sow_redis has SOW topics only: no views, conflated "
+        "topics or queues)",
+        "SOW/ConflatedTopic[C]: not translated (sow_redis has SOW topics only: no views, "
+        "conflated topics or queues)"]
+    rest = skipped[2:]
+    for needle in ("SOW/Topic[A]/FileName: not translated",
+                   "SOW/Topic[A]/SlabSize: not translated",
+                   "SOW/Topic[A]/Durability: not translated",
+                   "SOW/Topic[X]: MessageType 'xml' is not supported (json, fix): topic skipped",
+                   "SOW/Topic[Custom]: KeyGenerator module 'mine' is not the chaining key "
+                   "generator: topic skipped",
+                   "SOW/Topic[Lonely]: 'key_generator': the chaining key generator needs a "
+                   "primary field and at least one secondary field",
+                   "SOW/Topic[5]: no Name: topic skipped",
+                   "SOW/Topic[A]: a topic of this name is already imported",
+                   "SOW/Topic[bad name!]: 'name' must be"):
+        assert sum(line.startswith(needle) for line in rest) == 1, needle
+    assert len(rest) == 9
+    assert all("\n" not in line for line in skipped)
+
+
+def test_documentation_excerpts_with_placeholders_are_read_block_by_block():
+    text = """Some prose. <AMPSConfig>\n    ...\n<Modules>\n  ...\n  <Module><Name>kc</Name>
+    <Library>libamps_id_chaining_key_generator.so</Library></Module></Modules>
+    <SOW>\n    ...\n    <Topic><Name>O</Name><KeyGenerator><Module>kc</Module><Options>
+    <Key>/a</Key><Key>/b</Key></Options></KeyGenerator></Topic></SOW>
+    more prose"""
+    imported = import_amps(text)
+    (t,) = parse_topics(to_toml(imported))
+    assert (t.name, t.chain_primary, t.chain_secondary) == ("O", "/a", ("/b",))
+    assert imported.skipped[0].startswith("(document): not well-formed XML as a whole")
+
+
+def test_bad_input_is_one_clear_error(tmp_path, url):
     with pytest.raises(ConfigError, match="no <SOW> section"):
         import_amps("<AMPSConfig/>")
     with pytest.raises(ConfigError, match="not well-formed"):
         import_amps("<SOW><Topic><Name>x</Topic></SOW>")
     with pytest.raises(ConfigError, match="DOCTYPE or ENTITY"):
         import_amps('<!DOCTYPE x [<!ENTITY a "b">]><SOW></SOW>')
-    f = tmp_path / "bad.xml"
-    f.write_text("<SOW><Topic>")
-    out = subprocess.run([sys.executable, "-m", "sow_redis.cli", "config", "import-amps",
-                          str(f)], capture_output=True)
-    assert out.returncode == 1 and out.stderr.decode().count("\n") == 1
+    for content, message in (("<SOW><Topic>", b"not well-formed"),
+                             ("<SOW><Topic><Name>x</Name><MessageType>xml</MessageType>"
+                              "</Topic></SOW>", b"no SOW topic could be translated")):
+        f = tmp_path / "bad.xml"
+        f.write_text(content)
+        out = run_cli(url, "config", "import-amps", str(f), check=False, timeout=60)
+        print(out.stderr.decode())
+        assert out.returncode == 1 and message in out.stderr
+        assert b"Traceback" not in out.stderr and out.stdout == b""
+    out = run_cli(url, "config", "import-amps", str(tmp_path / "missing.xml"), check=False,
+                  timeout=60)
+    assert out.returncode == 1 and out.stderr.count(b"\n") == 1 and b"cannot read" in out.stderr
 
 
-def test_cli_writes_the_toml_and_lists_what_it_skipped(tmp_path):
-    seed = next(s for s in SEEDS if s.name.startswith("004"))
-    block = re.findall(r"<SOW>.*?</SOW>", seed.read_text(), re.S)[-1]
+def test_cli_writes_the_toml_lists_what_it_skipped_and_the_result_applies(tmp_path, url,
+                                                                        topic_name):
     src = tmp_path / "amps.xml"
-    src.write_text(block)
+    src.write_text(_config(
+        f"<Topic><Name>{topic_name}</Name><FileName>sow/%n.sow</FileName><Key>/id</Key>"
+        "<MessageType>json</MessageType><Expiration>1h</Expiration>"
+        "<HashIndex><Key>/region</Key></HashIndex></Topic>",
+        f"<Topic><Name>{topic_name}_chain</Name><MessageType>fix</MessageType><KeyGenerator>"
+        "<Module>chain</Module><Options><Key>/11</Key><Key>/41</Key></Options></KeyGenerator>"
+        "</Topic>"))
     out_toml = tmp_path / "sow.toml"
-    out = subprocess.run([sys.executable, "-m", "sow_redis.cli", "config", "import-amps",
-                          str(src), "-o", str(out_toml)], capture_output=True)
-    assert out.returncode == 0, out.stderr
-    names = [t.name for t in parse_topics(out_toml.read_text())]
-    print(names, out.stderr.decode())
-    assert "ORDERS" in names and b"FileName: not translated" in out.stderr
+    out = run_cli(url, "config", "import-amps", str(src), "-o", str(out_toml))
+    err = out.stderr.decode().splitlines()
+    print(out_toml.read_text(), *err, sep="\n")
+    assert err == [f"{src}: SOW/Topic[{topic_name}]/FileName: not translated (AMPS storage or "
+                   "tuning setting)", f"wrote 2 topic(s) to {out_toml}"]
+    # stdout when no -o: the same TOML
+    assert run_cli(url, "config", "import-amps", str(src)).stdout.decode() == \
+        out_toml.read_text()
+    applied = run_cli(url, "config", "apply", str(out_toml))
+    assert f"{topic_name}, {topic_name}_chain" in applied.stdout.decode()
+    run_cli(url, "publish", "-t", topic_name, input=b'{"id": 1, "region": "eu"}\n'
+            b'{"id": 1, "region": "us"}\n')
+    run_cli(url, "worker", "--burst")
+    rows = run_cli(url, "sow", "-t", topic_name).stdout.decode().splitlines()
+    assert len(rows) == 1 and '"us"' in rows[0]
