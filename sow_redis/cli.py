@@ -933,7 +933,7 @@ def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach:
       sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2 --detach
       sow-redis --redis-url redis://127.0.0.1:6390/0 down
     """
-    from .server import READY_TIMEOUT_S, run_up, start_detached
+    from .server import READY_TIMEOUT_S, redis_warnings, run_up, start_detached
 
     if wait_ready is not None and not detach:
         raise click.UsageError("--wait-ready needs --detach")
@@ -942,6 +942,8 @@ def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach:
         click.echo(start_detached(settings, workers, data_dir, apply_config=not no_config,
                                   timeout_s=READY_TIMEOUT_S if wait_ready is None
                                   else wait_ready))
+        for warning in redis_warnings(settings.redis_url):  # up.log has them too
+            click.echo(f"warning: {warning}", err=True)
         return
     run_up(settings, workers, data_dir, apply_config=not no_config)
 
