@@ -6,6 +6,11 @@ serializer, so each worker comes with rq's default (pickle) serializer and its c
 a JSON sow_redis job, cannot be read: the workers page failed (HTTP 500) whenever a worker
 was running a job; its job page fetches jobs the same way. Here both read jobs as JSON, as
 every sow_redis job is (:data:`sow_redis.safejob.SERIALIZER`); nothing is ever unpickled.
+
+The workers page shows a worker's current job by its call string
+(``sow_redis.jobs.ingest_job('orders', 3)``); here it shows the job's description instead,
+``ingest orders[3] (1,200 entries behind)`` (:func:`sow_redis.jobs.enqueue_job`), the same
+text as the jobs pages; the call string stays in the job's own page.
 """
 
 from __future__ import annotations
@@ -31,10 +36,25 @@ def _json_fetch(cls: type[Job], id: str, connection: Any = None, serializer: Any
     return _fetch(cls, id, connection, serializer or SERIALIZER)
 
 
+def _described(serialize: Any) -> Any:
+    """``serialize_current_job`` of rq-dashboard with the description as the shown text."""
+
+    def serialize_current_job(job: Any) -> Any:
+        out = serialize(job)
+        if isinstance(out, dict) and out.get("description"):
+            out["call_string"] = out["description"]
+        return out
+
+    return serialize_current_job
+
+
 def main() -> None:
     Worker.all = classmethod(_json_workers)  # type: ignore[method-assign, assignment]
     Job.fetch = classmethod(_json_fetch)  # type: ignore[method-assign, assignment]
+    from rq_dashboard import web
     from rq_dashboard.cli import main as dashboard_main
+
+    web.serialize_current_job = _described(web.serialize_current_job)
 
     dashboard_main()
 
