@@ -74,7 +74,8 @@ def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None) -> Non
 
     Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER).enqueue(
         JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
-        description=f"ingest {topic}[{p}]" + (f" ({behind:,} entries behind)" if behind else ""),
+        description=f"ingest {topic}[{p}]" + (
+            f" ({behind:,} entr{'y' if behind == 1 else 'ies'} behind)" if behind else ""),
     )
 
 
@@ -241,7 +242,7 @@ def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
 QUEUE_PEEK = 100
 """Queued jobs looked at to decide whether a worker is needed elsewhere."""
 
-_DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+ entries behind\))?$")
+_DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+ entr(?:y|ies) behind\))?$")
 
 
 def _needed_elsewhere(r: Client) -> bool:
