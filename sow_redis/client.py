@@ -30,7 +30,7 @@ import orjson
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
-from .connection import Client, connect, is_memory
+from .connection import Client, connect, is_memory, redact
 from .errors import BookmarkError, WaitTimeout
 from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
@@ -92,7 +92,7 @@ class Sow:
         if inline is None:
             inline = memory
         elif not inline and memory:
-            raise ValueError(f"Sow({self.url!r}, inline=False): memory:// runs in this process, "
+            raise ValueError(f"Sow({redact(self.url)!r}, inline=False): memory:// runs in this process, "
                              "where no worker can apply the log; use inline (the default) or "
                              "a redis:// server with 'sow-redis worker'")
         self._inline = bool(inline)
