@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 import click
 import orjson
 
-from .connection import check_url, is_memory, redact
+from .connection import check_url, is_memory, redact, tls_options
 from .errors import BadURLError, SowError
 from .settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
 
@@ -1023,7 +1023,7 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
     except ImportError as exc:
         raise click.ClickException(f"rq-dashboard cannot start: {exc} "
                                    "(reinstall: pip install -e .)") from None
-    Redis.from_url(url, socket_connect_timeout=2.0).ping()
+    Redis.from_url(url, socket_connect_timeout=2.0, **tls_options(url)).ping()
     env = dict(os.environ)
     if username:
         # handed over in the environment, not argv, so `ps` does not show the password

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 import click
 
-from .connection import redact
+from .connection import redact, tls_options
 from .errors import SowError
 from .settings import Settings
 
@@ -40,7 +40,7 @@ def _ping(url: str) -> bool:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     try:
-        return bool(Redis.from_url(url, socket_connect_timeout=0.5).ping())
+        return bool(Redis.from_url(url, socket_connect_timeout=0.5, **tls_options(url)).ping())
     except (RedisConnectionError, OSError):
         return False
 
@@ -168,8 +168,8 @@ def redis_warnings(url: str) -> list[str]:
     from redis.exceptions import RedisError
 
     try:
-        cfg = Redis.from_url(url, socket_timeout=2).config_get("maxmemory-policy", "appendonly",
-                                                                "save")
+        cfg = Redis.from_url(url, socket_timeout=2, **tls_options(url)).config_get(
+            "maxmemory-policy", "appendonly", "save")
     except RedisError:
         return []
     where = redact(url)
@@ -344,7 +344,7 @@ def ready_workers(redis_url: str, pids: set[int]) -> int:
     from rq import Worker
 
     try:
-        r = Redis.from_url(redis_url, socket_connect_timeout=1.0)
+        r = Redis.from_url(redis_url, socket_connect_timeout=1.0, **tls_options(redis_url))
         found = Worker.all(connection=r)
     except (RedisConnectionError, OSError):
         return 0
@@ -357,7 +357,7 @@ def _shutdown_redis(url: str) -> None:
     from redis import Redis
 
     try:
-        Redis.from_url(url, socket_connect_timeout=1.0).shutdown(save=False)
+        Redis.from_url(url, socket_connect_timeout=1.0, **tls_options(url)).shutdown(save=False)
     except Exception:
         pass
 
