@@ -13,7 +13,7 @@ from typing import Any, BinaryIO
 import click
 import orjson
 
-from .connection import check_url, is_memory, redact
+from .connection import check_url, is_memory, redact, tls_options
 from .errors import BadURLError, SowError
 from .settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
 
@@ -236,9 +236,31 @@ def config_show(ctx: click.Context) -> None:
 
 
 # -- publish ----------------------------------------------------------------------------
-def _lines(fh: BinaryIO) -> Iterator[bytes]:
-    for line in fh:
-        yield line.rstrip(b"\r\n")
+LINE_SLACK = 65_536
+"""Bytes a publish line may hold beyond the topic's ``max_message_bytes`` (an envelope's
+``$sow`` options). A longer line is never held in memory whole: see :func:`_lines`."""
+
+
+OVERLONG = b"\x00"
+"""What :func:`_lines` gives in place of an over-long line: no JSON, FIX or envelope text,
+so the publisher rejects it, and :func:`_publish` reports it as ``too_large``."""
+
+
+def _lines(fh: BinaryIO, limit: int, overlong: dict[int, int]) -> Iterator[bytes]:
+    """The lines of ``fh`` without their line break. A line longer than ``limit`` bytes is
+    never held whole: it is read past in 1 MiB chunks, given as :data:`OVERLONG`, and its
+    1-based number and size in bytes are put in ``overlong``."""
+    n = 0
+    while line := fh.readline(limit + 1):
+        n += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            size = len(line)
+            while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
+                size += len(rest)
+            overlong[n] = size + len(rest.rstrip(b"\r\n"))
+            yield OVERLONG
+        else:
+            yield line.rstrip(b"\r\n")
 
 
 def _separator(text: str | None) -> bytes | None:
@@ -333,7 +355,8 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             raise click.ClickException(f"cannot read {file}: {exc.strerror}") from None
         size = os.path.getsize(file)
     started = time.perf_counter()
-    items = ((cmd, line, sow_key, expiration) for line in _lines(fh))
+    limit, overlong = t.max_message_bytes + LINE_SLACK, dict[int, int]()
+    items = ((cmd, line, sow_key, expiration) for line in _lines(fh, limit, overlong))
     show_bar = size > 0 and sys.stderr.isatty()
     result: PublishResult
     if show_bar:
@@ -347,6 +370,12 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings)
     if fh is not sys.stdin.buffer:
         fh.close()
+    if overlong:
+        from dataclasses import replace
+
+        result.rejected = [replace(x, reason="too_large", detail=(
+            f"{overlong[x.position]} bytes > max_message_bytes {t.max_message_bytes}"))
+            if x.position in overlong else x for x in result.rejected]
     timed_out: WaitTimeout | None = None
     try:
         sow.handoff(t, result.last_ids, wait, timeout)
@@ -536,7 +565,7 @@ def sow_delete(ctx: click.Context, topic: str, filter_: str | None, keys: str | 
     if sum(x is not None for x in (filter_, keys, data)) != 1:
         raise click.UsageError("give exactly one of --filter, --keys or --data")
     n = _sow(ctx).sow_delete(topic, filter=filter_, keys=_split_keys(keys),
-                             data=data.encode() if data is not None else None,
+                             data=data.encode("utf-8", "surrogateescape") if data is not None else None,
                              sow_key=sow_key, timeout=timeout)
     click.echo(f"removed {n} record(s) from {topic}")
 
@@ -1001,7 +1030,7 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
     except ImportError as exc:
         raise click.ClickException(f"rq-dashboard cannot start: {exc} "
                                    "(reinstall: pip install -e .)") from None
-    Redis.from_url(url, socket_connect_timeout=2.0).ping()
+    Redis.from_url(url, socket_connect_timeout=2.0, **tls_options(url)).ping()
     env = dict(os.environ)
     if username:
         # handed over in the environment, not argv, so `ps` does not show the password

@@ -30,7 +30,7 @@ import orjson
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
-from .connection import Client, connect, is_memory
+from .connection import Client, connect, is_memory, redact
 from .errors import BookmarkError, WaitTimeout
 from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
@@ -46,6 +46,7 @@ from .publisher import (
 from .query import query
 from .records import Record
 from .settings import Settings
+from .sowkey import check_key_list
 from .streamids import parse as parse_id
 
 LEASE_POLL_S = 0.01
@@ -55,8 +56,8 @@ LEASE_POLL_S = 0.01
 def _to_bytes(msg: Any) -> bytes:
     if isinstance(msg, bytes):
         return msg
-    if isinstance(msg, str):
-        return msg.encode()
+    if isinstance(msg, str):  # lone surrogates (undecodable argv bytes) reach the decoder,
+        return msg.encode("utf-8", "surrogateescape")  # which rejects them: not UTF-8
     return orjson.dumps(msg)
 
 
@@ -92,7 +93,7 @@ class Sow:
         if inline is None:
             inline = memory
         elif not inline and memory:
-            raise ValueError(f"Sow({self.url!r}, inline=False): memory:// runs in this process, "
+            raise ValueError(f"Sow({redact(self.url)!r}, inline=False): memory:// runs in this process, "
                              "where no worker can apply the log; use inline (the default) or "
                              "a redis:// server with 'sow-redis worker'")
         self._inline = bool(inline)
@@ -270,8 +271,11 @@ class Sow:
         """SOW query (seeds/004 "Queries"): records matching an AMPS content filter.
 
         Raises:
-            UnknownTopicError, FilterSyntaxError.
+            UnknownTopicError, FilterSyntaxError, KeyListError (more than
+            :data:`~sow_redis.sowkey.MAX_KEYS` keys, or a key no record can have).
         """
+        if keys is not None:
+            check_key_list(keys)
         t = self.topic(topic)
         if t.idle_ms:
             touch(self.r, t.name)
@@ -289,10 +293,12 @@ class Sow:
 
         Raises:
             ValueError (not exactly one of filter / keys / data), FilterSyntaxError,
-            MessageError (bad data), WaitTimeout.
+            KeyListError (as for :meth:`sow`), MessageError (bad data), WaitTimeout.
         """
         if sum(x is not None for x in (filter, keys, data)) != 1:
             raise ValueError("give exactly one of filter, keys or data")
+        if keys is not None:
+            check_key_list(keys)
         t = self.topic(topic)
         if filter is not None:
             from .filter import compile_filter

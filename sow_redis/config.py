@@ -727,7 +727,12 @@ def load_topics(r: Client) -> dict[str, TopicConfig]:
 
 
 def get_topic(r: Client, name: str) -> TopicConfig:
-    """One topic from the registry. Raises UnknownTopicError."""
+    """One topic from the registry. Raises UnknownTopicError (also, without asking Redis, for
+    a name no topic can have: not 1-200 characters of ``A-Z a-z 0-9 _ . - /``)."""
+    if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name):
+        shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+        raise UnknownTopicError(f"topic {shown} is not a topic name (1-200 characters of "
+                                "A-Z a-z 0-9 _ . - /)")
     blob = r.hget(keys.REGISTRY, name)
     if blob is None:
         raise UnknownTopicError(

@@ -4,13 +4,20 @@ URLs (redis-py ``Redis.from_url``): ``redis://[user:password@]host:port/db``,
 ``rediss://…`` (TLS), ``unix:///path/to/socket[?db=N]``; and ``memory://[name]``, an
 in-process fakeredis server (clients of one name share one server; it lives as long as this
 process). A URL that cannot be used raises :class:`~sow_redis.errors.BadURLError` (one line,
-password masked) before anything is sent.
+password masked) before anything is sent: a bad scheme, host or port, and an option in the
+query that redis-py does not take (``?ssl_ca_cert=`` for ``ssl_ca_certs``).
+
+TLS (``rediss://``): redis-py's ``ssl_*`` options travel in the URL query
+(``rediss://host:6380/0?ssl_ca_certs=/etc/sow-redis/ca.crt``), so every process that gets the
+URL (``SOW_REDIS_URL``, the workers ``up`` starts) gets them too. The environment variables
+of :data:`TLS_ENV` fill in the options the URL does not give, for a ``rediss://`` URL only.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, TypeAlias
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import BadURLError
 
@@ -49,20 +56,46 @@ URL_SCHEMES = ("redis://", "rediss://", "unix://")
 _USAGE = ("use redis://host:port/db, rediss://host:port/db or unix:///path/to/socket "
           "(memory://name in the Python API)")
 
+TLS_ENV = {
+    "SOW_REDIS_SSL_CA_CERTS": "ssl_ca_certs",
+    "SOW_REDIS_SSL_CERTFILE": "ssl_certfile",
+    "SOW_REDIS_SSL_KEYFILE": "ssl_keyfile",
+    "SOW_REDIS_SSL_CERT_REQS": "ssl_cert_reqs",
+}
+"""Environment variable → redis-py TLS option, used for ``rediss://`` URLs whose query does
+not set that option: the CA bundle (PEM file) that signs the server's certificate, and the
+client certificate and key files for a server with ``tls-auth-clients yes``."""
+
+_SECRET_OPTIONS = ("password", "ssl_password")
+"""URL query options whose value :func:`redact` masks."""
+
 _memory_servers: dict[str, fakeredis.FakeServer] = {}
 
 
 def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (never print a password)."""
+    """``url`` with its password (and a ``password`` / ``ssl_password`` query option)
+    replaced by ``***``: never print a password."""
     try:
         u = urlsplit(url)
+        if u.query and any(name in u.query for name in _SECRET_OPTIONS):
+            query = [(k, "***" if k in _SECRET_OPTIONS else v)
+                     for k, v in parse_qsl(u.query, keep_blank_values=True)]
+            u = u._replace(query=urlencode(query, safe="/*:"))
         if u.password is None:
-            return url
+            return urlunsplit(u)
         netloc = u.netloc.rsplit("@", 1)[1]
         user = f"{u.username}:" if u.username else ":"
         return urlunsplit(u._replace(netloc=f"{user}***@{netloc}"))
     except ValueError:
-        return url if "@" not in url else "<unparsable URL>"
+        return url if "@" not in url and "password" not in url else "<unparsable URL>"
+
+
+def tls_options(url: str) -> dict[str, str]:
+    """The TLS options of :data:`TLS_ENV` set in the environment, for a ``rediss://`` URL
+    (``{}`` for any other URL); the URL's own query options win over these."""
+    if not url.startswith("rediss://"):
+        return {}
+    return {opt: os.environ[var] for var, opt in TLS_ENV.items() if os.environ.get(var)}
 
 
 def is_memory(url: str) -> bool:
@@ -83,10 +116,19 @@ def _redis_client(url: str) -> Client:
     try:
         u = urlsplit(url)
         _ = u.port  # "Port out of range", "Port could not be cast to integer value"
-        return Redis.from_url(url)
+        client = Redis.from_url(url, **tls_options(url))
     except ValueError as exc:
         text = " ".join(str(exc).replace(url, redact(url)).split()).rstrip(".")
         raise BadURLError(redact(url), f"{text}; {_USAGE}") from None
+    pool = client.connection_pool
+    try:  # builds a connection object, sends nothing: an unknown query option fails here
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as exc:
+        text = str(exc)
+        name = text.rsplit(" ", 1)[-1].strip("'") if "unexpected keyword" in text else text
+        raise BadURLError(redact(url), f"unknown option {name!r} in the URL query; {_USAGE}"
+                          ) from None
+    return client
 
 
 def check_url(url: str) -> None:
@@ -121,5 +163,5 @@ def server_ms(r: Client) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
-__all__ = ["MEMORY", "URL_SCHEMES", "Client", "Fields", "Pipeline", "StreamEntry", "check_url",
-           "connect", "is_memory", "redact", "server_ms"]
+__all__ = ["MEMORY", "TLS_ENV", "URL_SCHEMES", "Client", "Fields", "Pipeline", "StreamEntry", "check_url",
+           "connect", "is_memory", "redact", "server_ms", "tls_options"]

@@ -64,6 +64,12 @@ class BadURLError(SowError):
         super().__init__(f"invalid Redis URL {url!r}: {reason}")
 
 
+class KeyListError(SowError):
+    """A list of SOW keys (query or sow_delete by keys) that cannot be used: more than
+    :data:`sow_redis.sowkey.MAX_KEYS` keys, or a key that is not 1-512 Base64 characters
+    (generated keys are 32 hex digits). One line naming the bound."""
+
+
 class ScriptArgsError(SowError):
     """A Lua script was called with malformed arguments (a client/script version mismatch)."""
 

@@ -212,7 +212,13 @@ class Expirer:
 
         While Redis does not answer (connection refused or lost, timeouts, AOF loading after
         a restart) it waits ``BACKOFF_MIN_S`` doubling to ``BACKOFF_MAX_S`` seconds between
-        passes and never exits; other errors propagate (``up`` restarts the process)."""
+        passes and never exits; other errors propagate (``up`` restarts the process). With
+        ``burst`` (a one-shot command, like ``worker --burst``) a Redis that does not answer,
+        or refuses the password, is raised at once.
+
+        Raises:
+            redis.exceptions.ConnectionError, TimeoutError: with ``burst`` only.
+        """
         total, pause = 0, 0.0
         while not self._stop.is_set():
             try:
@@ -224,6 +230,8 @@ class Expirer:
                 if wait_s > 0:
                     self._stop.wait(wait_s)
             except (RedisConnectionError, RedisTimeoutError) as exc:
+                if burst:
+                    raise
                 pause = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, pause * 2))
                 log.warning("expirer: redis unreachable (%s); retry in %.1f s", exc, pause)
                 self._stop.wait(pause)

@@ -189,7 +189,8 @@ def to_message(line: bytes, sep: bytes, skip_msg_types: tuple[str, ...] | frozen
     the decoded form and passes through as ``(line, None)``: the common JSON checks decode it.
 
     Raises:
-        MessageError: ``bad_fix`` (see :func:`decode_pairs`).
+        MessageError: ``bad_fix`` (see :func:`decode_pairs`; also a MsgType (35) given more
+            than once).
     """
     if line[:1] == b"{":
         if skip_msg_types:
@@ -197,12 +198,15 @@ def to_message(line: bytes, sep: bytes, skip_msg_types: tuple[str, ...] | frozen
                 mt = orjson.loads(line).get("35")
             except (orjson.JSONDecodeError, AttributeError):
                 return line, None  # reported with its reason by the common JSON checks
-            if mt in skip_msg_types:
+            if isinstance(mt, str) and mt in skip_msg_types:
                 return None
         return line, None
     obj = decode(line, sep)
     if not obj:
         raise MessageError("bad_fix", "no tag=value fields")
-    if obj.get("35") in skip_msg_types:
+    mt = obj.get("35")
+    if isinstance(mt, list):
+        raise MessageError("bad_fix", f"MsgType (35) given {len(mt)} times")
+    if mt in skip_msg_types:
         return None
     return orjson.dumps(obj), obj

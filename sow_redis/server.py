@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 import click
 
-from .connection import redact
+from .connection import redact, tls_options
 from .errors import SowError
 from .settings import Settings
 
@@ -40,7 +40,7 @@ def _ping(url: str) -> bool:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     try:
-        return bool(Redis.from_url(url, socket_connect_timeout=0.5).ping())
+        return bool(Redis.from_url(url, socket_connect_timeout=0.5, **tls_options(url)).ping())
     except (RedisConnectionError, OSError):
         return False
 
@@ -98,7 +98,7 @@ def start_redis(url: str, data_dir: str) -> subprocess.Popen[bytes]:
     """
     u = urlparse(url)
     if u.hostname not in LOCAL_HOSTS and u.hostname is not None:
-        raise SowError(f"no Redis answers at {url}, and it is not local: start it there")
+        raise SowError(f"no Redis answers at {redact(url)}, and it is not local: start it there")
     port = u.port or 6379
     return spawn_redis(port, Path(data_dir, f"redis-{port}"))
 
@@ -168,8 +168,8 @@ def redis_warnings(url: str) -> list[str]:
     from redis.exceptions import RedisError
 
     try:
-        cfg = Redis.from_url(url, socket_timeout=2).config_get("maxmemory-policy", "appendonly",
-                                                                "save")
+        cfg = Redis.from_url(url, socket_timeout=2, **tls_options(url)).config_get(
+            "maxmemory-policy", "appendonly", "save")
     except RedisError:
         return []
     where = redact(url)
@@ -196,7 +196,7 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
     redis_proc = None
     if not _ping(settings.redis_url):
         redis_proc = start_redis(settings.redis_url, data_dir)
-        click.echo(f"started redis-server at {settings.redis_url} (data in {data_dir})", err=True)
+        click.echo(f"started redis-server at {redact(settings.redis_url)} (data in {data_dir})", err=True)
     for warning in redis_warnings(settings.redis_url):
         click.echo(f"warning: {warning}", err=True)
     children: list[_Child] = []
@@ -225,12 +225,12 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
         while not stopping:
             if redis_proc is not None and redis_proc.poll() is not None \
                     and time.monotonic() >= redis_retry_at:
-                click.echo(f"redis-server at {settings.redis_url} exited ({redis_proc.returncode});"
+                click.echo(f"redis-server at {redact(settings.redis_url)} exited ({redis_proc.returncode});"
                            f" restarting it (data in {data_dir})", err=True)
                 try:
                     redis_proc = _respawn_redis(settings.redis_url, data_dir)
                     redis_deaths = 0
-                    click.echo(f"redis-server restarted at {settings.redis_url}", err=True)
+                    click.echo(f"redis-server restarted at {redact(settings.redis_url)}", err=True)
                 except SowError as exc:
                     redis_deaths += 1
                     delay = min(RESTART_MAX_S, RESTART_MIN_S * 2 ** (redis_deaths - 1))
@@ -287,11 +287,15 @@ class UpProcess:
 
 def write_pidfile(data_dir: str | Path, redis_url: str, worker_pids: list[int]) -> Path:
     """Write ``<data_dir>/up.pid`` for this process: three lines, the pid, the Redis URL and
-    the worker pids (space-separated). Written whole (rename), so a reader never sees half."""
+    the worker pids (space-separated). Written whole (rename), so a reader never sees half.
+    Readable by its owner only (mode 0600): the URL may hold a password, which ``down`` needs
+    to stop the redis-server."""
     d = Path(data_dir)
     d.mkdir(parents=True, exist_ok=True)
     path, tmp = d / PIDFILE, d / f"{PIDFILE}.{os.getpid()}.tmp"
-    tmp.write_text(f"{os.getpid()}\n{redis_url}\n{' '.join(map(str, worker_pids))}\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n{redis_url}\n{' '.join(map(str, worker_pids))}\n")
     os.replace(tmp, path)
     return path
 
@@ -340,7 +344,7 @@ def ready_workers(redis_url: str, pids: set[int]) -> int:
     from rq import Worker
 
     try:
-        r = Redis.from_url(redis_url, socket_connect_timeout=1.0)
+        r = Redis.from_url(redis_url, socket_connect_timeout=1.0, **tls_options(redis_url))
         found = Worker.all(connection=r)
     except (RedisConnectionError, OSError):
         return 0
@@ -353,7 +357,7 @@ def _shutdown_redis(url: str) -> None:
     from redis import Redis
 
     try:
-        Redis.from_url(url, socket_connect_timeout=1.0).shutdown(save=False)
+        Redis.from_url(url, socket_connect_timeout=1.0, **tls_options(url)).shutdown(save=False)
     except Exception:
         pass
 
@@ -386,9 +390,9 @@ def start_detached(settings: Settings, workers: int, data_dir: str, apply_config
     old = read_pidfile(d)
     if old is not None and is_up_process(old.pid):
         if _same_redis(old.redis_url, url):
-            return (f"sow-redis up already runs at {url} from {data_dir} (pid {old.pid}); "
+            return (f"sow-redis up already runs at {redact(url)} from {data_dir} (pid {old.pid}); "
                     "nothing started")
-        raise SowError(f"a sow-redis up of {old.redis_url} runs from {data_dir} (pid "
+        raise SowError(f"a sow-redis up of {redact(old.redis_url)} runs from {data_dir} (pid "
                        f"{old.pid}): `sow-redis down` stops it, or give another --data-dir")
     log = d / UP_LOG
     had_redis = _ping(url)
@@ -424,7 +428,7 @@ def start_detached(settings: Settings, workers: int, data_dir: str, apply_config
         time.sleep(0.05)
     applied = (f", {settings.config_path} applied"
                if apply_config and os.path.exists(settings.config_path) else "")
-    return (f"sow-redis up ready at {url}{applied}: {workers} worker(s) and the expirer "
+    return (f"sow-redis up ready at {redact(url)}{applied}: {workers} worker(s) and the expirer "
             f"(pid {proc.pid}, log {log}); `sow-redis down` stops it")
 
 
@@ -458,7 +462,7 @@ def stop_detached(settings: Settings, data_dir: str,
         return False, f"no sow-redis up runs from {data_dir}; nothing to stop"
     if not _same_redis(found.redis_url, settings.redis_url):
         raise SowError(f"the sow-redis up of {data_dir} (pid {found.pid}) serves "
-                       f"{found.redis_url}, not {settings.redis_url}: give that --redis-url")
+                       f"{redact(found.redis_url)}, not {redact(settings.redis_url)}: give that --redis-url")
     os.kill(found.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while is_up_process(found.pid):
@@ -467,4 +471,4 @@ def stop_detached(settings: Settings, data_dir: str,
                            f"; see {Path(data_dir) / UP_LOG}")
         time.sleep(0.05)
     remove_pidfile(data_dir, found.pid)
-    return True, f"stopped sow-redis up (pid {found.pid}) at {found.redis_url}"
+    return True, f"stopped sow-redis up (pid {found.pid}) at {redact(found.redis_url)}"

@@ -31,13 +31,12 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
 
-from .connection import Client, Pipeline
+from .connection import Client, Pipeline, connect
 from .jobs import HOST, owner_dead, sweep
 from .logs import fields
 from .safejob import SERIALIZER, SowJob
@@ -280,7 +279,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     Raises:
         redis.exceptions.ConnectionError: with ``burst``, Redis does not answer at start.
     """
-    r = Redis.from_url(settings.redis_url)
+    r = connect(settings.redis_url)
     stop = threading.Event()
     _on_signals(stop)
     wname = worker_name(name)
@@ -290,7 +289,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
         return False
     sweeper = None
     if not burst:
-        sweeper = Sweeper(Redis.from_url(settings.redis_url), settings, keep=wname)
+        sweeper = Sweeper(connect(settings.redis_url), settings, keep=wname)
         sweeper.start()
     # a burst worker is a one-shot command: its start and stop are DEBUG events
     lifecycle = logging.DEBUG if burst else logging.INFO
