@@ -58,6 +58,12 @@ def test_publish_wait_is_read_your_writes_with_two_workers(url, r, topic_name):
             sow.publish(topic_name, [{"id": k, "round": round_} for k in range(200)], wait=True,
                         timeout=60)
             assert {x.obj()["round"] for x in sow.sow(topic_name)} == {round_}
+        # both registered (so past start-up, with their signal handlers) before the warm stop:
+        # one worker may have served every partition while the other was still starting
+        deadline = time.monotonic() + 30
+        while r.scard("rq:workers:sow") < 2:
+            assert time.monotonic() < deadline, "the workers did not register"
+            time.sleep(0.05)
     finally:
         for w in workers:
             w.send_signal(signal.SIGTERM)
