@@ -13,8 +13,11 @@ and connections start then), for every variant alike.
 
 Variants:
 
-* ``subscribe``: ``Sow.subscribe(topic)`` while the workers apply (publish → log → worker →
-  Lua apply → change block → subscriber, with its gap checks);
+* ``subscribe``: ``Sow.subscribe(topic)`` while ``Sow.publish`` writes through (the publisher's
+  write applies its plain publishes to caught-up partitions: publish → log + Lua apply →
+  change block → subscriber, with its gap checks; workers run and apply whatever is left);
+* ``subscribe, worker hop``: the same with write-through off (``SOW_WRITE_THROUGH=0``):
+  publish → log → worker → Lua apply → change block → subscriber;
 * ``sow_and_subscribe``: ``Sow.sow_and_subscribe(topic)``, measured after its ``group_end``;
 * ``raw pub/sub``: ``PUBLISH`` of the same payload to a channel, redis-py ``SUBSCRIBE``;
 * ``nats kv watch``: ``kv.put`` of the same payload to a JetStream key-value bucket (nats-py),
@@ -45,7 +48,6 @@ import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -57,6 +59,7 @@ from rich.table import Table
 
 from sow_redis.client import Sow
 from sow_redis.server import free_port
+from sow_redis.settings import Settings
 
 console = Console(width=max(Console().width, 120))
 
@@ -72,8 +75,8 @@ def _pace(n: int, rate: int, send) -> None:
         send(i, min(batch, n - i))
 
 
-def publish_sow(url: str, topic: str, n: int, rate: int) -> None:
-    sow = Sow(url)
+def publish_sow(url: str, topic: str, n: int, rate: int, write_through: bool = True) -> None:
+    sow = Sow(settings=Settings.from_env(redis_url=url, write_through=write_through))
     _pace(n, rate, lambda i, k: sow.publish(
         topic, [{"id": (i + j) % 1000, "t": time.time_ns(), "i": i + j} for j in range(k)]))
 
@@ -128,7 +131,8 @@ def summary(lat_ns: list[tuple[int, int]], warmup_s: float) -> dict[str, Any]:
             "p999_ms": q(0.999), "max_ms": vals[-1] / 1e6}
 
 
-def run_sow(url: str, rate: int, args: argparse.Namespace, query_first: bool) -> dict[str, Any]:
+def run_sow(url: str, rate: int, args: argparse.Namespace, query_first: bool,
+            write_through: bool = True) -> dict[str, Any]:
     sow = Sow(url)
     topic = f"lat_{uuid.uuid4().hex[:8]}"
     sow.apply_config(f'[[topic]]\nname = "{topic}"\nkey = ["/id"]\npartitions = '
@@ -138,7 +142,7 @@ def run_sow(url: str, rate: int, args: argparse.Namespace, query_first: bool) ->
     sub = sow.sow_and_subscribe(topic) if query_first else sow.subscribe(topic)
     if query_first:
         assert sub.get(5)["kind"] == "group_end"
-    proc = mp.Process(target=publish_sow, args=(url, topic, n, rate))
+    proc = mp.Process(target=publish_sow, args=(url, topic, n, rate, write_through))
     proc.start()
     deadline = time.monotonic() + args.seconds * 3 + 30
     with sub:
@@ -297,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                     variants = [("raw pub/sub", lambda rt=rate: run_raw(server.url, rt, args)),
                                 ("subscribe", lambda rt=rate: run_sow(server.url, rt, args, False)),
                                 ("sow_and_subscribe",
-                                 lambda rt=rate: run_sow(server.url, rt, args, True))]
+                                 lambda rt=rate: run_sow(server.url, rt, args, True)),
+                                ("subscribe, worker hop",
+                                 lambda rt=rate: run_sow(server.url, rt, args, False, False))]
                     if nats_server is not None:
                         variants.append(("nats kv watch",
                                          lambda rt=rate: run_nats(nats_server.url, rt, args)))

@@ -311,6 +311,11 @@ class PartitionApplier:
     ``FencedError`` and Redis errors are raised. A batch holding a ``sow_delete`` by filter is
     applied on its own, after everything before it (the filter must see all of that).
 
+    A publisher's write-through (lua/apply_appended.lua) may apply the plain publishes at the
+    head of the log between two batches: a planned batch the cursor has moved into is refused
+    (``ConflictError``: planned again), and the planner is dropped whenever the cursor is not
+    where this applier left it.
+
     Plain publishes prepared by sow_redis's publisher (the SOW key and index members already
     in the entry) need no planning: while the log starts with such entries, :meth:`step` lets
     ``apply_log.lua`` read and apply them inside Redis (one call, no round trip of the
@@ -445,9 +450,11 @@ class PartitionApplier:
                         self.topic.name, self.p, exc)
             self._in_redis = False
             return None
-        self._cursor = res.cursor
-        if res.applied:
-            self._planner = None  # its view of the records is older than these writes
+        known, self._cursor = self._cursor, res.cursor
+        if res.applied or res.cursor != known:
+            # its view of the records is older than these writes, or than those a publisher's
+            # write-through (lua/apply_appended.lua) made since this worker's last batch
+            self._planner = None
         self._in_redis = not res.stopped
         return res
 

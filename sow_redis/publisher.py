@@ -7,11 +7,12 @@ publisher's consistency token: :func:`wait_applied` blocks until the workers app
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
@@ -28,6 +29,8 @@ from .streamids import ms_of, reached
 
 CHUNK = 1000
 """Messages sent per pipeline round trip."""
+
+log = logging.getLogger(__name__)
 
 IN_FLIGHT = 2
 """Chunks sent whose replies are not read yet, at most: Redis appends them while the
@@ -140,6 +143,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             XADDs, the job markers of its partitions are set (``SET NX``) and an ingest job
             is enqueued for each marker that was absent (what :func:`jobs.ensure_jobs` does
             in round trips of its own). None: the caller hands the entries over itself.
+            With ``jobs.write_through`` (the default), each chunk's write also carries one
+            apply_appended.lua call per partition it touched: the plain publishes at the head
+            of a caught-up partition's log are applied there and then (the workers apply the
+            rest). A failed write-through call loses nothing: the workers apply the entries.
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -151,6 +158,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     """
     result = PublishResult()
     batch = XaddBatch(r)
+    through = _write_through(r) if jobs is not None and jobs.write_through else None
     parts: list[int] = []
     handled = 0
     inflight: deque[tuple[list[int], int]] = deque()  # (partitions, items handled), sent
@@ -163,16 +171,21 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         if not inflight:
             return
         sent, n_handled = inflight.popleft()
-        replies = batch.collect()
+        replies = batch.collect(tolerate_from=len(sent))
         for p, sid in zip(sent, replies):
             result.last_ids[p] = sid.decode()
         result.published += len(sent)
+        touched = sorted(set(sent))
         if jobs is not None:
             from .jobs import enqueue_job
 
-            for p, set_now in zip(sorted(set(sent)), replies[len(sent):]):
+            for p, set_now in zip(touched, replies[len(sent):len(sent) + len(touched)]):
+                if isinstance(set_now, ResponseError):
+                    raise set_now
                 if set_now:  # no job was outstanding for p
                     enqueue_job(r, topic.name, p, behind=sent.count(p))
+        if through is not None:
+            through.settle(topic, replies[len(sent) + len(touched):])
         if on_chunk:
             on_chunk(n_handled)
 
@@ -189,6 +202,9 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
                 for p in sorted(set(parts)):
                     batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
                                      jobs.marker_ttl_ms)
+            if through is not None:
+                for p in sorted(set(parts)):
+                    batch.add_command(b"EVALSHA", *through.call(topic, p, parts.count(p)))
             batch.send()
             inflight.append((parts, handled))
         elif on_chunk and handled:
@@ -280,6 +296,15 @@ class XaddBatch:
             b"$2\r\nPX\r\n$%d\r\n%d\r\n" % (len(key), key, len(value), value, len(str(px)), px)
         self._n += 1
 
+    def add_command(self, *args: Any) -> None:
+        """Queue any command (str, bytes, int or float arguments)."""
+        buf = self._buf
+        buf += b"*%d\r\n" % len(args)
+        for a in args:
+            v = a if isinstance(a, bytes) else str(a).encode()
+            buf += b"$%d\r\n%s\r\n" % (len(v), v)
+        self._n += 1
+
     def send(self) -> None:
         """Write every queued command and start queueing anew; :meth:`collect` reads the
         replies of each send, oldest first."""
@@ -297,22 +322,30 @@ class XaddBatch:
             raise
         self._sent.append(n)
 
-    def collect(self) -> list[bytes]:
+    def collect(self, tolerate_from: int | None = None) -> list[Any]:
         """The replies of the oldest :meth:`send` not collected yet, in order (stream ids
         for XADD).
 
+        Args:
+            tolerate_from: error replies of the commands from this position on are returned
+                in place (the ``ResponseError``), not raised.
+
         Raises:
-            redis.exceptions.ResponseError: the first error reply, after every reply was read
-                (the other commands took effect, as with a pipeline); connection errors.
+            redis.exceptions.ResponseError: the first error reply (before ``tolerate_from``),
+                after every reply was read (the other commands took effect, as with a
+                pipeline); connection errors.
         """
         n = self._sent.popleft()
-        out: list[bytes] = []
+        out: list[Any] = []
         error: ResponseError | None = None
         try:
-            for _ in range(n):
+            for i in range(n):
                 try:
                     out.append(self._conn.read_response())
                 except ResponseError as exc:
+                    if tolerate_from is not None and i >= tolerate_from:
+                        out.append(exc)
+                        continue
                     error = error or exc
                     out.append(b"")
         except BaseException:
@@ -341,6 +374,53 @@ class XaddBatch:
             self._conn.disconnect()
             self._r.connection_pool.release(self._conn)
             self._conn = None
+
+
+class WriteThrough:
+    """The publisher's side of apply_appended.lua, one per client (:func:`_write_through`):
+    the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA in each
+    chunk's write. A reply that is an error (the server lost its script cache, a Redis error)
+    is logged once per kind and loses nothing: the workers apply those entries, since the
+    job markers were set in the same write."""
+
+    def __init__(self, r: Client) -> None:
+        from .scripts import Scripts
+
+        self._scripts = Scripts(r)
+        self._loaded = False
+        self._warned: set[str] = set()
+        self.applied = 0
+        """Entries this client applied by write-through (for benchmarks and tests)."""
+
+    def call(self, topic: TopicConfig, p: int, count: int) -> list[Any]:
+        """The EVALSHA arguments (after the command name) for ``count`` entries of
+        partition ``p``."""
+        if not self._loaded:
+            self._scripts.load("apply_appended")
+            self._loaded = True
+        sha, ks, argv = self._scripts.apply_appended_call(topic, p, count)
+        return [sha, len(ks), *ks, *argv]
+
+    def settle(self, topic: TopicConfig, replies: list[Any]) -> None:
+        """Take the replies of one chunk's write-through calls."""
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                text = str(reply)
+                if text.startswith("NOSCRIPT"):
+                    self._loaded = False
+                kind = text.split(" ", 1)[0]
+                if kind not in self._warned:
+                    self._warned.add(kind)
+                    log.warning("topic %s: write-through failed (%s); the workers apply "
+                                "those entries", topic.name, text)
+            else:
+                self.applied += int(reply[0])
+
+
+def _write_through(r: Client) -> WriteThrough:
+    from .scripts import attached
+
+    return cast(WriteThrough, attached(r, "write_through", WriteThrough))
 
 
 def touch(r: Client, topic: str, last_ids: dict[int, str] | None = None) -> None:

@@ -137,6 +137,23 @@ class Scripts:
         return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
                           int(more) == 1, int(more) == 2)
 
+    def apply_appended_call(self, topic: TopicConfig, p: int, count: int
+                            ) -> tuple[str, list[str], list[Any]]:
+        """``(sha, KEYS, ARGV)`` of apply_appended.lua for partition ``p``: the publisher's
+        write-through of the ``count`` entries its chunk appended there, sent as a bare
+        EVALSHA in the same write as the XADDs (see :meth:`load`); its reply is
+        ``[entries applied, cursor]``."""
+        n_idx = len(topic.hash_index)
+        return (self._scripts["apply_appended"].sha,
+                keys.partition_keys(topic.name, p, n_idx) + [keys.lease(topic.name, p)],
+                [keys.channel(topic.name), topic.name, n_idx,
+                 "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
+                 count, expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
+
+    def load(self, name: str) -> None:
+        """``SCRIPT LOAD`` script ``name`` (before sending it as a bare EVALSHA)."""
+        self._r.script_load(self._scripts[name].script)
+
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
                    rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingApply:
         """Send the :meth:`apply` call now and read its reply later

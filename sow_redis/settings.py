@@ -2,7 +2,8 @@
 
 Every tunable is a field with its unit in the name or docstring. Environment variables:
 ``SOW_REDIS_URL``, ``SOW_REDIS_CONFIG``, ``SOW_LEASE_MS``, ``SOW_MARKER_TTL_MS``,
-``SOW_BATCH_SIZE``, ``SOW_JOB_BUDGET_S``, ``SOW_LINGER_MS``, ``SOW_SWEEP_INTERVAL_S``, ``SOW_LOG_MAX_LEN``.
+``SOW_BATCH_SIZE``, ``SOW_JOB_BUDGET_S``, ``SOW_LINGER_MS``, ``SOW_SWEEP_INTERVAL_S``, ``SOW_LOG_MAX_LEN``,
+``SOW_WRITE_THROUGH`` (``0`` turns it off).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ class Settings:
         sweep_interval_s: seconds between two sweeps that enqueue jobs for partitions with lag.
         log_max_len: applied log entries kept per partition stream before trimming (unapplied
             entries are never trimmed).
+        write_through: a publisher that starts the workers (``append(jobs=…)``: ``Sow.publish``,
+            ``sow-redis publish``) also applies the plain publishes it appended to a caught-up
+            partition, in the same write (lua/apply_appended.lua): subscribers get them one
+            round trip after the publish, with no worker hop. Workers still apply everything
+            else (deltas, deletes, chaining topics, a backlog left by a crash).
     """
 
     redis_url: str = DEFAULT_REDIS_URL
@@ -49,6 +55,7 @@ class Settings:
     linger_ms: int = 50
     sweep_interval_s: float = 0.5
     log_max_len: int = 100_000
+    write_through: bool = True
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
@@ -64,6 +71,8 @@ class Settings:
             linger_ms=int(env.get("SOW_LINGER_MS", cls.linger_ms)),
             sweep_interval_s=float(env.get("SOW_SWEEP_INTERVAL_S", cls.sweep_interval_s)),
             log_max_len=int(env.get("SOW_LOG_MAX_LEN", cls.log_max_len)),
+            write_through=env.get("SOW_WRITE_THROUGH", "1").strip().lower()
+            not in ("0", "false", "no", "off"),
         )
         return replace(base, **{k: v for k, v in overrides.items()  # type: ignore[arg-type]
                                 if v is not None})

@@ -87,8 +87,8 @@ def start_worker(url: str, *args: str, **extra: str) -> subprocess.Popen:
 
 
 def run_cli(url: str, *args: str, input: bytes | None = None, check: bool = True,
-            timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", *args], env=cli_env(url),
+            timeout: float = 120, **extra: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", *args], env=cli_env(url, **extra),
                           input=input, capture_output=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"sow-redis {' '.join(args)} failed: {proc.stderr.decode()}")

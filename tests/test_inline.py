@@ -20,7 +20,7 @@ from sow_redis.expirer import Expirer
 from sow_redis.partition_state import read_cursor, read_cursors, read_seq
 from sow_redis.publisher import append
 from sow_redis.scripts import Scripts
-from sow_redis.settings import QUEUE_NAME
+from sow_redis.settings import QUEUE_NAME, Settings
 
 
 def cfg(name: str, extra: str = "") -> str:
@@ -56,7 +56,7 @@ def test_inline_on_a_server_applies_before_returning(lonely_url, topic_name):
 
 
 def test_without_inline_a_server_applies_nothing_without_a_worker(lonely_url, topic_name):
-    sow = Sow(lonely_url)
+    sow = Sow(settings=Settings.from_env(redis_url=lonely_url, write_through=False))
     assert sow.inline is False
     sow.apply_config(cfg(topic_name))
     res = sow.publish(topic_name, [{"k": i} for i in range(6)])
@@ -71,6 +71,38 @@ def test_without_inline_a_server_applies_nothing_without_a_worker(lonely_url, to
     assert applied == 7 and records(r, topic_name) == 7
     assert Sow(lonely_url).handoff(topic_name, {}) == 0
     print(f"workers mode: 7 logged, 0 applied; inline handoff applied {applied}")
+
+
+def test_write_through_applies_plain_publishes_and_leaves_the_rest_to_workers(lonely_url,
+                                                                            topic_name):
+    """With write-through (the default), a plain publish to a caught-up partition is applied
+    in the publisher's own write, with no worker; a delta_publish, and every publish logged
+    behind it, wait in the log for a worker, in order."""
+    sow = Sow(lonely_url)
+    assert sow.settings.write_through and not sow.inline
+    sow.apply_config(cfg(topic_name, "").replace("partitions = 2", "partitions = 1"))
+    r = sow.r
+    sub = r.pubsub()
+    sub.subscribe(keys.channel(topic_name))
+    assert sub.get_message(timeout=1)["type"] == "subscribe"
+    res = sow.publish(topic_name, [{"k": i, "v": 0} for i in range(5)], wait=True, timeout=2)
+    assert records(r, topic_name, 1) == 5
+    assert read_cursor(r, topic_name, 0) == res.last_ids[0]
+    block = sub.get_message(timeout=1)
+    assert block is not None and block["type"] == "message"  # the change block, published
+    sow.delta_publish(topic_name, {"k": 1, "w": 1})
+    after = sow.publish(topic_name, [{"k": 1, "v": 2}, {"k": 7, "v": 2}])
+    # the delta needs a worker, and the publishes behind it wait for it (log order)
+    assert records(r, topic_name, 1) == 5
+    assert read_cursor(r, topic_name, 0) == res.last_ids[0]
+    applied = Sow(lonely_url, inline=True).handoff(topic_name, {0: after.last_ids[0]})
+    assert applied == 3
+    got = {x.obj()["k"]: x.obj() for x in sow.sow(topic_name)}
+    assert got[1] == {"k": 1, "v": 2} and got[7] == {"k": 7, "v": 2} and len(got) == 6
+    # caught up again: the next publish is written through
+    sow.publish(topic_name, {"k": 8, "v": 3})
+    assert records(r, topic_name, 1) == 7
+    print(f"write-through: 5 + 1 applied by the publisher, {applied} by the hand-off")
 
 
 def test_inline_waits_for_a_lease_held_elsewhere_then_times_out(lonely_url, topic_name):

@@ -219,7 +219,8 @@ def test_cli_refuses_a_sow_key_option_the_topic_cannot_take(lonely_url, topic_na
 def test_wait_timeout_prints_rejections_counts_and_exits_4(lonely_url, topic_name):
     Sow(lonely_url).apply_config(cfg(topic_name, "partitions = 1"))
     out = run_cli(lonely_url, "publish", "-t", topic_name, "--wait", "--timeout", "0.3",
-                  input=b'{"k":1,"i":1}\nnot json\n{"k":2,"i":2}\n', check=False)
+                  input=b'{"k":1,"i":1}\nnot json\n{"k":2,"i":2}\n', check=False,
+                  SOW_WRITE_THROUGH="0")  # nothing applies them: no worker, no write-through
     err, std = out.stderr.decode(), out.stdout.decode()
     assert out.returncode == 4, err
     assert "rejected line 2: bad_json" in err

@@ -1,7 +1,8 @@
 --[[
   apply: apply one batch of a partition's transaction log to the SOW, atomically.
 
-  Checks the fencing token and that the batch is newer than the applied cursor, checks the
+  Checks the fencing token and that the batch is newer than the applied cursor (a batch the
+  cursor lies inside was partly applied by someone else: SOW_CONFLICT, plan again), checks the
   expected record versions (compare-and-set for delta merges done by the worker), writes the
   batch's rejected entries to the partition's error stream, then upserts / deletes records,
   keeps expiry scores and hash-index members, moves the cursor, counts sow_delete results and
@@ -40,7 +41,8 @@
   Output:
     {applied ops, new cursor} or {-1, cursor} when the batch was applied before.
     Error replies: "SOW_FENCED …" (stale fencing token), "SOW_CONFLICT <sow_key>" (a record
-    changed since the worker read it; nothing was written), "SOW_BADARGS …" (malformed call).
+    changed since the worker read it; nothing was written), "SOW_CONFLICT cursor …" (the
+    cursor lies inside the batch; nothing was written), "SOW_BADARGS …" (malformed call).
 ]]
 local fence, chan, topic = ARGV[1], ARGV[2], ARGV[3]
 local first_id, last_id, nidx = ARGV[4], ARGV[5], tonumber(ARGV[6])
@@ -78,8 +80,13 @@ if meta[1] ~= fence then
   return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
 end
 local cursor = meta[2] or "0-0"
-if id_less_eq(first_id, cursor) then
+if id_less_eq(last_id, cursor) then
   return {-1, cursor}
+end
+if id_less_eq(first_id, cursor) then
+  -- the head of the batch was applied meanwhile (the publisher's write-through,
+  -- apply_appended.lua): what the worker planned after it may rest on an older state
+  return redis.error_reply("SOW_CONFLICT cursor " .. cursor .. " is inside the batch")
 end
 local seq = tonumber(meta[3] or "0")
 

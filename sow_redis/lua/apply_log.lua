@@ -6,9 +6,9 @@
   on a topic with hash indexes, the record's index members (field "m"); see
   sow_redis/entries.py. For a "publish" with those fields and no message expiration, the worker
   has nothing to compute: this script reads up to `count` entries after the applied cursor
-  and upserts them exactly as apply.lua does (include write_record: same records, expiry
-  scores, index members, change events), in log order, and stops before the first entry that
-  is anything else (delta_publish, sow_delete, a message expiration, an entry from another
+  and upserts them exactly as apply.lua does (include apply_prepared, write_record: same
+  records, expiry scores, index members, change events), in log order, and stops before the
+  first entry that is anything else (delta_publish, sow_delete, a message expiration, an entry from another
   client), which the worker then plans and applies with apply.lua.
 
   Trust: "k" and "m" are what sow_redis's publisher computed while validating the message;
@@ -40,6 +40,7 @@ local count, ttl, partition = tonumber(ARGV[7]), ARGV[8], ARGV[9]
 --@include event
 --@include remove_record
 --@include write_record
+--@include apply_prepared
 
 local P = partition_context(chan, topic, partition, nidx)
 local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
@@ -49,40 +50,14 @@ end
 local cursor = meta[2] or "0-0"
 local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
 local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter, ARGV[10], ARGV[11])
-local ttl_ms = tonumber(ttl)
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
 if not expiring then S.deferred = {} end
 
-local applied, more = 0, 0
-for _, entry in ipairs(entries) do
-  local id, f = entry[1], entry[2]
-  local cmd, data, key, members, own_expiry
-  for j = 1, #f, 2 do
-    local name = f[j]
-    if name == "cmd" then cmd = f[j + 1]
-    elseif name == "data" then data = f[j + 1]
-    elseif name == "k" then key = f[j + 1]
-    elseif name == "m" then members = f[j + 1]
-    elseif name == "expiration" then own_expiry = true
-    end
-  end
-  if cmd ~= "publish" or not key or key == "" or not data or own_expiry
-      or string.byte(data, 1) ~= 123 or string.byte(data, -1) ~= 125
-      or (nidx > 0 and not members) then
-    more = 2
-    break
-  end
-  local ex = ttl
-  if ttl_ms then ex = string.format("%d", id_ms(id) + ttl_ms) end
-  upsert(P, S, "publish", id, key, data, ex, members or "")
-  cursor = id
-  applied = applied + 1
-end
-if more == 0 and #entries == count then more = 1 end
-
+local applied, last, stopped = apply_prepared(P, S, entries, ttl, nidx)
+local more = 0
+if stopped then more = 2 elseif #entries == count then more = 1 end
 if applied > 0 then
-  write_deferred(P, S)
-  redis.call("HSET", P.state, "cursor", cursor, "seq", S.seq)
-  publish_changes(P, S)
+  cursor = last
+  finish_prepared(P, S, cursor)
 end
 return {applied, cursor, more}
