@@ -378,7 +378,7 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             if x.position in overlong else x for x in result.rejected]
     timed_out: WaitTimeout | None = None
     try:
-        sow.handoff(t, result.last_ids, wait, timeout)
+        sow.handoff(t, result.last_ids, wait, timeout, jobs_started=sow.job_settings is not None)
     except WaitTimeout as exc:
         timed_out = exc
     elapsed = time.perf_counter() - started

@@ -160,11 +160,11 @@ class Sow:
         # each message is encoded inside append: one that cannot be is rejected, not raised
         result = append(self.r, t, ((cmd, m, sow_key, expiration) for m in messages),
                         fix_separator=sep, jobs=self.job_settings)
-        self.handoff(t, result.last_ids, wait, timeout)
+        self.handoff(t, result.last_ids, wait, timeout, jobs_started=True)
         return result
 
     def handoff(self, topic: str | TopicConfig, last_ids: dict[int, str], wait: bool = False,
-                timeout: float = 60.0) -> int:
+                timeout: float = 60.0, jobs_started: bool = False) -> int:
         """Hand log entries appended with :func:`sow_redis.publisher.append` (or any XADD to
         a partition log) to the appliers: apply them here when :attr:`inline`, else enqueue
         ingest jobs for the workers and, with ``wait``, block until they applied them.
@@ -184,6 +184,9 @@ class Sow:
             wait: without inline, wait until the workers' applied cursors reach
                 ``last_ids`` (read-your-writes).
             timeout: seconds to wait at most (for the workers, or inline for a lease).
+            jobs_started: the entries were appended with ``append(jobs=…)``, which already
+                started the workers where entries wait for them (and, with write-through,
+                only there): no job markers are set here.
 
         Returns:
             The number of log entries applied in this process (0 without inline).
@@ -197,7 +200,8 @@ class Sow:
         t = topic if isinstance(topic, TopicConfig) else self.topic(topic)
         if self._inline:
             return self._apply_here(t, list(last_ids), timeout)
-        ensure_jobs(self.r, t.name, list(last_ids), self.settings)
+        if not jobs_started:
+            ensure_jobs(self.r, t.name, list(last_ids), self.settings)
         if wait:
             wait_applied(self.r, t, last_ids, timeout)
         return 0

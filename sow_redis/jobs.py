@@ -328,6 +328,7 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
     renewed = now
     next_adopt = now if adopt else float("inf")
     drained = False
+    busy = now  # when a step last applied something: lingering counts from there
     try:
         while True:
             if now >= next_adopt:
@@ -347,6 +348,8 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
             if GATHER_MIN <= n < settings.batch_size // 4:
                 time.sleep(GATHER_S)  # let a live publisher's entries gather (see GATHER_S)
             now = time.monotonic()
+            if n:
+                busy = now
             all_drained = all(h.applier.drained for h in held.values())
             if now >= deadline:
                 if not adopt or _needed_elsewhere(r):
@@ -359,8 +362,10 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 # live publisher keeps one job busy instead of paying for a new rq job per
                 # burst. A job serving its share of a topic does not give way to queued jobs
                 # (mostly its own partitions': they find the lease taken and end at once).
-                wait_ms = min(settings.linger_ms if linger_ms is None else linger_ms,
-                              int((deadline - now) * 1000))
+                # new entries a publisher's write-through applied (nothing left to do) do
+                # not extend it: a job that only wakes for those retires after the linger
+                linger = settings.linger_ms if linger_ms is None else linger_ms
+                wait_ms = min(linger - int((now - busy) * 1000), int((deadline - now) * 1000))
                 logs = {keys.log(topic.name, h.p): h.applier.cursor for h in held.values()}
                 needed: Callable[[], bool] | None = None
                 if linger_ms is None:  # a worker's job: give way to a job that needs a worker

@@ -143,10 +143,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             XADDs, the job markers of its partitions are set (``SET NX``) and an ingest job
             is enqueued for each marker that was absent (what :func:`jobs.ensure_jobs` does
             in round trips of its own). None: the caller hands the entries over itself.
-            With ``jobs.write_through`` (the default), each chunk's write also carries one
-            apply_appended.lua call per partition it touched: the plain publishes at the head
-            of a caught-up partition's log are applied there and then (the workers apply the
-            rest). A failed write-through call loses nothing: the workers apply the entries.
+            With ``jobs.write_through`` (the default), each chunk's write carries one
+            apply_appended.lua call per partition it touched instead of the marker: the plain
+            publishes at the head of a caught-up partition's log are applied there and then,
+            and the marker is set (and a job enqueued) only when entries are left for the
+            workers. A failed write-through call loses nothing: the workers apply the entries.
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -177,15 +178,18 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         result.published += len(sent)
         touched = sorted(set(sent))
         if jobs is not None:
-            from .jobs import enqueue_job
+            from .jobs import enqueue_job, ensure_jobs
 
-            for p, set_now in zip(touched, replies[len(sent):len(sent) + len(touched)]):
+            marks = replies[len(sent):]
+            if through is not None:  # the write-through calls set the markers
+                marks, failed = through.settle(topic, marks)
+                if failed:
+                    ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs)
+            for p, set_now in zip(touched, marks):
                 if isinstance(set_now, ResponseError):
                     raise set_now
-                if set_now:  # no job was outstanding for p
+                if set_now:  # entries wait for the workers and no job was outstanding for p
                     enqueue_job(r, topic.name, p, behind=sent.count(p))
-        if through is not None:
-            through.settle(topic, replies[len(sent) + len(touched):])
         if on_chunk:
             on_chunk(n_handled)
 
@@ -196,15 +200,16 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         if len(inflight) >= IN_FLIGHT:
             settle()
         if parts:
-            if jobs is not None:
+            if through is not None and jobs is not None:
+                for p in sorted(set(parts)):
+                    batch.add_command(b"EVALSHA", *through.call(topic, p, parts.count(p),
+                                                                jobs.marker_ttl_ms))
+            elif jobs is not None:
                 from .jobs import OWNER
 
                 for p in sorted(set(parts)):
                     batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
                                      jobs.marker_ttl_ms)
-            if through is not None:
-                for p in sorted(set(parts)):
-                    batch.add_command(b"EVALSHA", *through.call(topic, p, parts.count(p)))
             batch.send()
             inflight.append((parts, handled))
         elif on_chunk and handled:
@@ -379,9 +384,11 @@ class XaddBatch:
 class WriteThrough:
     """The publisher's side of apply_appended.lua, one per client (:func:`_write_through`):
     the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA in each
-    chunk's write. A reply that is an error (the server lost its script cache, a Redis error)
-    is logged once per kind and loses nothing: the workers apply those entries, since the
-    job markers were set in the same write."""
+    chunk's write; the script also sets the partition's job marker when it leaves entries to
+    the workers (then :func:`append` enqueues a job), so no worker is woken when it applied
+    everything. A reply that is an error (the server lost its script cache, a Redis error) is
+    logged once per kind and loses nothing: :func:`append` makes sure a job comes for those
+    entries (:func:`jobs.ensure_jobs`)."""
 
     def __init__(self, r: Client) -> None:
         from .scripts import Scripts
@@ -392,19 +399,31 @@ class WriteThrough:
         self.applied = 0
         """Entries this client applied by write-through (for benchmarks and tests)."""
 
-    def call(self, topic: TopicConfig, p: int, count: int) -> list[Any]:
+    def call(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int) -> list[Any]:
         """The EVALSHA arguments (after the command name) for ``count`` entries of
-        partition ``p``."""
+        partition ``p``; the script sets the job marker (lifetime ``marker_ttl_ms``
+        milliseconds) when it leaves entries to the workers."""
+        from .jobs import OWNER
+
         if not self._loaded:
             self._scripts.load("apply_appended")
             self._loaded = True
-        sha, ks, argv = self._scripts.apply_appended_call(topic, p, count)
+        sha, ks, argv = self._scripts.apply_appended_call(topic, p, count, marker_ttl_ms, OWNER)
         return [sha, len(ks), *ks, *argv]
 
-    def settle(self, topic: TopicConfig, replies: list[Any]) -> None:
-        """Take the replies of one chunk's write-through calls."""
-        for reply in replies:
+    def settle(self, topic: TopicConfig, replies: list[Any]) -> tuple[list[int], list[int]]:
+        """Take the replies of one chunk's write-through calls.
+
+        Returns:
+            ``(marker set: 1 or 0 per call, positions of the calls that failed)``; a failed
+            call's entries are the workers' (the caller makes sure a job comes).
+        """
+        marks: list[int] = []
+        failed: list[int] = []
+        for i, reply in enumerate(replies):
             if isinstance(reply, ResponseError):
+                marks.append(0)
+                failed.append(i)
                 text = str(reply)
                 if text.startswith("NOSCRIPT"):
                     self._loaded = False
@@ -415,6 +434,8 @@ class WriteThrough:
                                 "those entries", topic.name, text)
             else:
                 self.applied += int(reply[0])
+                marks.append(int(reply[2]))
+        return marks, failed
 
 
 def _write_through(r: Client) -> WriteThrough:

@@ -137,18 +137,21 @@ class Scripts:
         return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
                           int(more) == 1, int(more) == 2)
 
-    def apply_appended_call(self, topic: TopicConfig, p: int, count: int
-                            ) -> tuple[str, list[str], list[Any]]:
+    def apply_appended_call(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int,
+                            owner: str) -> tuple[str, list[str], list[Any]]:
         """``(sha, KEYS, ARGV)`` of apply_appended.lua for partition ``p``: the publisher's
         write-through of the ``count`` entries its chunk appended there, sent as a bare
         EVALSHA in the same write as the XADDs (see :meth:`load`); its reply is
-        ``[entries applied, cursor]``."""
+        ``[entries applied, cursor, 1 when it set the job marker (PX marker_ttl_ms, value
+        owner) for the entries left to the workers]``."""
         n_idx = len(topic.hash_index)
         return (self._scripts["apply_appended"].sha,
-                keys.partition_keys(topic.name, p, n_idx) + [keys.lease(topic.name, p)],
+                keys.partition_keys(topic.name, p, n_idx)
+                + [keys.lease(topic.name, p), keys.job_marker(topic.name, p)],
                 [keys.channel(topic.name), topic.name, n_idx,
                  "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-                 count, expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
+                 count, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
+                 marker_ttl_ms, owner])
 
     def load(self, name: str) -> None:
         """``SCRIPT LOAD`` script ``name`` (before sending it as a bare EVALSHA)."""

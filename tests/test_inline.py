@@ -90,10 +90,13 @@ def test_write_through_applies_plain_publishes_and_leaves_the_rest_to_workers(lo
     assert read_cursor(r, topic_name, 0) == res.last_ids[0]
     block = sub.get_message(timeout=1)
     assert block is not None and block["type"] == "message"  # the change block, published
+    assert job_markers(r, topic_name, 1) == 0  # nothing left: no worker is woken
+    queued = r.llen(f"rq:queue:{QUEUE_NAME}")
     sow.delta_publish(topic_name, {"k": 1, "w": 1})
     after = sow.publish(topic_name, [{"k": 1, "v": 2}, {"k": 7, "v": 2}])
     # the delta needs a worker, and the publishes behind it wait for it (log order)
     assert records(r, topic_name, 1) == 5
+    assert job_markers(r, topic_name, 1) == 1 and r.llen(f"rq:queue:{QUEUE_NAME}") == queued + 1
     assert read_cursor(r, topic_name, 0) == res.last_ids[0]
     applied = Sow(lonely_url, inline=True).handoff(topic_name, {0: after.last_ids[0]})
     assert applied == 3

@@ -47,7 +47,9 @@ def test_a_worker_batch_whose_head_was_written_through_is_planned_again(lonely_u
     plan = [Upsert(ids[0], "k1", b'{"id": 1, "v": 1}', None, False, None, ""),
             Upsert(ids[1], "k1", b'{"id": 1, "v": 1, "w": 2}', None, True, None, "")]
     wt = _write_through(r)
-    assert r.evalsha(*wt.call(t, 0, 2))[0] == 1  # the head publish, written through
+    # the head publish is written through; the delta is left: the job marker is set
+    assert r.evalsha(*wt.call(t, 0, 2, 1000)) == [1, ids[0].encode(), 1]
+    assert r.exists(keys.job_marker(topic_name, 0))
     with pytest.raises(ConflictError, match="inside the batch"):
         scripts.apply(t, 0, fence, ids[0], ids[1], [], plan)
     assert scripts.apply(t, 0, fence, ids[0], ids[0], [], plan[:1]) == (-1, ids[0])

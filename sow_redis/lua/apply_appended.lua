@@ -16,10 +16,15 @@
   and planned again from the cursor. During a shape migration (the partition's lease held by a
   "migrate:" owner) the script applies nothing.
 
+  Job marker: when entries are left unapplied after it (a delta, a backlog), the script sets
+  the partition's job marker (SET NX PX, as the publisher did before write-through) and says
+  so, and the publisher enqueues an ingest job; when it applied everything, no worker is
+  woken for nothing.
+
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
           dead, chain, errors, log, changes, change times, hash indexes), then the
-          partition's lease
+          partition's lease, then its job marker
     ARGV[1] pub/sub channel     ARGV[2] topic name     ARGV[3] n (number of hash indexes)
     ARGV[4] "1" when the topic has a dead_letter topic
     ARGV[5] "1" when the topic's expiration is enabled     ARGV[6] count (entries read at most)
@@ -28,9 +33,11 @@
     ARGV[8] partition number
     ARGV[9] change feed retention: changes kept per partition (0: no feed, pub/sub only)
     ARGV[10] change feed retention in ms (0: by count only)
+    ARGV[11] job marker lifetime in ms     ARGV[12] job marker value
 
   Output:
-    {entries applied, cursor}
+    {entries applied, cursor, marker}: marker = 1 when entries are left for the workers and
+    this call set the job marker (no job was outstanding), else 0.
 ]]
 local chan, topic, nidx = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local dead_letter, expiring = ARGV[4] == "1", ARGV[5] == "1"
@@ -42,14 +49,26 @@ local count, ttl, partition = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 --@include apply_prepared
 
 local P = partition_context(chan, topic, partition, nidx)
+local marker = KEYS[13 + nidx]
+
+-- entries left after the cursor: make sure a worker comes (SET NX: one job at a time)
+local function hand_over(cursor)
+  local newest = redis.call("XREVRANGE", P.log, "+", "-", "COUNT", 1)[1]
+  if newest and newest[1] ~= cursor
+      and redis.call("SET", marker, ARGV[12], "NX", "PX", ARGV[11]) then
+    return 1
+  end
+  return 0
+end
+
 local owner = redis.call("GET", KEYS[12 + nidx])
 if owner and string.sub(owner, 1, 8) == "migrate:" then
-  return {0, ""}
+  return {0, "", 0}
 end
 local meta = redis.call("HMGET", P.state, "cursor", "seq")
 local cursor = meta[1] or "0-0"
 local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
-if #entries == 0 then return {0, cursor} end
+if #entries == 0 then return {0, cursor, 0} end
 local S = batch_state(P, tonumber(meta[2] or "0"), expiring, dead_letter, ARGV[9], ARGV[10])
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
 if not expiring then S.deferred = {} end
@@ -59,4 +78,4 @@ if applied > 0 then
   cursor = last
   finish_prepared(P, S, cursor)
 end
-return {applied, cursor}
+return {applied, cursor, hand_over(cursor)}
