@@ -538,3 +538,141 @@ def test_redis_kill9_keeps_every_acknowledged_publish(tmp_path, fsync):
         stop_all(procs)
         redis_proc.terminate()
         redis_proc.wait(timeout=30)
+
+
+# -- 4. Redis unreachable for 10 s ------------------------------------------------------------
+OUTAGE_S = 10.0
+
+
+def _outage_lines(text: str) -> list[str]:
+    """The lines of a process's stderr that report Redis unreachable (any wording)."""
+    return [line for line in text.splitlines()
+            if "unreachable" in line.lower() or "could not connect" in line.lower()
+            or "cannot reach" in line.lower()]
+
+
+def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path):
+    """redis-server is killed and started again (same port and AOF, ``appendfsync always``)
+    10 s later, while a ``sow-redis publish`` process reads a live stream on stdin, 2 workers
+    apply it, an expirer expires records published with a 1 s lifetime, and a ``sow-redis
+    subscribe --oof`` process follows the topic. Each process reports the outage in one
+    stderr line, backs off, and carries on by itself: every line given to the publisher is in
+    the SOW, every entry is applied once, and the subscriber's view equals the SOW."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    data = tmp_path / "redis"
+    redis_proc = spawn_redis(port, data, persist=True, appendfsync="always")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with bounded(150, "10 s outage"):
+            r = Redis.from_url(url)
+            sow = Sow(url)
+            name = "live"
+            sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = 4\n'
+                             'expiration = "enabled"\n'
+                             'change_retention = { age = "1h", count = 10000000 }\n')
+            procs = [spawn(url, tmp_path / f"worker{i}.log", "worker") for i in range(2)]
+            procs.append(spawn(url, tmp_path / "expirer.log", "expirer"))
+            sub = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "subscribe", "-t",
+                                    name, "--oof"], env=env_for(url),
+                                   stdout=open(tmp_path / "sub.out", "wb"),
+                                   stderr=open(tmp_path / "sub.err", "wb"))
+            procs.append(sub)
+            pub = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "publish", "-t", name,
+                                    "--retry-s", "60"], env=env_for(url), stdin=subprocess.PIPE,
+                                   stdout=open(tmp_path / "pub.out", "wb"),
+                                   stderr=open(tmp_path / "pub.err", "wb"))
+            procs.append(pub)
+            wait_until(lambda: r.pubsub_numsub(keys.channel(name))[0][1] >= 1, 30,
+                       "the subscriber listens")
+            model = Model()
+            counts = {"lines": 0, "expiring": 0}
+            rng = random.Random(4)
+            feeding = threading.Event()
+            feeding.set()
+
+            def feed() -> None:
+                """~2,000 lines/s into the publisher's stdin (blocking while its pipe is full):
+                updates of 300 keys, 1 line in 10 a record that lives 1 s."""
+                assert pub.stdin is not None
+                n = 0
+                while feeding.is_set():
+                    block = []
+                    for _ in range(100):
+                        if rng.random() < 0.1:
+                            block.append(orjson.dumps({"$sow": {"expiration": 1},
+                                                       "data": {"id": f"e{n}"}}))
+                            counts["expiring"] += 1
+                        else:
+                            body = {"id": rng.randrange(300), "n": n}
+                            model.apply("publish", body)
+                            block.append(orjson.dumps(body))
+                        n += 1
+                    pub.stdin.write(b"\n".join(block) + b"\n")
+                    pub.stdin.flush()
+                    counts["lines"] = n
+                    time.sleep(0.05)
+                pub.stdin.close()
+
+            feeder = threading.Thread(target=feed, daemon=True)
+            feeder.start()
+            time.sleep(3.0)
+            before = counts["lines"]
+            redis_proc.kill()
+            redis_proc.wait(timeout=10)
+            time.sleep(OUTAGE_S)  # the stream goes on while Redis is away
+            redis_proc = spawn_redis(port, data, persist=True, appendfsync="always",
+                                     timeout_s=60)
+            time.sleep(3.0)
+            feeding.clear()
+            feeder.join(timeout=60)
+            lines, expiring = counts["lines"], counts["expiring"]
+            assert pub.wait(timeout=60) == 0, (tmp_path / "pub.err").read_text()
+            wait_until(lambda: all_applied(r, name, 4), 60, "every entry applied", 0.1)
+            wait_until(lambda: not any(str(rec.obj()["id"]).startswith("e")
+                                       for rec in sow.sow(name)), 30, "1 s records expired")
+            time.sleep(1.0)  # the subscriber receives the last changes
+        stop_all(procs)
+        got = {rec.sow_key: rec.obj() for rec in sow.sow(name)}
+        view: dict[str, Any] = {}
+        recoveries = 0
+        for line in (tmp_path / "sub.out").read_bytes().splitlines():
+            msg = orjson.loads(line)
+            if msg["kind"] == "publish":
+                view[msg["sow_key"]] = msg["data"]
+            elif msg["kind"] == "oof":
+                view.pop(msg["sow_key"], None)
+            elif msg["kind"] == "recovery":
+                recoveries += 1
+        expected: Counter[tuple[int, str]] = Counter()
+        for p in range(4):
+            for sid, _f in read_log(r, name, p):
+                expected[p, sid] = 1
+        events = feed_events(r, name, 4)
+        dup, lost_events = compare_events(expected, [e for e in events if e["op"] != "sow_delete"])
+        expired = sum(1 for e in events if e.get("reason") == "expired")
+        logged = sum(expected.values())
+        reports = {}
+        for label, path in [("publisher", "pub.err"), ("worker0", "worker0.log"),
+                            ("worker1", "worker1.log"), ("expirer", "expirer.log"),
+                            ("subscriber", "sub.err")]:
+            reports[label] = _outage_lines((tmp_path / path).read_text())
+        pub_out = (tmp_path / "pub.out").read_text().strip()
+        lost = sum(1 for k, rec in model.sow.items() if {rec2["id"]: rec2 for rec2 in
+                                                          got.values()}.get(k) != rec)
+        counts_line("redis unreachable 10 s", lines, len(expected) - lost_events, dup,
+                    lost + lost_events,
+                    f"{before} lines before the outage; log entries {logged} (a chunk in "
+                    f"flight is sent again: {logged - lines} resent); expired {expired} of "
+                    f"{expiring}; subscriber view {len(view)} records, SOW {len(got)}, "
+                    f"recoveries {recoveries}; outage lines per process "
+                    f"{ {k: len(v) for k, v in reports.items()} }; publisher: {pub_out}")
+        assert all(len(v) == 1 for v in reports.values()), reports
+        assert dup == 0 and lost_events == 0 and lost == 0
+        assert logged >= lines and f"published {logged} message(s)" in pub_out
+        assert expired == expiring
+        assert view == got
+    finally:
+        stop_all(procs)
+        redis_proc.terminate()
+        redis_proc.wait(timeout=30)
