@@ -676,3 +676,175 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
         stop_all(procs)
         redis_proc.terminate()
         redis_proc.wait(timeout=30)
+
+
+# -- 5. the expirer and the workers racing on the same records for 60 s -----------------------
+RACE_SECONDS = float(os.environ.get("SOW_RACE_SECONDS", "60"))
+RACE_RATE = 1000  # messages per second
+RACE_KEYS = 40
+TTLS_MS = (50, 100, 200, 400)
+
+
+class ExpiryModel:
+    """Reference SOW with expiry decided at log time (an entry logged at or after a record's
+    due time finds it expired): key → (record, due ms or 0)."""
+
+    def __init__(self) -> None:
+        self.sow: dict[int, tuple[dict[str, Any], int]] = {}
+        self.expired = 0
+
+    def apply(self, t_ms: int, cmd: str, obj: dict[str, Any], ttl_ms: int | None
+              ) -> tuple[str, dict[str, Any]] | None:
+        """The change event ``(op, data)`` the entry must produce (None: none)."""
+        from sow_redis.messages import merge
+
+        k = obj["k"]
+        cur = self.sow.get(k)
+        if cur is not None and cur[1] and cur[1] <= t_ms:
+            self.expired += 1
+            del self.sow[k]
+            cur = None
+        if cmd == "sow_delete":
+            if cur is None:
+                return None
+            del self.sow[k]
+            return "sow_delete", cur[0]
+        rec = merge(cur[0], obj) if cmd == "delta_publish" and cur is not None else obj
+        self.sow[k] = (rec, t_ms + ttl_ms if ttl_ms else 0)
+        return cmd, rec
+
+    def finish(self) -> dict[int, dict[str, Any]]:
+        """After every due time has passed: the records without expiry remain."""
+        self.expired += sum(1 for _rec, due in self.sow.values() if due)
+        return {k: rec for k, (rec, due) in self.sow.items() if not due}
+
+
+def test_expirer_and_workers_race_for_60s(redis_server, topic_name):
+    """publish / delta_publish / sow_delete (by data) on 40 keys at 1,000 msg/s for 60 s, 80 %
+    with lifetimes of 50–400 ms, while 2 worker processes apply, an expirer expires the same
+    records and a reader queries all the time (issue 7.1 and 12). Every change event equals the
+    reference model's (so a delta after the due time never brings back expired fields), no
+    entry is lost or applied twice, the expiry count and the final SOW match the model, and no
+    query returns a record after the client received its removal, or once it is due."""
+    from sow_redis.connection import server_ms
+    from sow_redis.events import events_of
+    from sow_redis.expirer import Expirer
+    from sow_redis.jobs import ensure_jobs
+
+    r = Redis.from_url(redis_server)
+    sow = Sow(client=r, settings=Settings.from_env(redis_url=redis_server))
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n'
+                     f'expiration = "enabled"\ndead_letter = "{topic_name}_dl"\n'
+                     f'[[topic]]\nname = "{topic_name}_dl"\npartitions = 1\n')
+    t = sow.topic(topic_name)
+    events: list[dict[str, Any]] = []
+    removed: dict[str, int] = {}  # sow key → seq of the newest removal event received
+    stop = threading.Event()
+    ready = threading.Event()
+    queries = {"run": 0, "records": 0, "stale": 0, "due": 0}
+
+    def listen() -> None:
+        ps = Redis.from_url(redis_server).pubsub(ignore_subscribe_messages=True)
+        ps.subscribe(keys.channel(t.name))
+        ready.set()
+        while not stop.is_set():
+            msg = ps.get_message(timeout=0.2)
+            if msg:
+                for ev in events_of(msg["data"]):
+                    events.append(ev)
+                    if ev["op"] == "sow_delete":
+                        removed[ev["sow_key"]] = max(ev["seq"], removed.get(ev["sow_key"], 0))
+        ps.close()
+
+    def query() -> None:
+        qr = Redis.from_url(redis_server)
+        reader = Sow(client=qr, settings=sow.settings)
+        while not stop.is_set():
+            known = dict(removed)  # removals received before the query is sent
+            before_ms = server_ms(qr)
+            recs = reader.sow(t.name)
+            queries["run"] += 1
+            queries["records"] += len(recs)
+            queries["stale"] += sum(1 for rec in recs if rec.seq < known.get(rec.sow_key, 0))
+            queries["due"] += sum(1 for rec in recs if 0 < rec.expiry_ms <= before_ms)
+            time.sleep(0.005)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    ready.wait(5)
+    querier = threading.Thread(target=query, daemon=True)
+    querier.start()
+    expirer = Expirer(Redis.from_url(redis_server), topics=[t.name])
+    exp_thread = threading.Thread(target=expirer.run, daemon=True)
+    exp_thread.start()
+    workers = [subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "worker"],
+                                env=env_for(redis_server), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL) for _ in range(2)]
+    rng = random.Random(7)
+    published = 0
+    cmds: Counter[str] = Counter()
+    started = time.monotonic()
+    try:
+        with bounded(RACE_SECONDS + 120, "expiry race"):
+            while time.monotonic() - started < RACE_SECONDS:
+                tick = time.monotonic()
+                batch = []
+                for _ in range(RACE_RATE // 100):
+                    k = rng.randrange(RACE_KEYS)
+                    x = rng.random()
+                    cmd = "delta_publish" if x < 0.55 else "publish" if x < 0.9 else "sow_delete"
+                    body = {"k": k} if cmd == "sow_delete" else {
+                        "k": k, f"f{rng.randrange(6)}": published}
+                    ttl = (rng.choice(TTLS_MS) / 1000 if rng.random() < 0.8 and
+                           cmd != "sow_delete" else None)
+                    batch.append((cmd, orjson.dumps(body), None, ttl))
+                    cmds[cmd] += 1
+                    published += 1
+                res = append(r, t, batch)
+                assert not res.rejected
+                ensure_jobs(r, t.name, list(res.last_ids), sow.settings)
+                time.sleep(max(0.0, 0.01 - (time.monotonic() - tick)))
+            wait_until(lambda: all_applied(r, t.name, 2), 60, "workers caught up", 0.05)
+            time.sleep(max(TTLS_MS) / 1000 + 0.5)  # every lifetime runs out, the expirer passes
+    finally:
+        stop_all(workers)
+        expirer.stop()
+        exp_thread.join(5)
+        time.sleep(0.3)
+        stop.set()
+        listener.join(5)
+        querier.join(5)
+
+    # the reference model replays the log in id order within each partition
+    model = ExpiryModel()
+    expected: dict[tuple[int, str], tuple[str, dict[str, Any]] | None] = {}
+    for p in range(2):
+        for sid, f in read_log(r, t.name, p):
+            ms = int(sid.split("-")[0])
+            ttl = round(float(f[b"expiration"]) * 1000) if b"expiration" in f else None
+            obj = orjson.loads(f[b"data"])
+            expected[obj["k"], sid] = model.apply(ms, f[b"cmd"].decode(), obj, ttl)
+    final = model.finish()
+    changes = [e for e in events if e.get("reason") != "expired"]
+    per_id = Counter((e["data"]["k"], e["id"]) for e in changes)
+    want = {k for k, ev in expected.items() if ev is not None}
+    lost = len(want - set(per_id))
+    duplicated = sum(n - 1 for n in per_id.values() if n > 1)
+    wrong = [e for e in changes if expected.get((e["data"]["k"], e["id"])) != (e["op"], e["data"])]
+    resurrected = [e for e in wrong if e["op"] == "delta_publish" and set(e["data"]) - set(
+        (expected.get((e["data"]["k"], e["id"])) or ("", {}))[1])]
+    expired = sum(1 for e in events if e.get("reason") == "expired")
+    got = {rec.obj()["k"]: rec.obj() for rec in sow.sow(t.name)}
+    counts_line(f"expirer vs workers {RACE_SECONDS:.0f} s", published, len(per_id), duplicated,
+                lost, f"{cmds['publish']} publish, {cmds['delta_publish']} delta, "
+                f"{cmds['sow_delete']} delete; wrong events {len(wrong)} (resurrected fields "
+                f"{len(resurrected)}); expired {expired} (model {model.expired}); records "
+                f"{len(got)} (model {len(final)}); {queries['run']} queries returned "
+                f"{queries['records']} records: after their removal event {queries['stale']}, "
+                f"once due {queries['due']}")
+    assert published == len(expected)
+    assert (lost, duplicated, len(wrong)) == (0, 0, 0), wrong[:3]
+    assert expired == model.expired
+    assert got == final
+    assert queries["run"] > 100 and queries["stale"] == 0 and queries["due"] == 0
+    assert sow.errors(t.name) == []
