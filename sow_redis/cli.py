@@ -384,7 +384,12 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             if x.position in overlong else x for x in result.rejected]
     timed_out: WaitTimeout | None = None
     try:
-        sow.handoff(t, result.last_ids, wait, timeout)
+        if retry_s > 0:
+            from .outage import call_through_outage
+
+            call_through_outage(lambda: sow.handoff(t, result.last_ids, wait, timeout), retry_s)
+        else:
+            sow.handoff(t, result.last_ids, wait, timeout)
     except WaitTimeout as exc:
         timed_out = exc
     elapsed = time.perf_counter() - started

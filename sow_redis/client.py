@@ -155,7 +155,12 @@ class Sow:
     def _publish(self, cmd: str, topic: str, messages: Any, sow_key: str | None, wait: bool,
                  timeout: float, expiration: float | None,
                  separator: str | None = None) -> PublishResult:
-        t = self.topic(topic)
+        if self.retry_s > 0:  # ride out an outage (sow_redis.outage): every step may repeat
+            from .outage import append_through_outage, call_through_outage
+
+            t = call_through_outage(lambda: self.topic(topic), self.retry_s)
+        else:
+            t = self.topic(topic)
         if isinstance(messages, (dict, bytes, str)):
             messages = [messages]
         sep = None
@@ -166,12 +171,12 @@ class Sow:
         # each message is encoded inside append: one that cannot be is rejected, not raised
         items = ((cmd, m, sow_key, expiration) for m in messages)
         if self.retry_s > 0:
-            from .outage import append_through_outage
-
             result = append_through_outage(self.r, t, items, self.retry_s, fix_separator=sep,
                                            jobs=self.job_settings)
-        else:
-            result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings)
+            call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout),
+                                self.retry_s)
+            return result
+        result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings)
         self.handoff(t, result.last_ids, wait, timeout)
         return result
 

@@ -15,12 +15,13 @@ keep going through an outage (``sow-redis publish --retry-s``, ``Sow(retry_s=…
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -96,6 +97,8 @@ class Outage:
                      extra=fields("redis_reachable", component=self.component, down_s=down_s))
 
 
+T = TypeVar("T")
+
 _reporters: dict[str, Outage] = {}
 _reporters_lock = threading.Lock()
 
@@ -104,6 +107,35 @@ def reporter(component: str) -> Outage:
     """This process's :class:`Outage` of ``component`` (one per name)."""
     with _reporters_lock:
         return _reporters.setdefault(component, Outage(component))
+
+
+def call_through_outage(fn: Callable[[], T], retry_s: float, component: str = "publisher") -> T:
+    """``fn()``, called again while Redis does not answer (backoff :data:`BACKOFF_MIN_S`
+    doubling to :data:`BACKOFF_MAX_S`; the outage reported once through :func:`reporter`
+    ``component``) for up to ``retry_s`` seconds. Only for calls that may run twice (reads,
+    ``SET NX``, waits).
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: Redis did not answer for ``retry_s``
+            seconds; whatever ``fn`` raises otherwise.
+    """
+    outage = reporter(component)
+    since: float | None = None
+    pause = BACKOFF_MIN_S
+    while True:
+        try:
+            out = fn()
+        except REDIS_DOWN as exc:
+            now = time.monotonic()
+            since = now if since is None else since
+            if now - since >= retry_s:
+                raise
+            outage.failed(exc)
+            time.sleep(pause)
+            pause = min(BACKOFF_MAX_S, pause * 2)
+            continue
+        outage.answered()
+        return out
 
 
 def append_through_outage(r: Client, topic: TopicConfig, items: Iterable[Item], retry_s: float,
@@ -132,7 +164,6 @@ def append_through_outage(r: Client, topic: TopicConfig, items: Iterable[Item], 
     """
     from .publisher import PublishResult, append
 
-    outage = reporter("publisher")
     result = PublishResult()
     start = kwargs.pop("start", 1)
     it = iter(items)
@@ -140,21 +171,6 @@ def append_through_outage(r: Client, topic: TopicConfig, items: Iterable[Item], 
         block = list(itertools.islice(it, RETRY_CHUNK))
         if not block:
             return result
-        since: float | None = None
-        pause = BACKOFF_MIN_S
-        while True:
-            try:
-                res = append(r, topic, block, start=start, **kwargs)
-            except REDIS_DOWN as exc:
-                now = time.monotonic()
-                since = now if since is None else since
-                if now - since >= retry_s:
-                    raise
-                outage.failed(exc)
-                time.sleep(pause)
-                pause = min(BACKOFF_MAX_S, pause * 2)
-                continue
-            outage.answered()
-            break
-        result.merge(res)
+        send = functools.partial(append, r, topic, block, start=start, **kwargs)
+        result.merge(call_through_outage(send, retry_s))
         start += len(block)

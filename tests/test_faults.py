@@ -555,9 +555,14 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
     """redis-server is killed and started again (same port and AOF, ``appendfsync always``)
     10 s later, while a ``sow-redis publish`` process reads a live stream on stdin, 2 workers
     apply it, an expirer expires records published with a 1 s lifetime, and a ``sow-redis
-    subscribe --oof`` process follows the topic. Each process reports the outage in one
-    stderr line, backs off, and carries on by itself: every line given to the publisher is in
-    the SOW, every entry is applied once, and the subscriber's view equals the SOW."""
+    subscribe --oof`` process follows the topic, and a thread publishes through
+    ``Sow(retry_s=60).publish``. Each process reports the outage in one stderr line (the
+    in-process publisher: one log line), backs off, and carries on by itself: every line given
+    to the publisher and every acknowledged ``Sow.publish`` is in the SOW, every entry is applied
+    once, and the subscriber's view equals the SOW. The chunk in flight when Redis died is sent
+    again (at least once: counted as "resent")."""
+    from sow_redis.outage import reporter
+
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     data = tmp_path / "redis"
@@ -586,7 +591,8 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
             wait_until(lambda: r.pubsub_numsub(keys.channel(name))[0][1] >= 1, 30,
                        "the subscriber listens")
             model = Model()
-            counts = {"lines": 0, "expiring": 0}
+            counts = {"lines": 0}
+            exp_ids: set[str] = set()
             rng = random.Random(4)
             feeding = threading.Event()
             feeding.set()
@@ -602,7 +608,7 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
                         if rng.random() < 0.1:
                             block.append(orjson.dumps({"$sow": {"expiration": 1},
                                                        "data": {"id": f"e{n}"}}))
-                            counts["expiring"] += 1
+                            exp_ids.add(f"e{n}")
                         else:
                             body = {"id": rng.randrange(300), "n": n}
                             model.apply("publish", body)
@@ -614,8 +620,26 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
                     time.sleep(0.05)
                 pub.stdin.close()
 
+            api: dict[str, Any] = {"acked": [], "failed": None}
+            api_reports = reporter("publisher").reported
+
+            def api_publish() -> None:
+                client = Sow(url, retry_s=60)
+                i = 0
+                try:
+                    while feeding.is_set():
+                        ids = [f"a{i + j}" for j in range(20)]
+                        client.publish(name, [{"id": x} for x in ids])
+                        api["acked"] += ids
+                        i += 20
+                        time.sleep(0.05)
+                except BaseException as exc:  # reported by the main thread
+                    api["failed"] = exc
+
             feeder = threading.Thread(target=feed, daemon=True)
             feeder.start()
+            api_thread = threading.Thread(target=api_publish, daemon=True)
+            api_thread.start()
             time.sleep(3.0)
             before = counts["lines"]
             redis_proc.kill()
@@ -626,7 +650,10 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
             time.sleep(3.0)
             feeding.clear()
             feeder.join(timeout=60)
-            lines, expiring = counts["lines"], counts["expiring"]
+            api_thread.join(timeout=60)
+            assert api["failed"] is None, api["failed"]
+            api_reports = reporter("publisher").reported - api_reports
+            lines = counts["lines"]
             assert pub.wait(timeout=60) == 0, (tmp_path / "pub.err").read_text()
             wait_until(lambda: all_applied(r, name, 4), 60, "every entry applied", 0.1)
             wait_until(lambda: not any(str(rec.obj()["id"]).startswith("e")
@@ -650,7 +677,7 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
                 expected[p, sid] = 1
         events = feed_events(r, name, 4)
         dup, lost_events = compare_events(expected, [e for e in events if e["op"] != "sow_delete"])
-        expired = sum(1 for e in events if e.get("reason") == "expired")
+        expired = Counter(e["data"]["id"] for e in events if e.get("reason") == "expired")
         logged = sum(expected.values())
         reports = {}
         for label, path in [("publisher", "pub.err"), ("worker0", "worker0.log"),
@@ -658,19 +685,24 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
                             ("subscriber", "sub.err")]:
             reports[label] = _outage_lines((tmp_path / path).read_text())
         pub_out = (tmp_path / "pub.out").read_text().strip()
-        lost = sum(1 for k, rec in model.sow.items() if {rec2["id"]: rec2 for rec2 in
-                                                          got.values()}.get(k) != rec)
-        counts_line("redis unreachable 10 s", lines, len(expected) - lost_events, dup,
+        by_id = {rec["id"]: rec for rec in got.values()}
+        lost = sum(1 for k, rec in model.sow.items() if by_id.get(k) != rec)
+        lost += sum(1 for x in api["acked"] if x not in by_id)
+        published = lines + len(api["acked"])
+        counts_line("redis unreachable 10 s", published, len(expected) - lost_events, dup,
                     lost + lost_events,
-                    f"{before} lines before the outage; log entries {logged} (a chunk in "
-                    f"flight is sent again: {logged - lines} resent); expired {expired} of "
-                    f"{expiring}; subscriber view {len(view)} records, SOW {len(got)}, "
-                    f"recoveries {recoveries}; outage lines per process "
-                    f"{ {k: len(v) for k, v in reports.items()} }; publisher: {pub_out}")
+                    f"{lines} lines to the CLI publisher ({before} before the outage), "
+                    f"{len(api['acked'])} by Sow.publish; log entries {logged} ({logged - published}"
+                    f" resent: the chunk in flight when Redis died); records living 1 s "
+                    f"{len(exp_ids)}, expired {sum(expired.values())} times; subscriber view "
+                    f"{len(view)} records, SOW {len(got)}, recoveries {recoveries}; outage lines "
+                    f"per process { {k: len(v) for k, v in reports.items()} }, Sow.publish "
+                    f"{api_reports}; CLI publisher: {pub_out}")
         assert all(len(v) == 1 for v in reports.values()), reports
+        assert api_reports == 1 and len(api["acked"]) > 0
         assert dup == 0 and lost_events == 0 and lost == 0
-        assert logged >= lines and f"published {logged} message(s)" in pub_out
-        assert expired == expiring
+        assert logged >= published and f"published {lines} message(s)" in pub_out
+        assert set(expired) == exp_ids and not any(x in by_id for x in exp_ids)
         assert view == got
     finally:
         stop_all(procs)
