@@ -3,6 +3,8 @@
 An entry logged at or after a record's due time finds the record gone (the removal is
 processed as an expiry first, with its event and dead letter); the expirer does not remove a
 record while its partition still holds unapplied entries logged before the due time.
+The 60 s race of worker processes and the expirer against a reference model is
+``test_faults.py::test_expirer_and_workers_race_for_60s``.
 """
 
 from __future__ import annotations
