@@ -880,3 +880,40 @@ def test_expirer_and_workers_race_for_60s(redis_server, topic_name):
     assert got == final
     assert queries["run"] > 100 and queries["stale"] == 0 and queries["due"] == 0
     assert sow.errors(t.name) == []
+
+
+# -- the outage reporter itself ---------------------------------------------------------------
+def test_outage_reporter_logs_once_per_outage_and_gives_up_after_retry_s(caplog):
+    """Three failures make one WARNING, the success after them one INFO, the next outage one
+    WARNING again; ``call_through_outage`` retries a call until ``retry_s`` seconds passed,
+    then raises the connection error (one WARNING for all its attempts)."""
+    import logging
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from sow_redis.outage import Outage, call_through_outage
+
+    caplog.set_level(logging.INFO, logger="sow_redis.outage")
+    o = Outage("unit")
+    logged = [o.failed(RedisConnectionError("refused")) for _ in range(3)]
+    o.answered()
+    o.answered()
+    o.failed(RedisConnectionError("refused again"))
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert logged == [True, False, False] and o.reported == 2 and o.down
+    assert [lvl for lvl, _m in lines] == ["WARNING", "INFO", "WARNING"], lines
+    assert lines[0][1].startswith("unit: redis unreachable (refused)")
+    caplog.clear()
+    calls = []
+
+    def refuse() -> None:
+        calls.append(time.monotonic())
+        raise RedisConnectionError("refused")
+
+    with pytest.raises(RedisConnectionError):
+        call_through_outage(refuse, retry_s=0.5, component="unit-call")
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    print(f"\ncall_through_outage: {len(calls)} attempts in {calls[-1] - calls[0]:.2f} s, "
+          f"{len(warnings)} warning line(s)")
+    assert len(warnings) == 1 and 3 <= len(calls) <= 6
+    assert call_through_outage(lambda: 42, retry_s=0.5, component="unit-call") == 42
