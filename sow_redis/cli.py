@@ -337,7 +337,7 @@ def _report_rejected(rejected: list[Any]) -> dict[str, int]:
 
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
              wait: bool, timeout: float, expiration: float | None,
-             separator: str | None) -> None:
+             separator: str | None, retry_s: float = 0.0) -> None:
     from .errors import WaitTimeout
     from .publisher import PublishResult, append
 
@@ -359,6 +359,12 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     items = ((cmd, line, sow_key, expiration) for line in _lines(fh, limit, overlong))
     show_bar = size > 0 and sys.stderr.isatty()
     result: PublishResult
+    if retry_s > 0:  # ride out a Redis outage (reported once on stderr), then go on
+        from functools import partial
+
+        from .outage import append_through_outage
+
+        append = partial(append_through_outage, retry_s=retry_s)
     if show_bar:
         from rich.progress import Progress
 
@@ -377,8 +383,15 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             f"{overlong[x.position]} bytes > max_message_bytes {t.max_message_bytes}"))
             if x.position in overlong else x for x in result.rejected]
     timed_out: WaitTimeout | None = None
+    started_jobs = sow.job_settings is not None  # append(jobs=…) started the workers
     try:
-        sow.handoff(t, result.last_ids, wait, timeout, jobs_started=sow.job_settings is not None)
+        if retry_s > 0:
+            from .outage import call_through_outage
+
+            call_through_outage(lambda: sow.handoff(t, result.last_ids, wait, timeout,
+                                                    jobs_started=started_jobs), retry_s)
+        else:
+            sow.handoff(t, result.last_ids, wait, timeout, jobs_started=started_jobs)
     except WaitTimeout as exc:
         timed_out = exc
     elapsed = time.perf_counter() - started
@@ -411,6 +424,10 @@ _publish_options = [
                  help="Message lifetime in seconds (0 = never expire); overrides the topic's."),
     click.option("--separator", help="FIX topics: field separator of FILE (SOH, ';', '|'); "
                  "default: the topic's field_separator."),
+    click.option("--retry-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
+                 help="Seconds a Redis outage may last once publishing has started: the "
+                 "outage is reported once on stderr, the lines in flight are sent again when "
+                 "Redis answers (at least once); 0: fail at once."),
 ]
 
 
@@ -429,7 +446,7 @@ def _with(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 @click.pass_context
 @_friendly
 def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
-            timeout: float, expiration: float | None, separator: str | None,
+            timeout: float, expiration: float | None, separator: str | None, retry_s: float,
             delta: bool) -> None:
     """Publish JSON Lines from FILE (or - for stdin): one message per line.
 
@@ -452,7 +469,7 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
       sow-redis --redis-url redis://127.0.0.1:6390/0 publish -t orders orders.jsonl --wait
     """
     _publish(ctx, topic, file, "delta_publish" if delta else "publish", sow_key, wait, timeout,
-             expiration, separator)
+             expiration, separator, retry_s)
 
 
 @main.command("delta-publish")
@@ -460,7 +477,8 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
 @click.pass_context
 @_friendly
 def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
-                  timeout: float, expiration: float | None, separator: str | None) -> None:
+                  timeout: float, expiration: float | None, separator: str | None,
+                  retry_s: float) -> None:
     """delta_publish JSON Lines: fields in each update replace those fields of the stored
     record, nested objects merge, other fields stay (same as publish --delta). Same exit
     status as publish: 0 all published, 1 error, 2 usage, 3 lines rejected, 4 --wait timed out.
@@ -469,7 +487,8 @@ def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None
     Example:
       echo '{"orderId": 1, "price": 95}' | sow-redis --redis-url redis://127.0.0.1:6390/0 delta-publish -t orders
     """
-    _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator)
+    _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator,
+             retry_s)
 
 
 # -- query ------------------------------------------------------------------------------

@@ -75,6 +75,10 @@ class Sow:
         inline: apply every publish, delta_publish and sow_delete in this process before
             returning (see the module docstring). Default: True for ``memory://``, else
             False (workers apply).
+        retry_s: seconds a Redis outage may last during :meth:`publish` /
+            :meth:`delta_publish` before its error is raised: the outage is logged once and
+            the messages in flight are sent again when Redis answers (at least once; see
+            :func:`sow_redis.outage.append_through_outage`). 0 (default): raise at once.
 
     Attributes:
         inline: the mode chosen (read-only).
@@ -86,7 +90,8 @@ class Sow:
     """
 
     def __init__(self, url: str | None = None, settings: Settings | None = None,
-                 client: Client | None = None, inline: bool | None = None):
+                 client: Client | None = None, inline: bool | None = None,
+                 retry_s: float = 0.0):
         self.settings = settings or Settings.from_env(redis_url=url)
         self.url = self.settings.redis_url
         memory = is_memory(self.url)
@@ -97,6 +102,7 @@ class Sow:
                              "where no worker can apply the log; use inline (the default) or "
                              "a redis:// server with 'sow-redis worker'")
         self._inline = bool(inline)
+        self.retry_s = retry_s
         self.r = client if client is not None else connect(self.url)
 
     @property
@@ -149,7 +155,12 @@ class Sow:
     def _publish(self, cmd: str, topic: str, messages: Any, sow_key: str | None, wait: bool,
                  timeout: float, expiration: float | None,
                  separator: str | None = None) -> PublishResult:
-        t = self.topic(topic)
+        if self.retry_s > 0:  # ride out an outage (sow_redis.outage): every step may repeat
+            from .outage import append_through_outage, call_through_outage
+
+            t = call_through_outage(lambda: self.topic(topic), self.retry_s)
+        else:
+            t = self.topic(topic)
         if isinstance(messages, (dict, bytes, str)):
             messages = [messages]
         sep = None
@@ -158,8 +169,14 @@ class Sow:
 
             sep = fix_separator(separator)
         # each message is encoded inside append: one that cannot be is rejected, not raised
-        result = append(self.r, t, ((cmd, m, sow_key, expiration) for m in messages),
-                        fix_separator=sep, jobs=self.job_settings)
+        items = ((cmd, m, sow_key, expiration) for m in messages)
+        if self.retry_s > 0:
+            result = append_through_outage(self.r, t, items, self.retry_s, fix_separator=sep,
+                                           jobs=self.job_settings)
+            call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout,
+                                                     jobs_started=True), self.retry_s)
+            return result
+        result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings)
         self.handoff(t, result.last_ids, wait, timeout, jobs_started=True)
         return result
 

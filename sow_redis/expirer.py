@@ -31,6 +31,7 @@ from .client import Sow
 from .config import TopicCache, TopicConfig
 from .connection import Client, StreamEntry, connect, server_ms
 from .logs import fields
+from .outage import reporter
 from .scripts import Scripts
 from .settings import Settings
 
@@ -220,9 +221,11 @@ class Expirer:
             redis.exceptions.ConnectionError, TimeoutError: with ``burst`` only.
         """
         total, pause = 0, 0.0
+        outage = reporter("expirer")
         while not self._stop.is_set():
             try:
                 n, wait_s = self.loop()
+                outage.answered()
                 total += n
                 if burst and n == 0:
                     break
@@ -233,7 +236,7 @@ class Expirer:
                 if burst:
                     raise
                 pause = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, pause * 2))
-                log.warning("expirer: redis unreachable (%s); retry in %.1f s", exc, pause)
+                outage.failed(exc)  # one line per outage, not per retry
                 self._stop.wait(pause)
         return total
 

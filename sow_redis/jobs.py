@@ -28,7 +28,9 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import cast
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys
 from .apply import PartitionApplier
@@ -405,8 +407,10 @@ def _release(scripts: Scripts, lease_key: str, owner: str) -> None:
     reclaims it sooner: it is no longer marked active)."""
     try:
         scripts.lease_release(lease_key, owner)
-    except RedisError as exc:
-        log.warning("releasing %s failed (%s); it lapses after the lease time", lease_key, exc)
+    except RedisError as exc:  # Redis unreachable: the outage is reported once by the worker
+        log.log(logging.DEBUG if isinstance(exc, (RedisConnectionError, RedisTimeoutError)) else
+                logging.WARNING, "releasing %s failed (%s); it lapses after the lease time",
+                lease_key, exc)
 
 
 def drain_partition(r: Client, topic: TopicConfig, p: int, settings: Settings,

@@ -11,7 +11,8 @@ taken", "event": "lease_taken", "topic": "orders", "partition": 3}``.
 The events: ``worker_start`` / ``worker_stop``; ``lease_taken`` (DEBUG: once per job) and
 ``lease_lost``; ``rejected`` (a log entry the worker could not apply, with ``reason``);
 ``expired`` (an expirer pass that removed records, with ``count`` and ``lag_ms``);
-``recovery`` (a subscriber filled a gap); ``redis_unreachable``. Nothing logged holds a
+``recovery`` (a subscriber filled a gap); ``redis_unreachable`` (once per outage and
+component) and ``redis_reachable`` (:mod:`sow_redis.outage`). Nothing logged holds a
 password: URLs are logged through :func:`sow_redis.connection.redact`.
 """
 

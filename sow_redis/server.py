@@ -55,11 +55,14 @@ def free_port() -> int:
 
 
 def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
-                timeout_s: float = REDIS_START_TIMEOUT_S) -> subprocess.Popen[bytes]:
+                timeout_s: float = REDIS_START_TIMEOUT_S,
+                appendfsync: str | None = None) -> subprocess.Popen[bytes]:
     """Start a ``redis-server`` on 127.0.0.1:``port`` with data and log in ``data_dir`` and
     wait until it answers. ``persist``: AOF on with ``deploy/redis.conf``; else nothing is
-    written to disk (tests, benchmarks). The server runs in its own session, so a Ctrl-C on
-    the terminal does not reach it before its clients are stopped.
+    written to disk (tests, benchmarks). ``appendfsync`` (with ``persist``): ``always``,
+    ``everysec`` or ``no`` instead of the config file's (``everysec``); see README "Running in
+    production / failures" for what each mode keeps when Redis dies. The server runs in its
+    own session, so a Ctrl-C on the terminal does not reach it before its clients are stopped.
 
     Raises:
         SowError: redis-server is not installed, or it did not answer within ``timeout_s``
@@ -75,7 +78,7 @@ def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
         "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d.resolve()),
         "--appendonly", "yes" if persist else "no", "--save", "", "--daemonize", "no",
         "--maxmemory-policy", "noeviction", "--logfile", str((d / "redis.log").resolve()),
-    ]
+    ] + (["--appendfsync", appendfsync] if persist and appendfsync else [])
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"

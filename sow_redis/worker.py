@@ -39,6 +39,7 @@ from rq.exceptions import StopRequested
 from .connection import Client, Pipeline, connect
 from .jobs import HOST, owner_dead, sweep
 from .logs import fields
+from .outage import reporter
 from .safejob import SERIALIZER, SowJob
 from .settings import QUEUE_NAME, Settings
 
@@ -78,7 +79,8 @@ def sow_queue(r: Client) -> Queue:
 
 
 def wait_for_redis(r: Client, stop: threading.Event) -> bool:
-    """Ping ``r`` until it answers, with capped exponential backoff, logging each failure.
+    """Ping ``r`` until it answers, with capped exponential backoff; the outage is logged
+    once (:func:`sow_redis.outage.reporter` ``worker``), not per retry.
 
     Returns:
         True when Redis answers; False when ``stop`` was set first.
@@ -87,10 +89,10 @@ def wait_for_redis(r: Client, stop: threading.Event) -> bool:
     while not stop.is_set():
         try:
             r.ping()
+            OUTAGE.answered()
             return True
         except REDIS_DOWN as exc:
-            log.warning("redis unreachable (%s); retry in %.1f s", exc, pause,
-                        extra=fields("redis_unreachable", retry_s=pause))
+            OUTAGE.failed(exc)
         stop.wait(pause)
         pause = min(BACKOFF_MAX_S, pause * 2)
     return False
@@ -215,7 +217,8 @@ class SowWorker(SimpleWorker):
             self.register_death()
         except REDIS_DOWN as exc:
             self.lost_connection = True
-            log.warning("worker %s: could not register its death (%s)", self.name, exc)
+            OUTAGE.failed(exc)
+            log.debug("worker %s: could not register its death (%s)", self.name, exc)
         if self.pubsub_thread is not None:
             try:
                 self.pubsub.unsubscribe()  # wakes the thread up
@@ -226,6 +229,36 @@ class SowWorker(SimpleWorker):
             if not self.pubsub_thread.is_alive():
                 self.pubsub.close()
             self.pubsub_thread = None
+
+
+OUTAGE = reporter("worker")
+"""The worker process's outage reporter: one line per Redis outage (rq loop, sweeper, jobs)."""
+
+
+class _RqOutageFilter(logging.Filter):
+    """Drops rq's per-retry lines about an unreachable Redis ("could not connect to Redis
+    instance … retrying", "Redis connection timeout", a traceback of a connection error) and
+    notes the outage in :data:`OUTAGE` instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, REDIS_DOWN):
+            OUTAGE.failed(exc)
+            return False
+        msg = str(record.msg)
+        if "could not connect to Redis instance" in msg or "Redis connection timeout" in msg:
+            args = record.args if isinstance(record.args, tuple) else ()
+            err = next((a for a in args if isinstance(a, BaseException)), None)
+            OUTAGE.failed(err or RedisConnectionError(record.getMessage()))
+            return False
+        return True
+
+
+def _quiet_rq_outages() -> None:
+    """Route rq's outage lines through :data:`OUTAGE` (once per process)."""
+    rq_log = logging.getLogger("rq.worker")
+    if not any(isinstance(f, _RqOutageFilter) for f in rq_log.filters):
+        rq_log.addFilter(_RqOutageFilter())
 
 
 class Sweeper(threading.Thread):
@@ -254,10 +287,11 @@ class Sweeper(threading.Thread):
             try:
                 self.loop()
                 pause = self.settings.sweep_interval_s
+                OUTAGE.answered()
             except REDIS_DOWN as exc:
                 pause = BACKOFF_MIN_S if not self.recover else min(BACKOFF_MAX_S, pause * 2)
                 self.recover = True
-                log.warning("sweeper: redis unreachable (%s); retry in %.1f s", exc, pause)
+                OUTAGE.failed(exc)
             except Exception:
                 log.exception("sweeper failed; retrying")
 
@@ -282,6 +316,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     r = connect(settings.redis_url)
     stop = threading.Event()
     _on_signals(stop)
+    _quiet_rq_outages()
     wname = worker_name(name)
     if burst:
         r.ping()
@@ -308,7 +343,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
                 worked = worker.work(burst=burst, logging_level="WARNING") or worked
                 down = worker.lost_connection
             except REDIS_DOWN as exc:
-                log.warning("worker %s: redis unreachable (%s)", wname, exc)
+                OUTAGE.failed(exc)
                 down = True
             finally:
                 _on_signals(stop)
@@ -318,7 +353,8 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
                 break
             # rq quit its loop (a lost connection, or an error it logged): start it again
             pause = BACKOFF_MIN_S if time.monotonic() - started >= HEALTHY_S else pause
-            log.warning("worker %s: work loop ended; restarting in %.1f s", wname, pause)
+            log.log(logging.DEBUG if down else logging.WARNING,
+                    "worker %s: work loop ended; restarting in %.1f s", wname, pause)
             if stop.wait(pause) or not wait_for_redis(r, stop):
                 break
             pause = min(BACKOFF_MAX_S, pause * 2)

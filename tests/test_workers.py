@@ -14,9 +14,7 @@ from redis import Redis
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.errors import FencedError
 from sow_redis.publisher import append, wait_applied
-from sow_redis.scripts import Scripts
 
 
 def make_topic(url, name, partitions=8):
@@ -69,63 +67,6 @@ def test_publish_wait_is_read_your_writes_with_two_workers(url, r, topic_name):
             w.send_signal(signal.SIGTERM)
         for w in workers:
             assert w.wait(timeout=30) == 0
-
-
-def test_killed_worker_loses_and_duplicates_nothing(url, r, topic_name):
-    n, nkeys = 60_000, 5_000
-    sow = make_topic(url, topic_name, partitions=4)
-    t = sow.topic(topic_name)
-    sub = sow.subscribe(topic_name)
-    res = append(r, t, (("publish", m, None) for m in messages(n, nkeys)))
-    assert res.published == n
-    a = start_worker(url, "--name", "victim")
-    try:
-        deadline = time.monotonic() + 60
-        while seq_total(r, topic_name, 4) < n // 10:
-            assert time.monotonic() < deadline, "first worker applied nothing"
-            time.sleep(0.01)
-        a.send_signal(signal.SIGKILL)  # no warm shutdown: lease and job marker are left behind
-        a.wait(timeout=10)
-        applied_at_kill = seq_total(r, topic_name, 4)
-        assert applied_at_kill < n, "worker finished before it was killed; raise n"
-        b = start_worker(url, "--name", "rescuer")
-        try:
-            wait_applied(r, t, res.last_ids, timeout_s=120)
-        finally:
-            b.send_signal(signal.SIGTERM)
-            b.wait(timeout=30)
-    finally:
-        if a.poll() is None:
-            a.kill()
-    # exactly once: every log entry incremented its partition's change sequence once
-    assert seq_total(r, topic_name, 4) == n
-    got = {x.obj()["id"]: x.obj()["n"] for x in sow.sow(topic_name)}
-    assert got == last_n(n, nkeys)
-    events = 0
-    while sub.get(0.5) is not None:
-        events += 1
-    assert events == n  # one change event per applied entry, none twice
-    sub.close()
-
-
-def test_zombie_worker_is_fenced(url, r, topic_name):
-    sow = make_topic(url, topic_name, partitions=1)
-    t = sow.topic(topic_name)
-    scripts = Scripts(r)
-    lease, state = keys.lease(topic_name, 0), keys.state(topic_name, 0)
-    old = scripts.lease_acquire(lease, state, "zombie", 100)
-    assert scripts.lease_acquire(lease, state, "other", 100) is None
-    time.sleep(0.2)  # the zombie's lease lapses while it is paused
-    new = scripts.lease_acquire(lease, state, "other", 5000)
-    assert new == old + 1
-    append(r, t, [("publish", b'{"id": 1}', None)])
-    from sow_redis.apply import apply_batch
-
-    with pytest.raises(FencedError):
-        apply_batch(r, scripts, t, 0, old, 100)
-    assert sow.sow(topic_name) == []
-    assert apply_batch(r, scripts, t, 0, new, 100)[0] == 1
-    assert [x.obj() for x in sow.sow(topic_name)] == [{"id": 1}]
 
 
 def test_entries_from_any_redis_client_are_picked_up_by_sweep(url, r, topic_name):

@@ -1,0 +1,176 @@
+"""Riding out a Redis outage: report it once, back off, resume (issue 12, "Redis unreachable").
+
+While Redis does not answer (connection refused or lost, a timeout, ``LOADING`` while it reads
+its AOF after a restart), every long-running component retries with a capped exponential
+backoff (its own ``BACKOFF_MIN_S`` / ``BACKOFF_MAX_S``). What it logs goes through one
+:class:`Outage` per component and process (:func:`reporter`): the first failure of an outage
+is one WARNING line (event ``redis_unreachable``), every later failure of the same outage logs
+nothing, and the first success after it is one INFO line (event ``redis_reachable``, with the
+outage's length in seconds). A worker's rq loop, its sweeper thread and its jobs share the
+``worker`` reporter, so a worker process writes one line per outage, not one per retry.
+
+:func:`append_through_outage` is :func:`sow_redis.publisher.append` for a publisher that must
+keep going through an outage (``sow-redis publish --retry-s``, ``Sow(retry_s=…)``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .logs import fields
+
+if TYPE_CHECKING:
+    from .config import TopicConfig
+    from .connection import Client
+    from .publisher import Item, PublishResult
+
+log = logging.getLogger(__name__)
+
+REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+"""Errors that mean Redis does not answer (``BusyLoadingError``, raised while it loads its
+AOF after a restart, is a ``ConnectionError``)."""
+
+BACKOFF_MIN_S = 0.1
+"""First pause in seconds before a publisher sends again; it doubles per failure."""
+
+BACKOFF_MAX_S = 2.0
+"""Longest pause in seconds between two attempts of a publisher."""
+
+RETRY_CHUNK = 1_000
+"""Items :func:`append_through_outage` hands to one :func:`~sow_redis.publisher.append` call
+(the unit sent again after a failure)."""
+
+
+class Outage:
+    """The Redis outages one component of this process sees (thread-safe).
+
+    Args:
+        component: the name in the log lines (``worker``, ``expirer``, ``publisher``).
+
+    Attributes:
+        reported: outages reported so far (one WARNING line each).
+    """
+
+    def __init__(self, component: str):
+        self.component = component
+        self.reported = 0
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        """Whether the last thing noted was a failure."""
+        return self._since is not None
+
+    def failed(self, exc: BaseException) -> bool:
+        """Note a failure to reach Redis; the first of an outage logs one WARNING line.
+
+        Returns:
+            True when this call logged (the outage starts now).
+        """
+        with self._lock:
+            if self._since is not None:
+                return False
+            self._since = time.monotonic()
+            self.reported += 1
+        log.warning("%s: redis unreachable (%s); retrying with backoff, reported once until "
+                    "it answers", self.component, " ".join(str(exc).split()),
+                    extra=fields("redis_unreachable", component=self.component))
+        return True
+
+    def answered(self) -> None:
+        """Note that Redis answered; after an outage, one INFO line with its length."""
+        with self._lock:
+            since, self._since = self._since, None
+        if since is not None:
+            down_s = round(time.monotonic() - since, 1)
+            log.info("%s: redis answers again after %.1f s", self.component, down_s,
+                     extra=fields("redis_reachable", component=self.component, down_s=down_s))
+
+
+T = TypeVar("T")
+
+_reporters: dict[str, Outage] = {}
+_reporters_lock = threading.Lock()
+
+
+def reporter(component: str) -> Outage:
+    """This process's :class:`Outage` of ``component`` (one per name)."""
+    with _reporters_lock:
+        return _reporters.setdefault(component, Outage(component))
+
+
+def call_through_outage(fn: Callable[[], T], retry_s: float, component: str = "publisher") -> T:
+    """``fn()``, called again while Redis does not answer (backoff :data:`BACKOFF_MIN_S`
+    doubling to :data:`BACKOFF_MAX_S`; the outage reported once through :func:`reporter`
+    ``component``) for up to ``retry_s`` seconds. Only for calls that may run twice (reads,
+    ``SET NX``, waits).
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: Redis did not answer for ``retry_s``
+            seconds; whatever ``fn`` raises otherwise.
+    """
+    outage = reporter(component)
+    since: float | None = None
+    pause = BACKOFF_MIN_S
+    while True:
+        try:
+            out = fn()
+        except REDIS_DOWN as exc:
+            now = time.monotonic()
+            since = now if since is None else since
+            if now - since >= retry_s:
+                raise
+            outage.failed(exc)
+            time.sleep(pause)
+            pause = min(BACKOFF_MAX_S, pause * 2)
+            continue
+        outage.answered()
+        return out
+
+
+def append_through_outage(r: Client, topic: TopicConfig, items: Iterable[Item], retry_s: float,
+                          **kwargs: Any) -> PublishResult:
+    """:func:`sow_redis.publisher.append` that rides out a Redis outage of up to ``retry_s``
+    seconds: items go in blocks of :data:`RETRY_CHUNK`; a block that fails because Redis does
+    not answer is sent again after a backoff (:data:`BACKOFF_MIN_S` doubling to
+    :data:`BACKOFF_MAX_S`), the outage reported once (:func:`reporter` ``publisher``).
+
+    Delivery across an outage is at least once: the messages of a block whose connection broke
+    after Redis had appended some of them are appended again. A publish, a delta_publish (the
+    same fields merged again) and a sow_delete give the same SOW when applied twice; a
+    subscriber sees such a message twice.
+
+    Args:
+        r, topic, items, kwargs: as for :func:`~sow_redis.publisher.append` (``start`` counts
+            on across blocks).
+        retry_s: seconds an outage may last before its error is raised.
+
+    Returns:
+        The merged :class:`~sow_redis.publisher.PublishResult` of every block.
+
+    Raises:
+        redis.exceptions.ConnectionError, TimeoutError: Redis did not answer for ``retry_s``
+            seconds (the earlier blocks are in the log); as :func:`append` otherwise.
+    """
+    from .publisher import PublishResult, append
+
+    result = PublishResult()
+    start = kwargs.pop("start", 1)
+    it = iter(items)
+    while True:
+        block = list(itertools.islice(it, RETRY_CHUNK))
+        if not block:
+            return result
+        send = functools.partial(append, r, topic, block, start=start, **kwargs)
+        result.merge(call_through_outage(send, retry_s))
+        start += len(block)
