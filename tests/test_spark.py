@@ -224,3 +224,70 @@ def test_stream_restarted_midway_equals_one_run_and_replays_change_nothing(spark
     each2(df, batches[-1][0])
     assert got[0].appended == 0
     assert sum(int(sow.r.hget(keys.state(streamed, p), "seq") or 0) for p in range(2)) == seq
+
+
+# -- resolve-chains ----------------------------------------------------------------------
+def _chain_tables(sow: Sow, topic: str, partitions: int) -> dict[int, dict[bytes, bytes]]:
+    return {p: sow.r.hgetall(keys.chain(topic, p)) for p in range(partitions)}
+
+
+def _chaining_cfg(name: str) -> str:
+    return (f'[[topic]]\nname = "{name}"\nkey = ["/Doc", "/Parent", "/Related"]\n'
+            'key_domain = "docs"\nkey_generator = { type = "chaining", validation = true }\n'
+            'partition_by = ["/g"]\npartitions = 2\n')
+
+
+def test_resolve_chains_equals_the_workers_on_random_chains_with_conflicts(spark, url,
+                                                                         topic_name, tmp_path):
+    """Random chains (deep, branching, with messages joining two chains, whose rejection
+    changes how later messages resolve): pointer jumping gives the workers' table."""
+    import random
+
+    from sow_redis.spark.chains import resolve_chains
+    from sow_redis.spark.load import load
+
+    rnd = random.Random(11)
+    msgs, seen = [], {0: [], 1: []}
+    for i in range(300):
+        g = rnd.randrange(2)
+        m: dict = {"g": g, "i": i}
+        if rnd.random() < 0.8:
+            m["Doc"] = f"d{i}" if rnd.random() < 0.9 or not seen[g] else rnd.choice(seen[g])
+        if seen[g] and rnd.random() < 0.7:
+            m["Parent"] = rnd.choice(seen[g][-40:])
+        elif rnd.random() < 0.1:
+            m["Parent"] = f"ext{i}"  # a parent never seen: it heads a new chain
+        if seen[g] and rnd.random() < 0.06:
+            m["Related"] = rnd.choice(seen[g])  # often a second chain: a conflict
+        if not any(k in m for k in ("Doc", "Parent", "Related")):
+            m["Doc"] = f"d{i}"
+        seen[g] += [m[k] for k in ("Doc", "Parent") if k in m]
+        msgs.append(m)
+    src = tmp_path / "docs.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(m) + b"\n" for m in msgs))
+    sow = Sow(url, inline=True)
+    resolved, published = topic_name + "_rc", topic_name + "_cli"
+    sow.apply_config(_chaining_cfg(resolved) + _chaining_cfg(published))
+    pub = append(sow.r, sow.topic(published), (("publish", orjson.dumps(m), None) for m in msgs))
+    sow.handoff(published, pub.last_ids)
+    res = resolve_chains(spark, url, sow.topic(resolved), [str(src)])
+    workers = _chain_tables(sow, published, 2)
+    errors = sow.errors(published, count=10_000)
+    print(f"resolve-chains: {res.messages} messages, {res.ids} ids, {res.chains} chains, "
+          f"rounds per pass {res.rounds}, {len(res.conflicts)} conflicts; workers: "
+          f"{sum(len(t) for t in workers.values())} ids, {len(errors)} two_chains errors")
+    assert _chain_tables(sow, resolved, 2) == workers
+    assert res.ids == res.written == sum(len(t) for t in workers.values())
+    assert len(res.conflicts) == len(errors) > 3 and {e["reason"] for e in errors} == {
+        "two_chains"}
+    assert len(res.rounds) > 1  # a rejected message changed later resolutions
+    conflict_docs = sorted(orjson.loads(e["data"])["i"] for e in errors)
+    assert sorted(msgs[c["order"]]["i"] for c in res.conflicts) == conflict_docs
+    assert all(len(c["heads"]) >= 2 for c in res.conflicts)
+    # the load on the resolved table: the same SOW, the same errors, no new table entries
+    got = load(spark, url, sow.topic(resolved), [str(src)])
+    assert got.chains is not None and got.chains.ids == 0
+    assert _records(sow, resolved) == _records(sow, published)
+    assert _chain_tables(sow, resolved, 2) == workers
+    assert sorted(orjson.loads(e["data"])["i"] for e in sow.errors(resolved, count=10_000)) == (
+        conflict_docs)

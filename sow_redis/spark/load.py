@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import TopicConfig
+from .chains import ChainResult
 
 TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
 
@@ -32,13 +33,15 @@ TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
 class LoadResult:
     """What a load did: rows read, entries appended (already appended ones not counted again),
     rows rejected (in the topic's error stream), FIX session messages skipped, entries
-    applied by the load's tasks."""
+    applied by the load's tasks; on a chaining topic, the chain resolution that preceded the
+    appends."""
 
     rows: int = 0
     appended: int = 0
     rejected: int = 0
     skipped: int = 0
     applied: int = 0
+    chains: ChainResult | None = None
 
 
 def input_format(inputs: list[str], fmt: str | None) -> str:
@@ -123,20 +126,11 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
     yield out
 
 
-def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str | None = None,
-         order_by: list[str] | None = None, load_id: str | None = None,
-         batch_size: int = 5000, apply: bool = True,
-         separator: bytes | None = None) -> LoadResult:
-    """Load ``inputs`` into ``topic`` (see the module docstring).
-
-    Args:
-        fmt: ``json``, ``fix`` or ``parquet`` (default: from the file extensions).
-        order_by: columns (Parquet) or top-level JSON fields giving the publish order
-            (default: input order).
-        load_id: the id of this load for exactly-once appends (default: from the inputs'
-            names, sizes and times: loading the same files again appends nothing).
-        apply: apply each partition in its task (False: leave the entries to the workers).
-        separator: FIX field separator of the input (default: the topic's).
+def input_rows(spark: Any, inputs: list[str], fmt: str | None = None,
+               order_by: list[str] | None = None) -> Any:
+    """Step 1: an RDD of ``(line, order)`` rows of ``inputs`` (JSON text lines; a Parquet
+    row as its JSON object), ``order`` increasing in publish order (input order, or
+    ``order_by`` then input order).
 
     Raises:
         ValueError: the format cannot be told; Spark's AnalysisException for unreadable input.
@@ -156,21 +150,54 @@ def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str |
     df = df.withColumn("_order", F.monotonically_increasing_id())
     if order_by:
         ordered = df.orderBy(*order_by, "_order").select("value").rdd.zipWithIndex()
-        rows = ordered.map(lambda x: (x[0][0], x[1]))
+        return ordered.map(lambda x: (x[0][0], x[1]))
     else:
-        rows = df.select("value", "_order").rdd.map(lambda x: (x[0], x[1]))
+        return df.select("value", "_order").rdd.map(lambda x: (x[0], x[1]))
+
+
+def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str | None = None,
+         order_by: list[str] | None = None, load_id: str | None = None,
+         batch_size: int = 5000, apply: bool = True,
+         separator: bytes | None = None) -> LoadResult:
+    """Load ``inputs`` into ``topic`` (see the module docstring).
+
+    Args:
+        fmt: ``json``, ``fix`` or ``parquet`` (default: from the file extensions).
+        order_by: columns (Parquet) or top-level JSON fields giving the publish order
+            (default: input order).
+        load_id: the id of this load for exactly-once appends (default: from the inputs'
+            names, sizes and times: loading the same files again appends nothing).
+        apply: apply each partition in its task (False: leave the entries to the workers).
+        separator: FIX field separator of the input (default: the topic's).
+
+    Raises:
+        ValueError: the format cannot be told; Spark's AnalysisException for unreadable input.
+    """
+    rows = input_rows(spark, inputs, fmt, order_by)
     lid = load_id or default_load_id(topic.name, inputs)
-    return load_rows(url, topic, rows, lid, batch_size, apply, separator)
+    return load_rows(url, topic, rows, lid, batch_size, apply, separator, spark)
 
 
 def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size: int = 5000,
-              apply: bool = True, separator: bytes | None = None) -> LoadResult:
+              apply: bool = True, separator: bytes | None = None,
+              spark: Any = None) -> LoadResult:
     """Steps 2–4 for an RDD of ``(line, order)`` rows (a file load, or one micro-batch of
-    ``sow-redis spark stream``), appended exactly once under ``load_id``."""
+    ``sow-redis spark stream``), appended exactly once under ``load_id``. On a chaining
+    topic the rows' chains are resolved first (:func:`sow_redis.spark.chains.
+    resolve_prepared`, written to the chain table; ``spark``: the session, default the
+    active one), so the apply path finds every identifier's head in the table."""
     topic_json = topic.to_json()
     prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator)).cache()
+    chains = None
     try:
         n_rows = prepared.count()
+        if topic.chaining:
+            from pyspark.sql import SparkSession
+
+            from .chains import resolve_prepared
+
+            session = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+            chains = resolve_prepared(session, url, topic, prepared)
         skipped = prepared.filter(lambda kv: kv[0] < 0).count()
         keyed = prepared.filter(lambda kv: kv[0] >= 0).partitionBy(topic.partitions,
                                                                     lambda p: p)
@@ -184,4 +211,4 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
         prepared.unpersist()
     return LoadResult(rows=n_rows, appended=sum(c["appended"] for c in counts),
                       rejected=sum(c["rejected"] for c in counts), skipped=skipped,
-                      applied=sum(c["applied"] for c in counts))
+                      applied=sum(c["applied"] for c in counts), chains=chains)
