@@ -1052,7 +1052,8 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
 # -- spark ------------------------------------------------------------------------------
 @main.group()
 def spark() -> None:
-    """The data pipeline on Spark (pyspark, the 'spark' extra): bulk loads into a SOW."""
+    """The data pipeline on Spark (pyspark, the 'spark' extra): bulk loads into a SOW, chain
+    resolution, streaming, snapshots, log archives, rebuilds and SQL."""
 
 
 def _spark_session(master: str) -> Any:
@@ -1104,9 +1105,59 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
                [c.strip() for c in order_by.split(",")] if order_by else None, load_id,
                batch_size, separator=fix_separator(separator) if separator else None)
     took = time.perf_counter() - started
+    if res.chains is not None:
+        click.echo(f"chains: {res.chains.ids} new identifier(s), {len(res.chains.conflicts)} "
+                   f"conflict(s), pointer-jumping rounds per pass {res.chains.rounds}")
     click.echo(f"loaded {res.rows} row(s) into {topic}: appended {res.appended}, applied "
                f"{res.applied}, rejected {res.rejected} (in the error stream), skipped "
                f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
+
+
+@spark.command("resolve-chains")
+@click.option("-t", "--topic", required=True, help="SOW topic with the chaining key generator.")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["json", "fix", "parquet"]),
+              help="Input format (default: from the file extensions).")
+@click.option("--order-by", help="Comma-separated columns / JSON fields giving the publish "
+              "order (default: input order).")
+@click.option("--separator", help="FIX field separator of the input (default: the topic's).")
+@click.option("--dry-run", is_flag=True, help="Resolve and report; write nothing.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...],
+                         fmt: str | None, order_by: str | None, separator: str | None,
+                         dry_run: bool, master: str) -> None:
+    """Resolve every chaining identifier of the inputs to its chain head with pointer
+    jumping (seeds/003), print the rounds and each message that would join two chains, and
+    write the topic's chain table (spark load of a chaining topic does this first).
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark resolve-chains -t fix_orders \\
+          --format fix --separator ';' logs/orders.fix.txt
+    """
+    from .fix import separator as fix_separator
+    from .spark.chains import resolve_chains
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    if not t.chaining:
+        raise click.ClickException(f"topic {topic!r} has no chaining key generator")
+    session = _spark_session(master)
+    started = time.perf_counter()
+    res = resolve_chains(session, sow.url, t, list(inputs), fmt,
+                         [c.strip() for c in order_by.split(",")] if order_by else None,
+                         fix_separator(separator) if separator else None, write=not dry_run)
+    took = time.perf_counter() - started
+    for c in res.conflicts:
+        click.echo(f"conflict: partition {c['partition']}, row {c['order']}: identifiers "
+                   f"{', '.join(c['ids'])} resolve to {len(c['heads'])} chains (heads "
+                   f"{', '.join(c['heads'])}); the workers reject it (two_chains)")
+    click.echo(f"resolved {res.messages} message(s) of {topic}: {res.ids} new identifier(s) in "
+               f"{res.chains} chain(s), {len(res.conflicts)} conflict(s); pointer-jumping "
+               f"rounds per pass {res.rounds}; wrote {res.written} chain-table entr"
+               f"{'y' if res.written == 1 else 'ies'}; {took:.1f} s")
 
 
 @spark.command("stream")

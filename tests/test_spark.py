@@ -5,14 +5,14 @@ a retried task appends nothing twice; bad rows reach the error stream."""
 from __future__ import annotations
 
 import shutil
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ROOT, SHARED, cli_env
+from conftest import ROOT, SHARED
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -108,7 +108,11 @@ def test_a_retried_task_or_a_rerun_appends_nothing_twice(spark, url, topic_name,
         k: max(i for i in range(200) if i % 30 == k) for k in range(30)}
 
 
-def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name):
+def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name, tmp_path):
+    """The FIX logs (cancel/replace chains): the load's chain resolution (resolve-chains, the
+    chain table written before the appends) equals the workers' chain table after each file,
+    and the SOW equals publish record by record; a crafted message joining two chains is
+    reported and rejected like the workers reject it."""
     from sow_redis.spark.load import load
 
     logs = sorted((SHARED / "data" / "fix").glob("*"))
@@ -123,8 +127,15 @@ def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name):
     # one key domain for both, so the two topics generate the same SOW keys
     sow.apply_config(cfg.replace(f'name = "{name}"', f'name = "{loaded}"\nkey_domain = "fx"') +
                      cfg.replace(f'name = "{name}"', f'name = "{published}"\nkey_domain = "fx"'))
-    seps = {"Ireach_test_logs.fix.txt": b";"}
-    for log in logs:  # one file after the other: the order they are published in
+    # a replace naming two orders of the Ireach log that are two chains: seed 003's error
+    crafted = tmp_path / "crafted.fix.txt"
+    crafted.write_text("8=FIX.4.4;35=D;11=CRAFTED-0;55=VOD;54=1;38=7;10=000;\n"
+                       "8=FIX.4.4;35=G;11=CRAFTED-1;41=IREACH_t182_LLOYLN.nx83e.j#a1;55=LLOYLN;"
+                       "54=1;38=8;10=000;\n"
+                       "8=FIX.4.4;35=G;11=CRAFTED-1;41=CRAFTED-0;55=VOD;54=1;38=9;10=000;\n")
+    seps = {"Ireach_test_logs.fix.txt": b";", "crafted.fix.txt": b";"}
+    conflicts = []
+    for log in [*logs, crafted]:  # one file after the other: the order they are published in
         if log.suffix == ".md":
             continue
         sep = seps.get(log.name)
@@ -133,11 +144,26 @@ def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name):
         pub = append(sow.r, sow.topic(published), (("publish", ln, None) for ln in lines),
                      fix_separator=sep)
         sow.handoff(published, pub.last_ids)
+        assert res.chains is not None
+        conflicts += res.chains.conflicts
         print(log.name, res, pub.published, pub.skipped, len(pub.rejected))
         assert (res.appended, res.skipped) == (pub.published, pub.skipped)
+        assert _chain_tables(sow, loaded, 1) == _chain_tables(sow, published, 1)
+        assert res.chains.ids == res.chains.written > 0
     a, b = _records(sow, loaded), _records(sow, published)
-    print(f"FIX: {len(a)} records loaded, {len(b)} published")
+    table = _chain_tables(sow, published, 1)[0]
+    errors = sow.errors(published, count=10_000)
+    print(f"FIX: {len(a)} records loaded, {len(b)} published; {len(table)} chain ids; "
+          f"conflicts {conflicts}")
     assert a == b and len(a) > 100
+    assert len(table) > 1000
+    # CRAFTED-0 heads a chain; CRAFTED-1 replaces an Ireach order (joins that chain); a
+    # replace with 11 CRAFTED-1 and 41 CRAFTED-0 names both chains
+    assert [(c["ids"], len(c["heads"])) for c in conflicts] == [
+        (["CRAFTED-0", "CRAFTED-1"], 2)]
+    assert [orjson.loads(e["data"])["38"] for e in errors if e["reason"] == "two_chains"] == ["9"]
+    assert [orjson.loads(e["data"])["38"] for e in sow.errors(loaded, count=10_000)
+            if e["reason"] == "two_chains"] == ["9"]
 
 
 def test_cli_spark_load(url, topic_name, tmp_path):

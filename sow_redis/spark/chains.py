@@ -107,7 +107,7 @@ def write_table(url: str, topic: str, rows: Iterable[Any]) -> Iterator[int]:
 
     r = connect(url)
     pipe = r.pipeline(transaction=False)
-    pending: dict[int, dict[str, str]] = {}
+    pending: dict[int, dict[Any, Any]] = {}
     n = queued = 0
     for row in rows:
         pending.setdefault(row[0], {})[row[1]] = row[2]
