@@ -1209,7 +1209,9 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
 @_friendly
 def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     """Write a consistent snapshot of a topic to Parquet at OUT: record fields as columns,
-    plus _sow_key, _sow_expiry_ms, _sow_partition and _sow_seq (one task per partition).
+    plus _sow_key, _sow_expiry_ms, _sow_partition, _sow_seq and _sow_cursor (the sequence and
+    applied cursor each partition is consistent with) and the exact record (_sow_data,
+    _sow_record_seq, _sow_stream_id) for 'spark rebuild'; one task per partition.
 
     \b
     Example:
@@ -1222,6 +1224,68 @@ def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     session = _spark_session(master)
     n = export(session, sow.url, t, out)
     click.echo(f"exported {n} record(s) of {topic} to {out}")
+
+
+@spark.command("archive")
+@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.argument("out")
+@click.option("--trim", is_flag=True, help="Then remove from each partition log the entries "
+              "archived and already applied (never an unapplied one).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_archive(ctx: click.Context, topic: str, out: str, trim: bool, master: str) -> None:
+    """Write a topic's transaction log (OUT/log) and change feed (OUT/changes) to Parquet,
+    one Spark task per partition; --trim then removes the archived, applied log entries.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark archive -t flights out/arch --trim
+    """
+    from .spark.archive import archive
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    session = _spark_session(master)
+    res = archive(session, sow.url, t, out, trim)
+    click.echo(f"archived {res.entries} log entr{'y' if res.entries == 1 else 'ies'} and "
+               f"{res.changes} change(s) of {topic} to {out}"
+               + (f"; trimmed {res.trimmed} applied entr{'y' if res.trimmed == 1 else 'ies'}"
+                  if trim else ""))
+
+
+@spark.command("rebuild")
+@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.option("--from", "snapshot", required=True, help="A 'spark export' folder.")
+@click.option("--log", "archive_dir", help="A 'spark archive' folder: its log entries after "
+              "the snapshot are applied (with the live log's).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: str | None,
+                  master: str) -> None:
+    """Rebuild a topic's SOW from a snapshot (spark export) plus the archived and the live
+    log entries after each partition's snapshot cursor, through the workers' apply path
+    (each partition under its lease; stop the topic's workers first or they are waited for).
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark rebuild -t flights \\
+          --from out/snap --log out/arch
+    """
+    from .spark.archive import rebuild
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    session = _spark_session(master)
+    try:
+        res = rebuild(session, sow.url, t, snapshot, archive_dir)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"rebuilt {topic}: restored {res.restored} record(s) from {snapshot}, replayed "
+               f"{res.archived} archived and {res.live} live log entr"
+               f"{'y' if res.live == 1 else 'ies'} ({res.applied} applied); {res.records} "
+               "record(s) now")
 
 
 @spark.command("sql")
