@@ -1151,7 +1151,7 @@ def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...]
                          fix_separator(separator) if separator else None, write=not dry_run)
     took = time.perf_counter() - started
     for c in res.conflicts:
-        click.echo(f"conflict: partition {c['partition']}, row {c['order']}: identifiers "
+        click.echo(f"conflict: partition {c['partition']}: a message with identifiers "
                    f"{', '.join(c['ids'])} resolve to {len(c['heads'])} chains (heads "
                    f"{', '.join(c['heads'])}); the workers reject it (two_chains)")
     click.echo(f"resolved {res.messages} message(s) of {topic}: {res.ids} new identifier(s) in "

@@ -55,7 +55,8 @@ class ChainResult:
         written: chain-table entries written.
         rounds: pointer-jumping rounds of each pass (one pass per conflict-removal step).
         conflicts: messages that would join two chains: ``{"partition", "order", "ids",
-            "heads"}`` (order = the row's position in the load order).
+            "heads"}`` (order = the row's key in the load order: increasing, not a line
+            number).
     """
 
     messages: int = 0
