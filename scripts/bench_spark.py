@@ -174,6 +174,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, help="Use the first N flights (default: all).")
     ap.add_argument("--data", default=str(ROOT / ".sow-redis" / "data"),
                     help="Folder of the exported flights (default: .sow-redis/data).")
+    ap.add_argument("--input", help="A JSON Lines file of flights-like rows (a /tailnum, "
+                    "/carrier and /origin each) to use instead of the NYC flights.")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="Workers of the CLI path.")
     ap.add_argument("--master", default="local[*]", help="Spark master of the load.")
@@ -191,7 +193,12 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    path, n = flights_file(Path(args.data), args.rows)
+    if args.input:
+        path = Path(args.input)
+        with open(path, "rb") as fh:
+            n = sum(1 for _ in fh)
+    else:
+        path, n = flights_file(Path(args.data), args.rows)
     size = path.stat().st_size
     console.print(f"flights: {n:,} rows, {size / 1e6:.1f} MB ({path})")
     spark = None
