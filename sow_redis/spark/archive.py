@@ -204,8 +204,8 @@ def archive(spark: Any, url: str, topic: TopicConfig, out: str, trim: bool = Fal
             upto = cursor if compare(cursor, last) < 0 else last
             if upto == "0-0":
                 continue
-            # MINID: entries below it go; LIMIT 0 lifts the cap exact trims do not have anyway
-            trimmed += int(r.xtrim(keys.log(name, p), minid=_next_id(upto)))
+            # exact MINID: every entry below it goes (an approximate trim stops at node bounds)
+            trimmed += int(r.xtrim(keys.log(name, p), minid=_next_id(upto), approximate=False))
     return ArchiveResult(entries=n, changes=n_changes, trimmed=trimmed)
 
 
