@@ -388,3 +388,16 @@ def test_export_archive_wipe_rebuild_gives_the_same_sow(spark, url, topic_name, 
             assert after[p][what] == before[p][what], (p, what)
     assert sow.sow(topic_name, "/colour = 'black'") and not sow.sow(topic_name,
                                                                       "/colour = 'green'")
+
+
+def test_cli_resolve_chains_on_a_plain_topic_is_one_line(url, topic_name, tmp_path):
+    from conftest import run_cli
+
+    Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"k": 1}\n')
+    out = run_cli(url, "spark", "resolve-chains", "-t", topic_name, str(src), check=False)
+    err = out.stderr.decode().strip().splitlines()
+    print(err)
+    assert out.returncode == 1 and err == [
+        f"Error: topic '{topic_name}' has no chaining key generator"]
