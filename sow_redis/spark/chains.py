@@ -29,7 +29,10 @@ heads stored there, so a load on top of earlier data resolves like the workers w
 The result is written to the chain table (:func:`sow_redis.keys.chain`, one hash per
 partition; entries already there are left as they are). ``sow-redis spark load`` on a
 chaining topic runs this first, so the workers' apply path finds every identifier of the load
-in the table (one HMGET per batch) and writes no new links.
+in the table (one HMGET per batch) and writes no new links. The table holds the load's chains
+before its messages are applied: a message published meanwhile by another publisher that
+names an identifier of the load resolves as if the load came first. Load a chaining topic
+while nothing else publishes to the same chains.
 """
 
 from __future__ import annotations
