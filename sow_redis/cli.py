@@ -1071,7 +1071,8 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
 # -- spark ------------------------------------------------------------------------------
 @main.group()
 def spark() -> None:
-    """The data pipeline on Spark (pyspark, the 'spark' extra): bulk loads into a SOW."""
+    """The data pipeline on Spark (pyspark, the 'spark' extra): bulk loads into a SOW, chain
+    resolution, streaming, snapshots, log archives, rebuilds and SQL."""
 
 
 def _spark_session(master: str) -> Any:
@@ -1123,9 +1124,59 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
                [c.strip() for c in order_by.split(",")] if order_by else None, load_id,
                batch_size, separator=fix_separator(separator) if separator else None)
     took = time.perf_counter() - started
+    if res.chains is not None:
+        click.echo(f"chains: {res.chains.ids} new identifier(s), {len(res.chains.conflicts)} "
+                   f"conflict(s), pointer-jumping rounds per pass {res.chains.rounds}")
     click.echo(f"loaded {res.rows} row(s) into {topic}: appended {res.appended}, applied "
                f"{res.applied}, rejected {res.rejected} (in the error stream), skipped "
                f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
+
+
+@spark.command("resolve-chains")
+@click.option("-t", "--topic", required=True, help="SOW topic with the chaining key generator.")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(["json", "fix", "parquet"]),
+              help="Input format (default: from the file extensions).")
+@click.option("--order-by", help="Comma-separated columns / JSON fields giving the publish "
+              "order (default: input order).")
+@click.option("--separator", help="FIX field separator of the input (default: the topic's).")
+@click.option("--dry-run", is_flag=True, help="Resolve and report; write nothing.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...],
+                         fmt: str | None, order_by: str | None, separator: str | None,
+                         dry_run: bool, master: str) -> None:
+    """Resolve every chaining identifier of the inputs to its chain head with pointer
+    jumping (seeds/003), print the rounds and each message that would join two chains, and
+    write the topic's chain table (spark load of a chaining topic does this first).
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark resolve-chains -t fix_orders \\
+          --format fix --separator ';' logs/orders.fix.txt
+    """
+    from .fix import separator as fix_separator
+    from .spark.chains import resolve_chains
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    if not t.chaining:
+        raise click.ClickException(f"topic {topic!r} has no chaining key generator")
+    session = _spark_session(master)
+    started = time.perf_counter()
+    res = resolve_chains(session, sow.url, t, list(inputs), fmt,
+                         [c.strip() for c in order_by.split(",")] if order_by else None,
+                         fix_separator(separator) if separator else None, write=not dry_run)
+    took = time.perf_counter() - started
+    for c in res.conflicts:
+        click.echo(f"conflict: partition {c['partition']}: a message with identifiers "
+                   f"{', '.join(c['ids'])} resolve to {len(c['heads'])} chains (heads "
+                   f"{', '.join(c['heads'])}); the workers reject it (two_chains)")
+    click.echo(f"resolved {res.messages} message(s) of {topic}: {res.ids} new identifier(s) in "
+               f"{res.chains} chain(s), {len(res.conflicts)} conflict(s); pointer-jumping "
+               f"rounds per pass {res.rounds}; wrote {res.written} chain-table entr"
+               f"{'y' if res.written == 1 else 'ies'}; {took:.1f} s")
 
 
 @spark.command("stream")
@@ -1177,7 +1228,9 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
 @_friendly
 def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     """Write a consistent snapshot of a topic to Parquet at OUT: record fields as columns,
-    plus _sow_key, _sow_expiry_ms, _sow_partition and _sow_seq (one task per partition).
+    plus _sow_key, _sow_expiry_ms, _sow_partition, _sow_seq and _sow_cursor (the sequence and
+    applied cursor each partition is consistent with) and the exact record (_sow_data,
+    _sow_record_seq, _sow_stream_id) for 'spark rebuild'; one task per partition.
 
     \b
     Example:
@@ -1190,6 +1243,68 @@ def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     session = _spark_session(master)
     n = export(session, sow.url, t, out)
     click.echo(f"exported {n} record(s) of {topic} to {out}")
+
+
+@spark.command("archive")
+@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.argument("out")
+@click.option("--trim", is_flag=True, help="Then remove from each partition log the entries "
+              "archived and already applied (never an unapplied one).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_archive(ctx: click.Context, topic: str, out: str, trim: bool, master: str) -> None:
+    """Write a topic's transaction log (OUT/log) and change feed (OUT/changes) to Parquet,
+    one Spark task per partition; --trim then removes the archived, applied log entries.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark archive -t flights out/arch --trim
+    """
+    from .spark.archive import archive
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    session = _spark_session(master)
+    res = archive(session, sow.url, t, out, trim)
+    click.echo(f"archived {res.entries} log entr{'y' if res.entries == 1 else 'ies'} and "
+               f"{res.changes} change(s) of {topic} to {out}"
+               + (f"; trimmed {res.trimmed} applied entr{'y' if res.trimmed == 1 else 'ies'}"
+                  if trim else ""))
+
+
+@spark.command("rebuild")
+@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.option("--from", "snapshot", required=True, help="A 'spark export' folder.")
+@click.option("--log", "archive_dir", help="A 'spark archive' folder: its log entries after "
+              "the snapshot are applied (with the live log's).")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.pass_context
+@_friendly
+def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: str | None,
+                  master: str) -> None:
+    """Rebuild a topic's SOW from a snapshot (spark export) plus the archived and the live
+    log entries after each partition's snapshot cursor, through the workers' apply path
+    (each partition under its lease; stop the topic's workers first or they are waited for).
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark rebuild -t flights \\
+          --from out/snap --log out/arch
+    """
+    from .spark.archive import rebuild
+
+    sow = _sow(ctx)
+    t = sow.topic(topic)
+    session = _spark_session(master)
+    try:
+        res = rebuild(session, sow.url, t, snapshot, archive_dir)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"rebuilt {topic}: restored {res.restored} record(s) from {snapshot}, replayed "
+               f"{res.archived} archived and {res.live} live log entr"
+               f"{'y' if res.live == 1 else 'ies'} ({res.applied} applied); {res.records} "
+               "record(s) now")
 
 
 @spark.command("sql")

@@ -183,15 +183,10 @@ class Scripts:
             ``(entries appended, last stream id)``; ``(-1, "")`` when the batch was appended
             before.
         """
-        argv: list[Any] = [marker, len(entries), len(rejects)]
-        for fields in entries:
-            argv.append(len(fields))
-            for name, value in fields.items():
-                argv += (name, value)
-        for reason, detail, data in rejects:
-            argv += (reason, detail, data)
+        packed = msgpack.packb([[[x for kv in fields.items() for x in kv] for fields in entries],
+                                [list(rej) for rej in rejects]], use_bin_type=False)
         n, last = self.call("load_batch", [keys.log(topic, p), keys.loads(topic, p),
-                                           keys.errors(topic)], argv)
+                                           keys.errors(topic)], [marker, packed])
         return int(n), last.decode() if isinstance(last, bytes) else last
 
     def lease_acquire(self, lease_key: str, state_key: str, owner: str, ms: int) -> int | None:

@@ -59,3 +59,31 @@ def test_bench_latency_measures_every_variant_and_the_replay(tmp_path: Path) -> 
     assert all(row["received"] == row["sent"] == 500 for row in data["rows"])
     assert data["replay"]["events"] == 3000
     assert "p99 ÷ raw" in proc.stdout.decode()
+
+
+def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    if shutil.which("java") is None:
+        pytest.skip("no Java runtime")
+    src = tmp_path / "flights.jsonl"
+    rows = [{"tailnum": f"N{i % 300}", "carrier": "AB"[i % 2], "origin": "XYZ"[i % 3],
+             "dep_delay": i % 17} for i in range(3000)]
+    rows[7] = {"carrier": "A", "origin": "X"}  # no tailnum: rejected on both paths
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "spark.json"
+    proc = _run("bench_spark.py", "--input", str(src), "--partitions", "2", "--workers", "1",
+                "--master", "local[2]", "--json", str(out), timeout=300)
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
+    res = json.loads(out.read_bytes())
+    print(res["summary"], res["spark_start"])
+    assert res["verified"] is True
+    assert res["verify"]["records"] == res["verify"]["records_spark"] == 300
+    assert res["verify"]["cli_rejected"] == res["spark"]["result"]["rejected"] == 1
+    assert res["spark"]["result"]["appended"] == res["spark"]["result"]["applied"] == 2999
+    assert [r["path"] for r in res["summary"]] == [
+        "cli publish + 1 workers", "spark load", "spark load incl. start-up"]
+    assert res["spark_start"]["session_s"] > 0 and res["spark_start"]["first_job_s"] > 0

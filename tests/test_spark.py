@@ -5,14 +5,14 @@ a retried task appends nothing twice; bad rows reach the error stream."""
 from __future__ import annotations
 
 import shutil
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ROOT, SHARED, cli_env
+from conftest import ROOT, SHARED
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -108,7 +108,11 @@ def test_a_retried_task_or_a_rerun_appends_nothing_twice(spark, url, topic_name,
         k: max(i for i in range(200) if i % 30 == k) for k in range(30)}
 
 
-def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name):
+def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name, tmp_path):
+    """The FIX logs (cancel/replace chains): the load's chain resolution (resolve-chains, the
+    chain table written before the appends) equals the workers' chain table after each file,
+    and the SOW equals publish record by record; a crafted message joining two chains is
+    reported and rejected like the workers reject it."""
     from sow_redis.spark.load import load
 
     logs = sorted((SHARED / "data" / "fix").glob("*"))
@@ -123,8 +127,15 @@ def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name):
     # one key domain for both, so the two topics generate the same SOW keys
     sow.apply_config(cfg.replace(f'name = "{name}"', f'name = "{loaded}"\nkey_domain = "fx"') +
                      cfg.replace(f'name = "{name}"', f'name = "{published}"\nkey_domain = "fx"'))
-    seps = {"Ireach_test_logs.fix.txt": b";"}
-    for log in logs:  # one file after the other: the order they are published in
+    # a replace naming two orders of the Ireach log that are two chains: seed 003's error
+    crafted = tmp_path / "crafted.fix.txt"
+    crafted.write_text("8=FIX.4.4;35=D;11=CRAFTED-0;55=VOD;54=1;38=7;10=000;\n"
+                       "8=FIX.4.4;35=G;11=CRAFTED-1;41=IREACH_t182_LLOYLN.nx83e.j#a1;55=LLOYLN;"
+                       "54=1;38=8;10=000;\n"
+                       "8=FIX.4.4;35=G;11=CRAFTED-1;41=CRAFTED-0;55=VOD;54=1;38=9;10=000;\n")
+    seps = {"Ireach_test_logs.fix.txt": b";", "crafted.fix.txt": b";"}
+    conflicts = []
+    for log in [*logs, crafted]:  # one file after the other: the order they are published in
         if log.suffix == ".md":
             continue
         sep = seps.get(log.name)
@@ -133,11 +144,26 @@ def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name):
         pub = append(sow.r, sow.topic(published), (("publish", ln, None) for ln in lines),
                      fix_separator=sep)
         sow.handoff(published, pub.last_ids)
+        assert res.chains is not None
+        conflicts += res.chains.conflicts
         print(log.name, res, pub.published, pub.skipped, len(pub.rejected))
         assert (res.appended, res.skipped) == (pub.published, pub.skipped)
+        assert _chain_tables(sow, loaded, 1) == _chain_tables(sow, published, 1)
+        assert res.chains.ids == res.chains.written > 0
     a, b = _records(sow, loaded), _records(sow, published)
-    print(f"FIX: {len(a)} records loaded, {len(b)} published")
+    table = _chain_tables(sow, published, 1)[0]
+    errors = sow.errors(published, count=10_000)
+    print(f"FIX: {len(a)} records loaded, {len(b)} published; {len(table)} chain ids; "
+          f"conflicts {conflicts}")
     assert a == b and len(a) > 100
+    assert len(table) > 1000
+    # CRAFTED-0 heads a chain; CRAFTED-1 replaces an Ireach order (joins that chain); a
+    # replace with 11 CRAFTED-1 and 41 CRAFTED-0 names both chains
+    assert [(c["ids"], len(c["heads"])) for c in conflicts] == [
+        (["CRAFTED-0", "CRAFTED-1"], 2)]
+    assert [orjson.loads(e["data"])["38"] for e in errors if e["reason"] == "two_chains"] == ["9"]
+    assert [orjson.loads(e["data"])["38"] for e in sow.errors(loaded, count=10_000)
+            if e["reason"] == "two_chains"] == ["9"]
 
 
 def test_cli_spark_load(url, topic_name, tmp_path):
@@ -224,3 +250,154 @@ def test_stream_restarted_midway_equals_one_run_and_replays_change_nothing(spark
     each2(df, batches[-1][0])
     assert got[0].appended == 0
     assert sum(int(sow.r.hget(keys.state(streamed, p), "seq") or 0) for p in range(2)) == seq
+
+
+# -- resolve-chains ----------------------------------------------------------------------
+def _chain_tables(sow: Sow, topic: str, partitions: int) -> dict[int, dict[bytes, bytes]]:
+    return {p: sow.r.hgetall(keys.chain(topic, p)) for p in range(partitions)}
+
+
+def _chaining_cfg(name: str) -> str:
+    return (f'[[topic]]\nname = "{name}"\nkey = ["/Doc", "/Parent", "/Related"]\n'
+            'key_domain = "docs"\nkey_generator = { type = "chaining", validation = true }\n'
+            'partition_by = ["/g"]\npartitions = 2\n')
+
+
+def test_resolve_chains_equals_the_workers_on_random_chains_with_conflicts(spark, url,
+                                                                         topic_name, tmp_path):
+    """Random chains (deep, branching, with messages joining two chains, whose rejection
+    changes how later messages resolve): pointer jumping gives the workers' table."""
+    import random
+
+    from sow_redis.spark.chains import resolve_chains
+    from sow_redis.spark.load import load
+
+    rnd = random.Random(11)
+    msgs, seen = [], {0: [], 1: []}
+    for i in range(300):
+        g = rnd.randrange(2)
+        m: dict = {"g": g, "i": i}
+        if rnd.random() < 0.8:
+            m["Doc"] = f"d{i}" if rnd.random() < 0.9 or not seen[g] else rnd.choice(seen[g])
+        if seen[g] and rnd.random() < 0.7:
+            m["Parent"] = rnd.choice(seen[g][-40:])
+        elif rnd.random() < 0.1:
+            m["Parent"] = f"ext{i}"  # a parent never seen: it heads a new chain
+        if seen[g] and rnd.random() < 0.06:
+            m["Related"] = rnd.choice(seen[g])  # often a second chain: a conflict
+        if not any(k in m for k in ("Doc", "Parent", "Related")):
+            m["Doc"] = f"d{i}"
+        seen[g] += [m[k] for k in ("Doc", "Parent") if k in m]
+        msgs.append(m)
+    src = tmp_path / "docs.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(m) + b"\n" for m in msgs))
+    sow = Sow(url, inline=True)
+    resolved, published = topic_name + "_rc", topic_name + "_cli"
+    sow.apply_config(_chaining_cfg(resolved) + _chaining_cfg(published))
+    pub = append(sow.r, sow.topic(published), (("publish", orjson.dumps(m), None) for m in msgs))
+    sow.handoff(published, pub.last_ids)
+    res = resolve_chains(spark, url, sow.topic(resolved), [str(src)])
+    workers = _chain_tables(sow, published, 2)
+    errors = sow.errors(published, count=10_000)
+    print(f"resolve-chains: {res.messages} messages, {res.ids} ids, {res.chains} chains, "
+          f"rounds per pass {res.rounds}, {len(res.conflicts)} conflicts; workers: "
+          f"{sum(len(t) for t in workers.values())} ids, {len(errors)} two_chains errors")
+    assert _chain_tables(sow, resolved, 2) == workers
+    assert res.ids == res.written == sum(len(t) for t in workers.values())
+    assert len(res.conflicts) == len(errors) > 3 and {e["reason"] for e in errors} == {
+        "two_chains"}
+    assert len(res.rounds) > 1  # a rejected message changed later resolutions
+    def idents(data: bytes) -> list[str]:  # secondary values, then the primary (deduplicated)
+        m = orjson.loads(data)
+        return list(dict.fromkeys(m[k] for k in ("Parent", "Related", "Doc") if k in m))
+
+    conflict_docs = sorted(orjson.loads(e["data"])["i"] for e in errors)
+    assert sorted(c["ids"] for c in res.conflicts) == sorted(idents(e["data"]) for e in errors)
+    assert all(len(c["heads"]) >= 2 for c in res.conflicts)
+    # the load on the resolved table: the same SOW, the same errors, no new table entries
+    got = load(spark, url, sow.topic(resolved), [str(src)])
+    assert got.chains is not None and got.chains.ids == 0
+    assert _records(sow, resolved) == _records(sow, published)
+    assert _chain_tables(sow, resolved, 2) == workers
+    assert sorted(orjson.loads(e["data"])["i"] for e in sow.errors(resolved, count=10_000)) == (
+        conflict_docs)
+
+
+# -- archive and rebuild -----------------------------------------------------------------
+def _exact_state(sow: Sow, topic: str, partitions: int, n_indexes: int) -> dict:
+    out = {}
+    for p in range(partitions):
+        out[p] = {
+            "records": sow.r.hgetall(keys.records(topic, p)),
+            "expiry": sow.r.zrange(keys.expiry(topic, p), 0, -1, withscores=True),
+            "ixm": sow.r.hgetall(keys.index_members(topic, p)),
+            "idx": [sow.r.zrange(keys.index(topic, p, j), 0, -1) for j in range(n_indexes)],
+            "seq": sow.r.hget(keys.state(topic, p), "seq"),
+            "cursor": sow.r.hget(keys.state(topic, p), "cursor"),
+        }
+    return out
+
+
+def test_export_archive_wipe_rebuild_gives_the_same_sow(spark, url, topic_name, tmp_path):
+    """export → publishes, delta publishes, deletes → archive --trim → wipe every key of the
+    topic → rebuild from the export and the archive: the same records (bytes, change
+    sequences, stream ids), expiries, hash indexes, partition seq and cursor."""
+    from sow_redis.spark.archive import archive, rebuild
+    from sow_redis.spark.snapshot import export
+
+    sow = Sow(url, inline=True)
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 3\n'
+                     'expiration = "1h"\nhash_index = [["/colour"], ["/size"]]\n')
+    colours = ["red", "green", "blue"]
+    sow.publish(topic_name, [{"id": i, "colour": colours[i % 3], "size": i % 5}
+                             for i in range(300)])
+    sow.publish(topic_name, [{"id": i, "v": 1} for i in range(300, 310)], expiration=0)
+    snap, arch = str(tmp_path / "snap"), str(tmp_path / "arch")
+    assert export(spark, url, sow.topic(topic_name), snap) == 310
+    # after the snapshot: updates, deltas, new records, message expirations, deletes
+    sow.publish(topic_name, [{"id": i, "colour": "black", "size": 9} for i in range(0, 300, 7)])
+    sow.delta_publish(topic_name, [{"id": i, "size": 42} for i in range(1, 300, 11)])
+    sow.publish(topic_name, [{"id": i, "colour": "white"} for i in range(400, 450)],
+                expiration=120)
+    deleted = sow.sow_delete(topic_name, filter="/colour = 'green'")
+    assert deleted > 50 and sow.sow_delete(topic_name, data={"id": 5}) == 1
+    n_entries = sum(sow.r.xlen(keys.log(topic_name, p)) for p in range(3))
+    res = archive(spark, url, sow.topic(topic_name), arch, trim=True)
+    before = _exact_state(sow, topic_name, 3, 2)
+    left = sum(sow.r.xlen(keys.log(topic_name, p)) for p in range(3))
+    print(f"archive: {res}; log entries {n_entries} → {left} after the trim")
+    assert res.entries == n_entries and res.trimmed == n_entries and left == 0
+    assert res.changes > 0
+    changes = spark.read.parquet(arch + "/changes")
+    assert changes.filter("op = 'sow_delete' AND reason = 'deleted'").count() == deleted + 1
+    assert changes.count() == sum(int(before[p]["seq"]) for p in range(3))  # one per change
+    log = spark.read.parquet(arch + "/log")
+    assert log.filter("applied").count() == n_entries
+    assert {r["cmd"] for r in log.select("cmd").distinct().collect()} == {
+        "publish", "delta_publish", "sow_delete"}
+    # wipe everything the topic owns, then rebuild
+    sow.r.delete(*keys.all_partition_keys(topic_name, 3, 2))
+    assert sow.sow(topic_name) == []
+    got = rebuild(spark, url, sow.topic(topic_name), snap, arch)
+    after = _exact_state(sow, topic_name, 3, 2)
+    print(f"rebuild: {got}")
+    assert got.restored == 310 and got.archived > 0 and got.live == 0
+    assert got.records == sum(len(before[p]["records"]) for p in range(3))
+    for p in range(3):
+        for what in before[p]:
+            assert after[p][what] == before[p][what], (p, what)
+    assert sow.sow(topic_name, "/colour = 'black'") and not sow.sow(topic_name,
+                                                                      "/colour = 'green'")
+
+
+def test_cli_resolve_chains_on_a_plain_topic_is_one_line(url, topic_name, tmp_path):
+    from conftest import run_cli
+
+    Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b'{"k": 1}\n')
+    out = run_cli(url, "spark", "resolve-chains", "-t", topic_name, str(src), check=False)
+    err = out.stderr.decode().strip().splitlines()
+    print(err)
+    assert out.returncode == 1 and err == [
+        f"Error: topic '{topic_name}' has no chaining key generator"]

@@ -24,6 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import TopicConfig
+from .chains import ChainResult
+
+APPLY_BATCH = 2000
+"""Log entries per apply call when a load task applies its partition (the workers' apply
+path with a larger batch: a load's entries are all there already)."""
 
 TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
 
@@ -32,13 +37,15 @@ TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
 class LoadResult:
     """What a load did: rows read, entries appended (already appended ones not counted again),
     rows rejected (in the topic's error stream), FIX session messages skipped, entries
-    applied by the load's tasks."""
+    applied by the load's tasks; on a chaining topic, the chain resolution that preceded the
+    appends."""
 
     rows: int = 0
     appended: int = 0
     rejected: int = 0
     skipped: int = 0
     applied: int = 0
+    chains: ChainResult | None = None
 
 
 def input_format(inputs: list[str], fmt: str | None) -> str:
@@ -101,12 +108,21 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
     batch by batch, exactly once; then apply the partition. Yields one count dict."""
     from ..client import Sow
     from ..scripts import Scripts
+    from ..settings import Settings
 
     topic = TopicConfig.from_json(topic_json)
-    sow = Sow(url, inline=True)
+    sow = Sow(url, inline=True, settings=Settings.from_env(redis_url=url,
+                                                           batch_size=APPLY_BATCH))
     scripts = Scripts(sow.r)
-    ordered = sorted(rows, key=lambda row: row[0])
-    out = {"appended": 0, "rejected": 0, "applied": 0}
+    out = {"rows": 0, "skipped": 0, "appended": 0, "rejected": 0, "applied": 0}
+    ordered = []
+    for row in rows:
+        out["rows"] += 1
+        if row[1] is None and row[2] is None:
+            out["skipped"] += 1
+        else:
+            ordered.append(row)
+    ordered.sort(key=lambda row: row[0])
     last = ""
     for i in range(0, len(ordered), batch_size):
         chunk = ordered[i:i + batch_size]
@@ -121,6 +137,41 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
     if apply:
         out["applied"] = sow.handoff(topic, {p: last or "0-0"}, timeout=3600)
     yield out
+
+
+def input_rows(spark: Any, inputs: list[str], fmt: str | None = None,
+               order_by: list[str] | None = None) -> Any:
+    """Step 1: an RDD of ``(line, order)`` rows of ``inputs`` (JSON text lines; a Parquet
+    row as its JSON object), ``order`` increasing in publish order (input order, or
+    ``order_by`` then input order).
+
+    Raises:
+        ValueError: the format cannot be told; Spark's AnalysisException for unreadable input.
+    """
+    from pyspark.sql import functions as F
+
+    kind = input_format(inputs, fmt)
+    if kind == "parquet":
+        df = spark.read.parquet(*inputs)
+        order_cols = [F.col(c) for c in (order_by or [])]
+        df = df.select(F.to_json(F.struct(*df.columns)).alias("value"), *order_cols)
+    elif not order_by:
+        # the RDD text reader: lines as bytes, in file order (inputs sorted, then each
+        # folder's / glob's listing), no Row objects between the JVM and Python
+        lines = spark.sparkContext.textFile(",".join(sorted(inputs)), use_unicode=False)
+        return lines.mapPartitionsWithIndex(
+            lambda i, it: ((line, (i << 33) + j) for j, line in enumerate(it)))
+    else:
+        df = spark.read.text(sorted(inputs) if len(inputs) > 1 else inputs)
+        order_cols = [F.get_json_object("value", f"$.{c.lstrip('/')}").alias(c)
+                      for c in (order_by or [])]
+        df = df.select("value", *order_cols)
+    df = df.withColumn("_order", F.monotonically_increasing_id())
+    if order_by:
+        ordered = df.orderBy(*order_by, "_order").select("value").rdd.zipWithIndex()
+        return ordered.map(lambda x: (x[0][0], x[1]))
+    else:
+        return df.select("value", "_order").rdd.map(lambda x: (x[0], x[1]))
 
 
 def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str | None = None,
@@ -141,39 +192,34 @@ def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str |
     Raises:
         ValueError: the format cannot be told; Spark's AnalysisException for unreadable input.
     """
-    from pyspark.sql import functions as F
-
-    kind = input_format(inputs, fmt)
-    if kind == "parquet":
-        df = spark.read.parquet(*inputs)
-        order_cols = [F.col(c) for c in (order_by or [])]
-        df = df.select(F.to_json(F.struct(*df.columns)).alias("value"), *order_cols)
-    else:
-        df = spark.read.text(sorted(inputs) if len(inputs) > 1 else inputs)
-        order_cols = [F.get_json_object("value", f"$.{c.lstrip('/')}").alias(c)
-                      for c in (order_by or [])]
-        df = df.select("value", *order_cols)
-    df = df.withColumn("_order", F.monotonically_increasing_id())
-    if order_by:
-        ordered = df.orderBy(*order_by, "_order").select("value").rdd.zipWithIndex()
-        rows = ordered.map(lambda x: (x[0][0], x[1]))
-    else:
-        rows = df.select("value", "_order").rdd.map(lambda x: (x[0], x[1]))
+    rows = input_rows(spark, inputs, fmt, order_by)
     lid = load_id or default_load_id(topic.name, inputs)
-    return load_rows(url, topic, rows, lid, batch_size, apply, separator)
+    return load_rows(url, topic, rows, lid, batch_size, apply, separator, spark)
 
 
 def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size: int = 5000,
-              apply: bool = True, separator: bytes | None = None) -> LoadResult:
+              apply: bool = True, separator: bytes | None = None,
+              spark: Any = None) -> LoadResult:
     """Steps 2–4 for an RDD of ``(line, order)`` rows (a file load, or one micro-batch of
-    ``sow-redis spark stream``), appended exactly once under ``load_id``."""
+    ``sow-redis spark stream``), appended exactly once under ``load_id``. On a chaining
+    topic the rows' chains are resolved first (:func:`sow_redis.spark.chains.
+    resolve_prepared`, written to the chain table; ``spark``: the session, default the
+    active one), so the apply path finds every identifier's head in the table."""
     topic_json = topic.to_json()
-    prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator)).cache()
+    prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator))
+    chains = None
+    if topic.chaining:
+        from pyspark.sql import SparkSession
+
+        from .chains import resolve_prepared
+
+        prepared = prepared.cache()
+        session = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        chains = resolve_prepared(session, url, topic, prepared)
     try:
-        n_rows = prepared.count()
-        skipped = prepared.filter(lambda kv: kv[0] < 0).count()
-        keyed = prepared.filter(lambda kv: kv[0] >= 0).partitionBy(topic.partitions,
-                                                                    lambda p: p)
+        # one job: prepare (map side), one shuffle to the topic's partitions, write + apply;
+        # skipped FIX messages travel to partition 0's task only to be counted there
+        keyed = prepared.partitionBy(topic.partitions, lambda p: max(p, 0))
 
         def task(index: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
             return write_partition(url, topic_json, load_id, batch_size, apply, index,
@@ -181,7 +227,10 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
 
         counts = keyed.mapPartitionsWithIndex(task).collect()
     finally:
-        prepared.unpersist()
-    return LoadResult(rows=n_rows, appended=sum(c["appended"] for c in counts),
-                      rejected=sum(c["rejected"] for c in counts), skipped=skipped,
-                      applied=sum(c["applied"] for c in counts))
+        if topic.chaining:
+            prepared.unpersist()
+    return LoadResult(rows=sum(c["rows"] for c in counts),
+                      appended=sum(c["appended"] for c in counts),
+                      rejected=sum(c["rejected"] for c in counts),
+                      skipped=sum(c["skipped"] for c in counts),
+                      applied=sum(c["applied"] for c in counts), chains=chains)

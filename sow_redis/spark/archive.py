@@ -1,0 +1,359 @@
+"""``sow-redis spark archive`` (transaction log and change feed to Parquet, optionally
+trimming what was archived) and ``sow-redis spark rebuild`` (a SOW from a snapshot plus the
+archived and the live log).
+
+**Archive** ``OUT``, one Spark task per partition:
+
+* ``OUT/log``: every entry of every partition log: ``partition``, ``id`` (stream id), ``ms``
+  (its time, ms since the epoch, Redis server clock), ``cmd``, ``data`` (message bytes),
+  ``sow_key`` (the key the publisher computed, field ``k``, else the publisher-supplied one),
+  ``keys`` / ``filter`` (``sow_delete`` by keys / by filter), ``expiration`` (seconds),
+  ``applied`` (the entry was at or below the partition's applied cursor when archived) and
+  ``fields`` (every stream field, byte for byte: what a rebuild appends again);
+* ``OUT/changes``: the change feed (the topic keeps one unless ``change_retention = 0``): one
+  row per change: ``partition``, ``seq``, ``op``, ``sow_key``, ``reason`` (removals),
+  ``data`` (JSON text), ``expiry_ms``, ``stream_id`` (the log entry that made it), ``ms``
+  (time of its atomic call);
+* ``OUT/_sow_partitions``: ``partition``, ``cursor`` (applied cursor at the archive),
+  ``last_id`` (last log entry archived), ``entries``, ``changes``.
+
+With ``trim``, each partition's log then loses the entries that are archived *and* applied:
+``XTRIM MINID`` just above ``min(cursor, last archived id)`` (an unapplied entry is never
+removed; entries appended after the archive read are kept). The change feed is not trimmed
+(its own retention does that; bookmarks read it).
+
+**Rebuild** from an export (:func:`sow_redis.spark.snapshot.export`: each record exactly, and
+each partition's ``seq`` and applied ``cursor``), one Spark task per partition, holding the
+partition's lease (the workers' fencing token) throughout:
+
+1. the partition's records, expiry set, hash-index members and indexes are replaced by the
+   snapshot's records (same SOW keys, data, change sequences, stream ids, expiries; index
+   members from :func:`sow_redis.messages.index_members`, as the publisher computes them);
+2. the log is rewritten to hold, in stream-id order, the entries after the snapshot's cursor:
+   the archived ones (``--log``) and those still in the live log (a live entry wins over its
+   archived copy), with their original stream ids (so expiries computed from them come out
+   the same);
+3. the state gets the snapshot's ``seq`` and ``cursor``; the workers' apply path
+   (:func:`sow_redis.apply.apply_batch` under the held token) applies the log from there.
+
+The result equals the SOW the original went through, records, expiries, indexes and change
+sequences included, as long as nothing but the log changed it after the snapshot (the
+expirer's removals are not in the log: a record that expired in between is restored and
+then expires again at once, with its own change sequence). The change feed and the chain
+table (chaining topics) are left as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import TopicConfig
+from .snapshot import PARTITIONS_DIR
+
+READ_CHUNK = 10_000
+"""Log or change-feed entries per XRANGE while archiving."""
+
+WRITE_CHUNK = 2_000
+"""Records or log entries per pipeline while rebuilding."""
+
+LOG_SCHEMA = ("partition int, id string, ms long, cmd string, data binary, sow_key string, "
+              "keys string, filter string, expiration string, applied boolean, "
+              "fields map<string, binary>")
+CHANGES_SCHEMA = ("partition int, seq long, op string, sow_key string, reason string, "
+                  "data string, expiry_ms long, stream_id string, ms long")
+
+
+@dataclass
+class ArchiveResult:
+    """What an archive wrote: log entries, change-feed rows, log entries trimmed."""
+
+    entries: int = 0
+    changes: int = 0
+    trimmed: int = 0
+
+
+@dataclass
+class RebuildResult:
+    """What a rebuild did: records restored from the snapshot, log entries after the
+    snapshot taken from the archive and from the live log, entries the apply path consumed,
+    records the topic holds afterwards."""
+
+    restored: int = 0
+    archived: int = 0
+    live: int = 0
+    applied: int = 0
+    records: int = 0
+
+
+def _text(v: bytes | None) -> str | None:
+    return None if v is None else v.decode(errors="replace")
+
+
+def read_log(url: str, topic: str, p: int) -> Iterator[tuple[Any, ...]]:
+    """Executor side: partition ``p``'s log as :data:`LOG_SCHEMA` rows, then one summary row
+    ``(p, None, …)`` whose ``fields`` hold ``cursor`` and ``last_id``."""
+    from .. import keys
+    from ..connection import connect
+    from ..streamids import ms_of, reached
+
+    r: Any = connect(url)
+    cursor = (r.hget(keys.state(topic, p), "cursor") or b"0-0").decode()
+    log_key, start, last = keys.log(topic, p), "-", ""
+    while True:
+        chunk = r.xrange(log_key, start, "+", count=READ_CHUNK)
+        for sid_b, f in chunk:
+            sid = sid_b.decode()
+            fields = {k.decode(): v for k, v in f.items()}
+            yield (p, sid, ms_of(sid), _text(f.get(b"cmd")) or "publish", f.get(b"data"),
+                   _text(f.get(b"k") or f.get(b"sow_key")), _text(f.get(b"keys")),
+                   _text(f.get(b"filter")), _text(f.get(b"expiration")),
+                   reached(cursor, sid), fields)
+            last = sid
+        if len(chunk) < READ_CHUNK:
+            break
+        start = "(" + chunk[-1][0].decode()
+    yield (p, None, None, None, None, None, None, None, None, None,
+           {"cursor": cursor.encode(), "last_id": last.encode()})
+
+
+def read_changes(url: str, topic: str, p: int) -> Iterator[tuple[Any, ...]]:
+    """Executor side: partition ``p``'s change feed as :data:`CHANGES_SCHEMA` rows."""
+    import orjson
+
+    from .. import keys
+    from ..connection import connect
+    from ..events import parse_block
+
+    r: Any = connect(url)
+    key, start = keys.changes(topic, p), "-"
+    while True:
+        chunk = r.xrange(key, start, "+", count=READ_CHUNK)
+        for _sid, f in chunk:
+            try:
+                block = parse_block(f[b"block"])
+            except (KeyError, ValueError):
+                continue
+            for ev in block["events"]:
+                yield (p, ev["seq"], ev["op"], ev["sow_key"], ev.get("reason"),
+                       orjson.dumps(ev["data"]).decode(), ev["expiry_ms"], ev["id"],
+                       block["ms"])
+        if len(chunk) < READ_CHUNK:
+            break
+        start = "(" + chunk[-1][0].decode()
+
+
+def _next_id(sid: str) -> str:
+    from ..streamids import parse
+
+    ms, n = parse(sid)
+    return f"{ms}-{n + 1}"
+
+
+def archive(spark: Any, url: str, topic: TopicConfig, out: str, trim: bool = False) -> ArchiveResult:
+    """Archive the topic's logs and change feed to ``out`` (replaced), optionally trimming
+    the archived, applied log entries (see the module docstring).
+
+    Raises:
+        Spark and Redis errors; with ``trim``, nothing is trimmed unless the Parquet files were
+        written.
+    """
+    from .. import keys
+    from ..connection import connect
+    from ..streamids import compare
+
+    name, parts, base = topic.name, topic.partitions, out.rstrip("/")
+    seeds = spark.sparkContext.parallelize(range(parts), parts)
+    logs = spark.createDataFrame(seeds.flatMap(lambda p: read_log(url, name, p)),
+                                 LOG_SCHEMA).cache()
+    try:
+        entries = logs.filter("id IS NOT NULL")
+        n = entries.count()
+        entries.write.mode("overwrite").parquet(f"{base}/log")
+        summary = {row["partition"]: (row["fields"]["cursor"].decode(),
+                                      row["fields"]["last_id"].decode(), 0)
+                   for row in logs.filter("id IS NULL").collect()}
+        counts = {row["partition"]: row["count"]
+                  for row in entries.groupBy("partition").count().collect()}
+    finally:
+        logs.unpersist()
+    changes = spark.createDataFrame(seeds.flatMap(lambda p: read_changes(url, name, p)),
+                                    CHANGES_SCHEMA).cache()
+    try:
+        n_changes = changes.count()
+        changes.write.mode("overwrite").parquet(f"{base}/changes")
+        change_counts = {row["partition"]: row["count"]
+                         for row in changes.groupBy("partition").count().collect()}
+    finally:
+        changes.unpersist()
+    meta = [(p, cursor, last, counts.get(p, 0), change_counts.get(p, 0))
+            for p, (cursor, last, _n) in sorted(summary.items())]
+    spark.createDataFrame(meta, "partition int, cursor string, last_id string, entries long, "
+                          "changes long").coalesce(1).write.mode("overwrite").json(
+        f"{base}/{PARTITIONS_DIR}")
+    trimmed = 0
+    if trim:
+        r: Any = connect(url)
+        for p, cursor, last, _n, _c in meta:
+            if not last:
+                continue
+            upto = cursor if compare(cursor, last) < 0 else last
+            if upto == "0-0":
+                continue
+            # exact MINID: every entry below it goes (an approximate trim stops at node bounds)
+            trimmed += int(r.xtrim(keys.log(name, p), minid=_next_id(upto), approximate=False))
+    return ArchiveResult(entries=n, changes=n_changes, trimmed=trimmed)
+
+
+def _take_lease(scripts: Any, topic: str, p: int, owner: str, lease_ms: int,
+                patience_s: float) -> int:
+    import time
+
+    from .. import keys
+    from ..errors import SowError
+
+    deadline = time.monotonic() + patience_s
+    while True:
+        fence = scripts.lease_acquire(keys.lease(topic, p), keys.state(topic, p), owner,
+                                      lease_ms)
+        if fence is not None:
+            return int(fence)
+        if time.monotonic() > deadline:
+            raise SowError(f"topic '{topic}': partition {p} stayed leased by another process "
+                           f"for {patience_s:g} s; stop its workers and try again")
+        time.sleep(0.05)
+
+
+def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str],
+                      rows: Iterable[tuple[str, Any]]) -> Iterator[dict[str, int]]:
+    """Executor side of a rebuild of partition ``p`` (steps 1–3 of the module docstring).
+
+    Args:
+        state: ``(seq, cursor)`` the snapshot is consistent with.
+        rows: ``("s", snapshot row)`` and ``("l", archived log row)`` items.
+
+    Yields one count dict.
+    """
+    from .. import keys
+    from ..apply import apply_batch
+    from ..connection import connect
+    from ..messages import decode, index_members
+    from ..scripts import Scripts
+    from ..settings import Settings
+    from ..streamids import compare, reached
+
+    topic = TopicConfig.from_json(topic_json)
+    name = topic.name
+    seq, cursor = state
+    r: Any = connect(url)
+    scripts = Scripts(r)
+    settings = Settings.from_env()
+    owner = f"rebuild:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    fence = _take_lease(scripts, name, p, owner, settings.lease_ms,
+                        2 * settings.lease_ms / 1000 + 2 * settings.job_budget_s + 1)
+    out = {"restored": 0, "archived": 0, "live": 0, "applied": 0}
+    try:
+        snap, archived = [], {}
+        for kind, row in rows:
+            if kind == "s":
+                snap.append(row)
+            elif not reached(cursor, row["id"]):
+                archived[row["id"]] = {k: bytes(v) for k, v in row["fields"].items()}
+        n_idx = len(topic.hash_index)
+        pipe = r.pipeline(transaction=True)
+        pipe.delete(keys.records(name, p), keys.expiry(name, p), keys.index_members(name, p),
+                    keys.acks(name, p), *(keys.index(name, p, j) for j in range(n_idx)))
+        for i, row in enumerate(snap):
+            key, data = row["_sow_key"], row["_sow_data"].encode()
+            exp = int(row["_sow_expiry_ms"] or 0)
+            pipe.hset(keys.records(name, p), key, b"%d:%d:%s\n%s" % (
+                int(row["_sow_record_seq"]), exp, row["_sow_stream_id"].encode(), data))
+            if exp:
+                pipe.zadd(keys.expiry(name, p), {key: exp})
+            members = index_members(decode(data, topic), topic, key) if n_idx else ""
+            if members:
+                pipe.hset(keys.index_members(name, p), key, members)
+                for j, m in enumerate(members.split(",")):
+                    if m:
+                        pipe.zadd(keys.index(name, p, j), {m: 0})
+            if i % WRITE_CHUNK == WRITE_CHUNK - 1:
+                pipe.execute()
+        pipe.execute()
+        out["restored"] = len(snap)
+        # the log after the snapshot: archived entries, then the live ones (which win)
+        log_key = keys.log(name, p)
+        live = {sid.decode(): {k.decode(): v for k, v in f.items()}
+                for sid, f in r.xrange(log_key, "(" + cursor, "+")}
+        out["live"] = len(live)
+        out["archived"] = len(set(archived) - set(live))
+        merged = {**archived, **live}
+        ids = sorted(merged, key=lambda s: tuple(int(x) for x in s.split("-")))
+        pipe = r.pipeline(transaction=True)
+        pipe.delete(log_key)
+        for i, sid in enumerate(ids):
+            pipe.xadd(log_key, merged[sid], id=sid)
+            if i % WRITE_CHUNK == WRITE_CHUNK - 1:
+                pipe.execute()
+        pipe.hset(keys.state(name, p), mapping={"seq": seq, "cursor": cursor})
+        pipe.execute()
+        assert not ids or compare(ids[0], cursor) > 0
+        applied_cursor = None
+        while True:
+            n, applied_cursor = apply_batch(r, scripts, topic, p, fence, settings.batch_size,
+                                            applied_cursor)
+            if n == 0:
+                break
+            out["applied"] += n
+            _take_lease(scripts, name, p, owner, settings.lease_ms, 0)  # renew
+    finally:
+        scripts.lease_release(keys.lease(name, p), owner)
+    yield out
+
+
+def rebuild(spark: Any, url: str, topic: TopicConfig, snapshot: str,
+            log: str | None = None) -> RebuildResult:
+    """Rebuild the topic's SOW from an export at ``snapshot`` plus the archived log at
+    ``log`` (an archive's folder) and the live log (see the module docstring).
+
+    Raises:
+        ValueError: ``snapshot`` is not an export of this topic's partitions (no
+            ``_sow_partitions``, or other partitions); Spark's AnalysisException for an
+            unreadable path; SowError when a partition stays leased by a running worker.
+    """
+    from .. import keys
+    from ..connection import connect
+
+    snap_base = snapshot.rstrip("/")
+    try:
+        meta = spark.read.json(f"{snap_base}/{PARTITIONS_DIR}").collect()
+    except Exception as exc:
+        raise ValueError(f"{snapshot} is not a sow-redis spark export ({PARTITIONS_DIR} "
+                         f"unreadable: {type(exc).__name__})") from None
+    states = {int(m["partition"]): (int(m["seq"]), str(m["cursor"])) for m in meta}
+    if set(states) != set(range(topic.partitions)):
+        raise ValueError(f"{snapshot} holds partitions {sorted(states)}, topic "
+                         f"{topic.name!r} has {topic.partitions}")
+    snap = spark.read.parquet(snapshot)
+    items = snap.rdd.map(lambda row: (int(row["_sow_partition"]), ("s", row))) if (
+        "_sow_key" in snap.columns) else spark.sparkContext.emptyRDD()
+    if log:
+        archived = spark.read.parquet(f"{log.rstrip('/')}/log").select("partition", "id",
+                                                                      "fields")
+        items = items.union(archived.rdd.map(lambda row: (int(row["partition"]), ("l", row))))
+    topic_json, parts = topic.to_json(), topic.partitions
+    keyed = items.partitionBy(parts, lambda p: p)
+
+    def task(p: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+        return rebuild_partition(url, topic_json, p, states[p], (v for _p, v in it))
+
+    counts = keyed.mapPartitionsWithIndex(task).collect()
+    r: Any = connect(url)
+    records = sum(int(r.hlen(keys.records(topic.name, p))) for p in range(parts))
+    return RebuildResult(restored=sum(c["restored"] for c in counts),
+                         archived=sum(c["archived"] for c in counts),
+                         live=sum(c["live"] for c in counts),
+                         applied=sum(c["applied"] for c in counts), records=records)
