@@ -33,7 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 from . import chaining, keys, streamids
 from .chaining import ChainConflict
 from .config import TopicConfig
-from .connection import Client
+from .connection import Client, StreamEntry, is_cluster
 from .entries import Command, LogEntry, decode_entry, original
 from .errors import (
     ConflictError,
@@ -65,6 +65,9 @@ def read_log(r: Client, topic: str, p: int, cursor: str, count: int) -> list[tup
     Uses a sibling client (same connection pool) whose XRANGE reply is left raw: building the
     field dicts here costs half of what redis-py's generic stream parser does.
     """
+    if is_cluster(r):  # redis-py's parser; the cluster client follows slot redirections
+        return [(sid, dict(fields)) for sid, fields in cast(
+            "list[StreamEntry]", r.xrange(keys.log(topic, p), min="(" + cursor, count=count))]
     raw = attached(r, "raw_xrange", _raw_xrange_client)
     out = []
     for sid, flat in raw.xrange(keys.log(topic, p), min="(" + cursor, count=count):

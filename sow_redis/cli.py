@@ -13,8 +13,8 @@ from typing import Any, BinaryIO
 import click
 import orjson
 
-from .connection import check_url, is_memory, redact, tls_options
-from .errors import BadURLError, SowError
+from .connection import check_url, control_url_for, is_memory, redact, tls_options
+from .errors import BadURLError, ControlURLError, SowError
 from .settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
 
 
@@ -91,6 +91,12 @@ def _settings(ctx: click.Context) -> Settings:
         check_url(url)
     except BadURLError as exc:
         raise click.ClickException(f"invalid --redis-url {exc.url!r}: {exc.reason}") from None
+    try:
+        control_url_for(url, settings.control_url)
+    except BadURLError as exc:
+        raise click.ClickException(f"invalid --control-url {exc.url!r}: {exc.reason}") from None
+    except ControlURLError as exc:
+        raise click.ClickException(str(exc)) from None
     return settings
 
 
@@ -103,7 +109,11 @@ def _sow(ctx: click.Context) -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", envvar="SOW_REDIS_URL", default=DEFAULT_REDIS_URL, show_default=True,
-              help="Redis to use: redis://, rediss:// or unix:// (env SOW_REDIS_URL).")
+              help="Redis to use: redis://, rediss://, unix:// or redis+cluster://host:port "
+              "(any node of a Redis Cluster) (env SOW_REDIS_URL).")
+@click.option("--control-url", envvar="SOW_CONTROL_URL", default=None,
+              help="Plain Redis for rq's queues and workers (env SOW_CONTROL_URL; default: "
+              "--redis-url; required with a Redis Cluster, where rq cannot run).")
 @click.option("--config", "config_path", envvar="SOW_REDIS_CONFIG", default=DEFAULT_CONFIG_PATH,
               show_default=True, help="Topic configuration TOML (env SOW_REDIS_CONFIG).")
 @click.option("--log-json", is_flag=True, envvar="SOW_LOG_JSON",
@@ -113,8 +123,8 @@ def _sow(ctx: click.Context) -> Any:
               help="Least level logged (env SOW_LOG_LEVEL; DEBUG shows every lease).")
 @click.version_option(package_name="sow_redis")
 @click.pass_context
-def main(ctx: click.Context, redis_url: str, config_path: str, log_json: bool,
-         log_level: str) -> None:
+def main(ctx: click.Context, redis_url: str, control_url: str | None, config_path: str,
+         log_json: bool, log_level: str) -> None:
     """sow_redis: a State of the World message database on Redis.
 
     \b
@@ -128,7 +138,8 @@ def main(ctx: click.Context, redis_url: str, config_path: str, log_json: bool,
     from .logs import setup
 
     setup(json=log_json, level=log_level)
-    ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path)}
+    ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path,
+                                             control_url=control_url or None)}
 
 
 # -- config -----------------------------------------------------------------------------
@@ -950,10 +961,16 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
               "`sow-redis down` stops it.")
 @click.option("--wait-ready", type=click.FloatRange(min=0), metavar="SECONDS",
               help="With --detach: seconds to wait until ready (default 60).")
+@click.option("--cluster", "cluster_n", type=click.IntRange(min=3), metavar="N",
+              help="Start a Redis Cluster of N primaries (N >= 3) and a plain control Redis "
+              "on free loopback ports instead of using --redis-url, and print their URLs "
+              "(for trials; without --detach).")
+@click.option("--replicas", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --cluster: replicas per primary.")
 @click.pass_context
 @_friendly
 def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach: bool,
-       wait_ready: float | None) -> None:
+       wait_ready: float | None, cluster_n: int | None, replicas: int) -> None:
     """Start a local redis-server (if none answers at --redis-url), apply --config, run
     N workers and the expirer; Ctrl-C (or `sow-redis down`) stops them all cleanly.
 
@@ -961,11 +978,20 @@ def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2 --detach
       sow-redis --redis-url redis://127.0.0.1:6390/0 down
+      sow-redis up --cluster 3 --replicas 1 --workers 2
     """
     from .server import READY_TIMEOUT_S, redis_warnings, run_up, start_detached
 
     if wait_ready is not None and not detach:
         raise click.UsageError("--wait-ready needs --detach")
+    if cluster_n is not None:
+        if detach:
+            raise click.UsageError("--cluster runs in the foreground (no --detach)")
+        run_up(ctx.find_root().obj["settings"], workers, data_dir, apply_config=not no_config,
+               cluster=(cluster_n, replicas))
+        return
+    if replicas:
+        raise click.UsageError("--replicas needs --cluster")
     settings = _settings(ctx)
     if detach:
         click.echo(start_detached(settings, workers, data_dir, apply_config=not no_config,
@@ -1013,8 +1039,8 @@ def down(ctx: click.Context, data_dir: str, timeout: float) -> None:
 @_friendly
 def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
               password: str | None) -> None:
-    """Run rq-dashboard on this Redis to watch workers, the 'sow' queue and jobs; it
-    listens on 127.0.0.1 unless --bind says otherwise.
+    """Run rq-dashboard on this Redis (the --control-url one when given) to watch workers,
+    the 'sow' queue and jobs; it listens on 127.0.0.1 unless --bind says otherwise.
 
     \b
     Example (then open http://127.0.0.1:9181/):
@@ -1022,7 +1048,8 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
     """
     from redis import Redis
 
-    url = _settings(ctx).redis_url
+    settings = _settings(ctx)
+    url = control_url_for(settings.redis_url, settings.control_url)  # rq lives there
     if bool(username) != bool(password):
         raise click.UsageError("give both --username and --password (or neither)")
     try:

@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import events, keys
 from .client import Sow
 from .config import TopicCache, TopicConfig
-from .connection import Client, StreamEntry, connect, server_ms
+from .connection import Client, StreamEntry, connect_pair, server_ms
 from .logs import fields
 from .scripts import Scripts
 from .settings import Settings
@@ -248,7 +248,8 @@ def run_expirer(settings: Settings, burst: bool = False,
     Returns the number of records expired."""
     import signal
 
-    exp = Expirer(connect(settings.redis_url), settings, topics)
+    exp = Expirer(connect_pair(settings.redis_url, settings.control_url, required=False),
+                  settings, topics)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_a: exp.stop())
     return exp.run(burst=burst)

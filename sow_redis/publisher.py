@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 
 from . import keys
 from .config import TopicConfig
-from .connection import Client, Fields, server_ms
+from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
 from .errors import MessageError, WaitTimeout
 from .fix import to_message
@@ -149,6 +149,8 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         the items validated before it (a note on the exception says how many were published);
         Redis errors.
     """
+    if is_cluster(r):
+        return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs)
     result = PublishResult()
     batch = XaddBatch(r)
     parts: list[int] = []
@@ -238,6 +240,86 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         flush(last=True)
     finally:
         batch.close()
+    if result.last_ids:
+        touch(r, topic.name, result.last_ids)
+    return result
+
+
+def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start: int,
+                    on_chunk: Callable[[int], None] | None, fix_separator: bytes | None,
+                    jobs: Settings | None) -> PublishResult:
+    """:func:`append` on a Redis Cluster (same arguments, result and errors): each chunk of
+    :data:`CHUNK` messages goes as one redis-py cluster pipeline (one round trip per node
+    holding its partitions; the XADDs of one partition stay in order) with the ``SET NX``
+    of its job markers; no chunk is in flight while the next one is validated."""
+    result = PublishResult()
+    log_keys = [keys.log(topic.name, p) for p in range(topic.partitions)]
+    sep = fix_separator or topic.field_separator.encode()
+    skip = frozenset(topic.skip_msg_types)
+    chunk: list[tuple[int, Fields]] = []
+    handled = 0
+
+    def flush() -> None:
+        nonlocal chunk, handled
+        if chunk:
+            pipe = r.pipeline(transaction=False)
+            for p, entry in chunk:
+                pipe.xadd(log_keys[p], entry)
+            touched = sorted({p for p, _e in chunk})
+            if jobs is not None:
+                from .jobs import OWNER
+
+                for p in touched:
+                    pipe.set(keys.job_marker(topic.name, p), OWNER, nx=True,
+                             px=jobs.marker_ttl_ms)
+            replies = pipe.execute()
+            for (p, _e), sid in zip(chunk, replies):
+                result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+            result.published += len(chunk)
+            if jobs is not None:
+                from .jobs import enqueue_job
+
+                sent = [p for p, _e in chunk]
+                for p, set_now in zip(touched, replies[len(chunk):]):
+                    if set_now:  # no job was outstanding for p
+                        enqueue_job(r, topic.name, p, behind=sent.count(p))
+        if on_chunk and handled:
+            on_chunk(handled)
+        chunk, handled = [], 0
+
+    pos = start - 1
+    it = iter(items)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            break
+        except Exception as exc:
+            flush()
+            if result.last_ids:
+                touch(r, topic.name, result.last_ids)
+            exc.add_note(f"sow_redis: reading item {pos + 1} failed; the {result.published} "
+                         f"earlier message(s) were appended to the log, {len(result.rejected)} "
+                         "rejected")
+            raise
+        pos += 1
+        result.read += 1
+        handled += 1
+        try:
+            checked = prepare(topic, item, sep, skip)
+        except MessageError as exc:
+            result.rejected.append(Rejected(pos, exc.reason, exc.detail))
+            continue
+        except Exception as exc:
+            result.rejected.append(Rejected(pos, "bad_message", f"{type(exc).__name__}: {exc}"))
+            continue
+        if checked is None:
+            result.skipped += 1
+            continue
+        chunk.append(checked)
+        if len(chunk) >= CHUNK:
+            flush()
+    flush()
     if result.last_ids:
         touch(r, topic.name, result.last_ids)
     return result

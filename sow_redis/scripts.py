@@ -19,7 +19,7 @@ import msgpack
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys
-from .connection import Client, Fields, Pipeline
+from .connection import Client, Fields, Pipeline, is_cluster
 from .errors import from_script_error
 from .messages import expiry_for
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
@@ -269,6 +269,11 @@ class PendingApply:
                  last: str, rejects: Sequence[Reject], ops: Sequence[Op]):
         self._scripts = scripts
         self._call = (topic, p, fence, first, last, rejects, ops)
+        if is_cluster(scripts._r):
+            # a cluster client has no single connection: the call runs in result(), through
+            # the client's redirection and failover handling (no overlap on a cluster)
+            self._pool = None
+            return
         ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, scripts.packing)
         pool = scripts._r.connection_pool
         self._pool = pool
@@ -282,6 +287,8 @@ class PendingApply:
 
     def result(self) -> tuple[int, str]:
         """The reply of the call (see :meth:`Scripts.apply`); raises as it does."""
+        if self._pool is None:
+            return self._scripts.apply(*self._call)
         try:
             reply = self._conn.read_response()
         except NoScriptError:  # the server lost its script cache: load it and run again
