@@ -90,7 +90,14 @@ class Scripts:
     def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
         """Queue script ``name`` on a pipeline as a bare EVALSHA (its reply comes from
         :meth:`execute`; no SCRIPT EXISTS round trip per pipeline)."""
-        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        # execute_command, not pipe.evalsha: redis-py's cluster pipeline refuses the method
+        # (it routes the command by its first key all the same)
+        pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+        calls = getattr(pipe, "_sow_calls", None)
+        if calls is None:
+            calls = []
+            pipe._sow_calls = calls  # type: ignore[attr-defined]
+        calls.append((name, keys, args))
 
     def execute(self, pipe: Pipeline) -> list[Any]:
         """Execute a pipeline of :meth:`queue` calls, loading the scripts once if the server
@@ -101,6 +108,13 @@ class Scripts:
         except NoScriptError:
             for script in self._scripts.values():
                 self._r.script_load(script.script)
+            if is_cluster(self._r):
+                # a cluster pipeline keeps its commands elsewhere: queue the calls anew (the
+                # calls that ran on nodes holding the scripts run again, as on a restart)
+                again = self._r.pipeline(transaction=False)
+                for name, ks, args in getattr(pipe, "_sow_calls", []):
+                    self.queue(again, name, ks, args)
+                return again.execute()
             pipe.command_stack = commands
             return pipe.execute()
 
