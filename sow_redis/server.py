@@ -132,8 +132,9 @@ class LocalCluster:
                 proc.wait(timeout=10)
 
 
-def _cluster_ok(ports: list[int]) -> bool:
-    """Whether every node answers ``cluster_state:ok`` and knows every other node."""
+def _cluster_ok(ports: list[int], replicas: int) -> bool:
+    """Whether every node answers ``cluster_state:ok``, knows every other node and sees
+    ``replicas`` replicas of each primary."""
     from redis import Redis
     from redis.exceptions import RedisError
 
@@ -143,6 +144,10 @@ def _cluster_ok(ports: list[int]) -> bool:
             fields = r.cluster("info")  # parsed: {"cluster_state": "ok", …}
             if fields.get("cluster_state") != "ok" or int(
                     fields.get("cluster_known_nodes", 0)) != len(ports):
+                return False
+            nodes = r.cluster("nodes")
+            n_replicas = sum("slave" in info["flags"] for info in nodes.values())
+            if n_replicas != len(ports) // (1 + replicas) * replicas:
                 return False
         except (RedisError, OSError):
             return False
@@ -190,7 +195,7 @@ def spawn_cluster(primaries: int, replicas: int, data_dir: str | Path, persist: 
             raise SowError("redis-cli --cluster create failed: "
                            + " ".join(out.stdout.decode(errors="replace").split()[-30:]))
         deadline = time.monotonic() + timeout_s
-        while not _cluster_ok(ports):
+        while not _cluster_ok(ports, replicas):
             if time.monotonic() > deadline:
                 raise SowError(f"the cluster on ports {ports} was not ready after "
                                f"{timeout_s:g} s; see {data_dir}/node-*/redis.log")
