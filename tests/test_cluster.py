@@ -15,6 +15,7 @@ import orjson
 import pytest
 from conftest import FAST, ROOT, client, run_cli
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -144,9 +145,9 @@ def test_up_cluster_starts_a_cluster_a_control_redis_and_workers_and_stops_them(
         assert p.wait(timeout=60) == 0
     assert b"stopped" in p.stderr.read()
     for host, port in nodes:  # every node and the control Redis are gone
-        with pytest.raises(Exception):
+        with pytest.raises(RedisConnectionError):
             Redis(host=host, port=int(port), socket_connect_timeout=0.5).ping()
-    with pytest.raises(Exception):
+    with pytest.raises(RedisConnectionError):
         Redis.from_url(urls["SOW_CONTROL_URL"], socket_connect_timeout=0.5).ping()
 
 
