@@ -382,14 +382,22 @@ class PartitionApplier:
         self._send()
         return done + self._settle()
 
-    def step(self) -> int:
+    @property
+    def wants_log_apply(self) -> bool:
+        """True when the next :meth:`step` starts with one apply_log.lua call and nothing
+        else (nothing planned or in flight): a caller serving several partitions can make
+        these calls together (:meth:`Scripts.apply_logs`) and hand each its reply."""
+        return self._in_redis and self._planned is None and self._inflight is None
+
+    def step(self, given: LogApplied | Exception | None = None) -> int:
         """Read the next batch, send the one planned before, plan the new one; returns the log
         entries whose apply completed during this call. :attr:`drained` tells when nothing
-        was left."""
+        was left. ``given``: the reply (or exception) of this step's apply_log.lua call,
+        made by the caller (only when :attr:`wants_log_apply`)."""
         self.drained = False
         if self._in_redis:
             done = self._flush()
-            res = self._apply_in_redis()
+            res = self._apply_in_redis(given)
             if res is not None:
                 done += res.applied
                 if not res.stopped:
@@ -435,12 +443,16 @@ class PartitionApplier:
         self._in_redis = not self.topic.chaining and _prepared_publish(run[-1][0], self.topic)
         return done
 
-    def _apply_in_redis(self) -> LogApplied | None:
-        """One apply_log.lua call (nothing planned or in flight); leaves the in-Redis mode when
-        the script stopped before an entry to plan, or failed (None; the planned path then
-        applies those entries, rejecting what it must)."""
+    def _apply_in_redis(self, given: LogApplied | Exception | None = None) -> LogApplied | None:
+        """One apply_log.lua call (nothing planned or in flight; ``given``: its reply, made by
+        the caller); leaves the in-Redis mode when the script stopped before an entry to
+        plan, or failed (None; the planned path then applies those entries, rejecting what it
+        must)."""
         try:
-            res = self.scripts.apply_log(self.topic, self.p, self.fence, self.batch_size)
+            if isinstance(given, Exception):
+                raise given
+            res = given if given is not None else self.scripts.apply_log(
+                self.topic, self.p, self.fence, self.batch_size)
         except Exception as exc:
             if _transient(exc):
                 raise

@@ -151,6 +151,44 @@ class Scripts:
         return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
                           int(more) == 1, int(more) == 2)
 
+    def apply_logs(self, topic: TopicConfig, calls: Sequence[tuple[int, int]],
+                   count: int) -> list[LogApplied | Exception]:
+        """:meth:`apply_log` of several partitions (``calls``: ``(partition, fence)``) in one
+        pipeline: one round trip on a server; on a cluster one per node, the nodes working
+        at the same time. Each reply is a :class:`LogApplied` or the exception its call
+        raised (``SOW_<CODE>`` replies as their SowError class)."""
+        pipe = self._r.pipeline(transaction=False)
+        for p, fence in calls:
+            n_idx = len(topic.hash_index)
+            self.queue(pipe, "apply_log", keys.partition_keys(topic.name, p, n_idx),
+                       [fence, keys.channel(topic.name), topic.name, n_idx,
+                        "1" if topic.dead_letter else "0",
+                        "1" if topic.expiration_enabled else "0", count,
+                        expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
+        replies = pipe.execute(raise_on_error=False)
+        if any(isinstance(x, NoScriptError) for x in replies):
+            for script in self._scripts.values():
+                self._r.script_load(script.script)
+            return [self._apply_log_one(topic, p, fence, count) for p, fence in calls]
+        out: list[LogApplied | Exception] = []
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                out.append(from_script_error(reply))
+            elif isinstance(reply, Exception):
+                out.append(reply)
+            else:
+                applied, cursor, more = reply
+                out.append(LogApplied(int(applied), cursor.decode() if isinstance(
+                    cursor, bytes) else cursor, int(more) == 1, int(more) == 2))
+        return out
+
+    def _apply_log_one(self, topic: TopicConfig, p: int, fence: int,
+                       count: int) -> LogApplied | Exception:
+        try:
+            return self.apply_log(topic, p, fence, count)
+        except Exception as exc:
+            return exc
+
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
                    rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingApply:
         """Send the :meth:`apply` call now and read its reply later
