@@ -348,7 +348,7 @@ def _report_rejected(rejected: list[Any]) -> dict[str, int]:
 
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
              wait: bool, timeout: float, expiration: float | None,
-             separator: str | None) -> None:
+             separator: str | None, durable: bool = False) -> None:
     from .errors import WaitTimeout
     from .publisher import PublishResult, append
 
@@ -376,9 +376,11 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         with Progress(transient=True) as progress:
             task = progress.add_task(f"publishing to {topic}", total=size)
             result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                            on_chunk=lambda _n: progress.update(task, completed=fh.tell()))
+                            on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
+                            durable=durable)
     else:
-        result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings)
+        result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
+                        durable=durable)
     if fh is not sys.stdin.buffer:
         fh.close()
     if overlong:
@@ -422,6 +424,8 @@ _publish_options = [
                  help="Message lifetime in seconds (0 = never expire); overrides the topic's."),
     click.option("--separator", help="FIX topics: field separator of FILE (SOH, ';', '|'); "
                  "default: the topic's field_separator."),
+    click.option("--durable", is_flag=True, help="Acknowledge each chunk only once a replica "
+                 "has it (WAIT 1): survives the loss of a primary; needs replicas."),
 ]
 
 
@@ -441,7 +445,7 @@ def _with(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 @_friendly
 def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
             timeout: float, expiration: float | None, separator: str | None,
-            delta: bool) -> None:
+            durable: bool, delta: bool) -> None:
     """Publish JSON Lines from FILE (or - for stdin): one message per line.
 
     Each message replaces the whole record of its SOW key; with --delta it is merged.
@@ -463,7 +467,7 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
       sow-redis --redis-url redis://127.0.0.1:6390/0 publish -t orders orders.jsonl --wait
     """
     _publish(ctx, topic, file, "delta_publish" if delta else "publish", sow_key, wait, timeout,
-             expiration, separator)
+             expiration, separator, durable)
 
 
 @main.command("delta-publish")
@@ -471,7 +475,8 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
 @click.pass_context
 @_friendly
 def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
-                  timeout: float, expiration: float | None, separator: str | None) -> None:
+                  timeout: float, expiration: float | None, separator: str | None,
+                  durable: bool) -> None:
     """delta_publish JSON Lines: fields in each update replace those fields of the stored
     record, nested objects merge, other fields stay (same as publish --delta). Same exit
     status as publish: 0 all published, 1 error, 2 usage, 3 lines rejected, 4 --wait timed out.
@@ -480,7 +485,8 @@ def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None
     Example:
       echo '{"orderId": 1, "price": 95}' | sow-redis --redis-url redis://127.0.0.1:6390/0 delta-publish -t orders
     """
-    _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator)
+    _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator,
+             durable)
 
 
 # -- query ------------------------------------------------------------------------------

@@ -71,6 +71,9 @@ class Sow:
         control_url: the plain Redis of rq's queues (``--control-url``; default from
             ``SOW_CONTROL_URL``, else the data Redis). A cluster ``url`` needs one unless
             ``inline`` (nothing is enqueued then).
+        durable: every publish, delta_publish and sow_delete by data returns only once a
+            replica has its messages (``WAIT 1`` per chunk; see
+            :func:`~sow_redis.publisher.append`); raises NotDurableError otherwise.
         settings: overrides for timing knobs (see :class:`~sow_redis.settings.Settings`);
             its ``redis_url`` is used when given (``url`` is then ignored).
         client: a Redis client to use instead of connecting to the URL (the URL still sets
@@ -92,7 +95,7 @@ class Sow:
 
     def __init__(self, url: str | None = None, settings: Settings | None = None,
                  client: Client | None = None, inline: bool | None = None,
-                 control_url: str | None = None):
+                 control_url: str | None = None, durable: bool = False):
         self.settings = settings or Settings.from_env(redis_url=url, control_url=control_url)
         self.url = self.settings.redis_url
         memory = is_memory(self.url)
@@ -103,6 +106,7 @@ class Sow:
                              "where no worker can apply the log; use inline (the default) or "
                              "a redis:// server with 'sow-redis worker'")
         self._inline = bool(inline)
+        self.durable = durable
         if client is not None:
             self.r = client
         elif self._inline and is_cluster_url(self.url) and not self.settings.control_url:
@@ -170,7 +174,7 @@ class Sow:
             sep = fix_separator(separator)
         # each message is encoded inside append: one that cannot be is rejected, not raised
         result = append(self.r, t, ((cmd, m, sow_key, expiration) for m in messages),
-                        fix_separator=sep, jobs=self.job_settings)
+                        fix_separator=sep, jobs=self.job_settings, durable=self.durable)
         self.handoff(t, result.last_ids, wait, timeout)
         return result
 
@@ -319,7 +323,8 @@ class Sow:
         elif keys is not None:
             ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})
         else:
-            res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)])
+            res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)],
+                         durable=self.durable)
             if res.rejected:
                 from .errors import MessageError
 

@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from . import keys
 from .config import TopicConfig
 from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
-from .errors import MessageError, WaitTimeout
+from .errors import MessageError, NotDurableError, WaitTimeout
 from .fix import to_message
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
@@ -118,7 +118,7 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
 def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
            fix_separator: bytes | None = None,
-           jobs: Settings | None = None) -> PublishResult:
+           jobs: Settings | None = None, durable: bool = False) -> PublishResult:
     """Validate and append messages to the log.
 
     Every item is either appended or rejected with its reason, whatever the other items do:
@@ -140,6 +140,9 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             XADDs, the job markers of its partitions are set (``SET NX``) and an ingest job
             is enqueued for each marker that was absent (what :func:`jobs.ensure_jobs` does
             in round trips of its own). None: the caller hands the entries over itself.
+        durable: after each chunk, wait until at least one replica of every primary written
+            to has it (``WAIT 1``, at most :data:`DURABLE_WAIT_MS`): an acknowledged message
+            survives the loss of its primary (replication is asynchronous otherwise).
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -147,10 +150,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     Raises:
         Whatever iterating ``items`` raises (e.g. an OSError reading a file), after appending
         the items validated before it (a note on the exception says how many were published);
-        Redis errors.
+        Redis errors; NotDurableError: with ``durable``, no replica confirmed a chunk in
+        time (its messages are in the log of the primary, not acknowledged).
     """
-    if is_cluster(r):
-        return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs)
+    if durable or is_cluster(r):
+        return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs, durable)
     result = PublishResult()
     batch = XaddBatch(r)
     parts: list[int] = []
@@ -245,13 +249,67 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     return result
 
 
+DURABLE_WAIT_MS = 5000
+"""Milliseconds a ``durable`` publish waits for a replica to confirm a chunk (``WAIT``)."""
+
+
+def _send_chunk(r: Client, commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
+                durable: bool) -> list[Any]:
+    """Run ``(method, args, kwargs)`` commands (each on one key, the key first) in order of
+    the replies; with ``durable``, followed on each node by ``WAIT 1`` on the connection that
+    wrote them.
+
+    Raises:
+        NotDurableError: a node's WAIT counted no replica within :data:`DURABLE_WAIT_MS`.
+    """
+    if not durable:
+        pipe = r.pipeline(transaction=False)
+        for method, args, kwargs in commands:
+            getattr(pipe, method)(*args, **kwargs)
+        return pipe.execute()
+    # WAIT counts the replicas that have the writes of its own connection: one plain pipeline
+    # per node (a cluster's pipeline would spread commands over pooled connections)
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    for i, (_m, args, _k) in enumerate(commands):
+        if is_cluster(r):
+            node = r.get_node_from_key(args[0])  # type: ignore[attr-defined]
+            name, client = node.name, r.get_redis_connection(node)  # type: ignore[attr-defined]
+        else:
+            name, client = "", r
+        groups.setdefault(name, (client, []))[1].append(i)
+    out: list[Any] = [None] * len(commands)
+    for name, (client, idx) in groups.items():
+        pipe = client.pipeline(transaction=False)
+        for i in idx:
+            method, args, kwargs = commands[i]
+            getattr(pipe, method)(*args, **kwargs)
+        pipe.execute_command("WAIT", 1, DURABLE_WAIT_MS)
+        try:
+            replies = pipe.execute()
+        except RedisError:
+            if is_cluster(r):  # a node gone or a slot moved: read the slot map again
+                try:
+                    r.nodes_manager.initialize()  # type: ignore[attr-defined]
+                except RedisError:
+                    pass  # the next call tries again
+            raise
+        if int(replies[-1]) < 1:
+            raise NotDurableError(
+                f"no replica of {name or 'the server'} confirmed {len(idx)} write(s) within "
+                f"{DURABLE_WAIT_MS} ms (WAIT 1): they are not acknowledged")
+        for i, reply in zip(idx, replies):
+            out[i] = reply
+    return out
+
+
 def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start: int,
                     on_chunk: Callable[[int], None] | None, fix_separator: bytes | None,
-                    jobs: Settings | None) -> PublishResult:
-    """:func:`append` on a Redis Cluster (same arguments, result and errors): each chunk of
-    :data:`CHUNK` messages goes as one redis-py cluster pipeline (one round trip per node
-    holding its partitions; the XADDs of one partition stay in order) with the ``SET NX``
-    of its job markers; no chunk is in flight while the next one is validated."""
+                    jobs: Settings | None, durable: bool = False) -> PublishResult:
+    """:func:`append` on a Redis Cluster, or with ``durable`` (same arguments, result and
+    errors): each chunk of :data:`CHUNK` messages goes as one redis-py pipeline (on a
+    cluster one round trip per node holding its partitions; the XADDs of one partition stay
+    in order) with the ``SET NX`` of its job markers, and with ``durable`` a ``WAIT 1`` per
+    node; no chunk is in flight while the next one is validated."""
     result = PublishResult()
     log_keys = [keys.log(topic.name, p) for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
@@ -262,17 +320,15 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
     def flush() -> None:
         nonlocal chunk, handled
         if chunk:
-            pipe = r.pipeline(transaction=False)
-            for p, entry in chunk:
-                pipe.xadd(log_keys[p], entry)
+            commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+                ("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
             touched = sorted({p for p, _e in chunk})
             if jobs is not None:
                 from .jobs import OWNER
 
-                for p in touched:
-                    pipe.set(keys.job_marker(topic.name, p), OWNER, nx=True,
-                             px=jobs.marker_ttl_ms)
-            replies = pipe.execute()
+                commands += [("set", (keys.job_marker(topic.name, p), OWNER),
+                              {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
+            replies = _send_chunk(r, commands, durable)
             for (p, _e), sid in zip(chunk, replies):
                 result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
             result.published += len(chunk)

@@ -134,7 +134,7 @@ class LocalCluster:
 
 def _cluster_ok(ports: list[int], replicas: int) -> bool:
     """Whether every node answers ``cluster_state:ok``, knows every other node and sees
-    ``replicas`` replicas of each primary."""
+    ``replicas`` replicas of each primary, and every replica is in sync with its primary."""
     from redis import Redis
     from redis.exceptions import RedisError
 
@@ -149,6 +149,9 @@ def _cluster_ok(ports: list[int], replicas: int) -> bool:
             n_replicas = sum("slave" in info["flags"] for info in nodes.values())
             if n_replicas != len(ports) // (1 + replicas) * replicas:
                 return False
+            repl = r.info("replication")
+            if repl.get("role") == "slave" and repl.get("master_link_status") != "up":
+                return False  # a replica that never synced cannot be promoted
         except (RedisError, OSError):
             return False
     return True
@@ -186,7 +189,8 @@ def spawn_cluster(primaries: int, replicas: int, data_dir: str | Path, persist: 
             cluster.procs[port] = spawn_redis(
                 port, Path(data_dir, f"node-{port}"), persist=persist,
                 extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                       "--cluster-node-timeout", str(node_timeout_ms)])
+                       "--cluster-node-timeout", str(node_timeout_ms),
+                       "--repl-diskless-sync-delay", "0"])
         out = subprocess.run(
             [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
              "--cluster-replicas", str(replicas), "--cluster-yes"],
