@@ -984,7 +984,9 @@ def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2 --detach
       sow-redis --redis-url redis://127.0.0.1:6390/0 down
-      sow-redis up --cluster 3 --replicas 1 --workers 2
+
+    With --cluster N (and --replicas R) it starts a local Redis Cluster and a control Redis
+    instead, prints SOW_REDIS_URL and SOW_CONTROL_URL, and stops them on Ctrl-C.
     """
     from .server import READY_TIMEOUT_S, redis_warnings, run_up, start_detached
 

@@ -121,7 +121,7 @@ def is_cluster_url(url: str) -> bool:
     return url.startswith(CLUSTER_SCHEMES)
 
 
-def is_cluster(r: object) -> bool:
+def is_cluster(r: Client) -> bool:
     """Whether client ``r`` is a ``redis.cluster.RedisCluster`` (without importing redis
     when it is not loaded)."""
     import sys
