@@ -21,6 +21,10 @@ With ``--live`` also: the W workers running, the N messages are published as fas
 publisher can (``append(..., jobs=settings)``, as ``Sow.publish`` does) and the clock runs
 from the first publish to the last entry applied (``live/s``).
 
+With ``--repeat R`` every plane × worker count runs R times, the rounds interleaved (server
+and cluster alternate, so a busy moment of the machine hits both), and the best run of each
+is reported (the table; the JSON keeps every run).
+
 Every run is verified: records = distinct keys, the partitions' ``seq`` sum = N (each message
 applied exactly once), nothing in the error streams. The check of issue 12: ``cluster`` with 2
 workers ≥ ``--target`` (1.5) × ``server`` with 1 worker, both measured here.
@@ -187,6 +191,8 @@ def main() -> int:
                     "cores the primaries need)")
     ap.add_argument("--batch-size", type=int, default=500)
     ap.add_argument("--live", action="store_true", help="also the live publish variant")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of each plane × worker count (interleaved); the best is shown")
     ap.add_argument("--target", type=float, default=1.5,
                     help="required ratio: cluster with 2 workers over server with 1")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run at most")
@@ -203,20 +209,28 @@ def main() -> int:
         planes.append(start_server(workdir))
         planes.append(start_cluster(workdir, args.primaries, args.replicas))
         machine = machine_info(connect(planes[0].url))
-        for plane in planes:
-            for w in counts:
-                row = run_one(plane, w, msgs, args, workdir)
-                console.print(f"{plane.name} × {w} worker(s): {row['applied_per_s']:,} "
-                              f"applied/s")
-                rows.append(row)
+        for rnd in range(args.repeat):
+            for plane in planes:
+                for w in counts:
+                    row = run_one(plane, w, msgs, args, workdir)
+                    row["round"] = rnd
+                    console.print(f"round {rnd + 1}: {plane.name} × {w} worker(s): "
+                                  f"{row['applied_per_s']:,} applied/s")
+                    rows.append(row)
     finally:
         for plane in planes:
             plane.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    base = next(r["applied_per_s"] for r in rows if r["plane"] == "server" and r["workers"] == 1)
-    print_table(rows, base, args.live, console)
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        k = (r["plane"], r["workers"])
+        if k not in best or r["applied_per_s"] > best[k]["applied_per_s"]:
+            best[k] = r
+    shown = list(best.values())
+    base = best[("server", 1)]["applied_per_s"]
+    print_table(shown, base, args.live, console)
     check: dict[str, Any] = {}
-    two = [r for r in rows if r["plane"] == "cluster" and r["workers"] == 2]
+    two = [r for r in shown if r["plane"] == "cluster" and r["workers"] == 2]
     if two:
         ratio = two[0]["applied_per_s"] / base
         check = {"cluster_2_workers_over_server_1_worker": round(ratio, 2),
@@ -226,7 +240,8 @@ def main() -> int:
     path = write_json(args.json, {
         "benchmark": "scale", "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "params": vars(args), "machine": machine, "runs": rows, "check": check})
+        "params": vars(args), "machine": machine, "runs": rows, "best": shown,
+        "check": check})
     console.print(f"JSON: {path}")
     return 0 if not check or check["ok"] else 1
 
