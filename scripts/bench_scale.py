@@ -32,7 +32,7 @@ workers ≥ ``--target`` (1.5) × ``server`` with 1 worker, both measured here.
 
 Output: a rich table and a JSON file (``--json``). Example::
 
-    .venv/bin/python scripts/bench_scale.py --n 200000 --workers 1,2,4
+    .venv/bin/python scripts/bench_scale.py --n 1000000 --workers 1,2 --repeat 2
 """
 
 from __future__ import annotations
@@ -187,9 +187,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=200_000, help="messages per run")
     ap.add_argument("--keys", type=int, default=50_000, help="distinct SOW keys")
     ap.add_argument("--size", type=int, default=200, help="bytes per message, about")
-    ap.add_argument("--partitions", type=int, default=12,
-                    help="partitions of the topic (12: a multiple of 1, 2, 4 workers and 3 "
-                    "primaries)")
+    ap.add_argument("--partitions", type=int, default=48,
+                    help="partitions of the topic (48: a multiple of 1, 2, 4 workers; spread "
+                    "over 3 primaries by hash slot, unevenly with few partitions)")
     ap.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
     ap.add_argument("--primaries", type=int, default=3)
     ap.add_argument("--replicas", type=int, default=0,
