@@ -33,7 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 from . import chaining, keys, streamids
 from .chaining import ChainConflict
 from .config import TopicConfig
-from .connection import Client
+from .connection import Client, StreamEntry, is_cluster
 from .entries import Command, LogEntry, decode_entry, original
 from .errors import (
     ConflictError,
@@ -65,6 +65,9 @@ def read_log(r: Client, topic: str, p: int, cursor: str, count: int) -> list[tup
     Uses a sibling client (same connection pool) whose XRANGE reply is left raw: building the
     field dicts here costs half of what redis-py's generic stream parser does.
     """
+    if is_cluster(r):  # redis-py's parser; the cluster client follows slot redirections
+        return [(sid, dict(fields)) for sid, fields in cast(
+            "list[StreamEntry]", r.xrange(keys.log(topic, p), min="(" + cursor, count=count))]
     raw = attached(r, "raw_xrange", _raw_xrange_client)
     out = []
     for sid, flat in raw.xrange(keys.log(topic, p), min="(" + cursor, count=count):
@@ -384,14 +387,22 @@ class PartitionApplier:
         self._send()
         return done + self._settle()
 
-    def step(self) -> int:
+    @property
+    def wants_log_apply(self) -> bool:
+        """True when the next :meth:`step` starts with one apply_log.lua call and nothing
+        else (nothing planned or in flight): a caller serving several partitions can make
+        these calls together (:meth:`Scripts.apply_logs`) and hand each its reply."""
+        return self._in_redis and self._planned is None and self._inflight is None
+
+    def step(self, given: LogApplied | Exception | None = None) -> int:
         """Read the next batch, send the one planned before, plan the new one; returns the log
         entries whose apply completed during this call. :attr:`drained` tells when nothing
-        was left."""
+        was left. ``given``: the reply (or exception) of this step's apply_log.lua call,
+        made by the caller (only when :attr:`wants_log_apply`)."""
         self.drained = False
         if self._in_redis:
             done = self._flush()
-            res = self._apply_in_redis()
+            res = self._apply_in_redis(given)
             if res is not None:
                 done += res.applied
                 if not res.stopped:
@@ -437,12 +448,16 @@ class PartitionApplier:
         self._in_redis = not self.topic.chaining and _prepared_publish(run[-1][0], self.topic)
         return done
 
-    def _apply_in_redis(self) -> LogApplied | None:
-        """One apply_log.lua call (nothing planned or in flight); leaves the in-Redis mode when
-        the script stopped before an entry to plan, or failed (None; the planned path then
-        applies those entries, rejecting what it must)."""
+    def _apply_in_redis(self, given: LogApplied | Exception | None = None) -> LogApplied | None:
+        """One apply_log.lua call (nothing planned or in flight; ``given``: its reply, made by
+        the caller); leaves the in-Redis mode when the script stopped before an entry to
+        plan, or failed (None; the planned path then applies those entries, rejecting what it
+        must)."""
         try:
-            res = self.scripts.apply_log(self.topic, self.p, self.fence, self.batch_size)
+            if isinstance(given, Exception):
+                raise given
+            res = given if given is not None else self.scripts.apply_log(
+                self.topic, self.p, self.fence, self.batch_size)
         except Exception as exc:
             if _transient(exc):
                 raise

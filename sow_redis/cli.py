@@ -13,8 +13,8 @@ from typing import Any, BinaryIO
 import click
 import orjson
 
-from .connection import check_url, is_memory, redact, tls_options
-from .errors import BadURLError, SowError
+from .connection import check_url, control_url_for, is_memory, redact, tls_options
+from .errors import BadURLError, ControlURLError, SowError
 from .settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
 
 
@@ -91,6 +91,12 @@ def _settings(ctx: click.Context) -> Settings:
         check_url(url)
     except BadURLError as exc:
         raise click.ClickException(f"invalid --redis-url {exc.url!r}: {exc.reason}") from None
+    try:
+        control_url_for(url, settings.control_url)
+    except BadURLError as exc:
+        raise click.ClickException(f"invalid --control-url {exc.url!r}: {exc.reason}") from None
+    except ControlURLError as exc:
+        raise click.ClickException(str(exc)) from None
     return settings
 
 
@@ -103,7 +109,11 @@ def _sow(ctx: click.Context) -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", envvar="SOW_REDIS_URL", default=DEFAULT_REDIS_URL, show_default=True,
-              help="Redis to use: redis://, rediss:// or unix:// (env SOW_REDIS_URL).")
+              help="Redis to use: redis://, rediss://, unix:// or redis+cluster://host:port "
+              "(any node of a Redis Cluster) (env SOW_REDIS_URL).")
+@click.option("--control-url", envvar="SOW_CONTROL_URL", default=None,
+              help="Plain Redis for rq's queues and workers (env SOW_CONTROL_URL; default: "
+              "--redis-url; required with a Redis Cluster, where rq cannot run).")
 @click.option("--config", "config_path", envvar="SOW_REDIS_CONFIG", default=DEFAULT_CONFIG_PATH,
               show_default=True, help="Topic configuration TOML (env SOW_REDIS_CONFIG).")
 @click.option("--log-json", is_flag=True, envvar="SOW_LOG_JSON",
@@ -113,8 +123,8 @@ def _sow(ctx: click.Context) -> Any:
               help="Least level logged (env SOW_LOG_LEVEL; DEBUG shows every lease).")
 @click.version_option(package_name="sow_redis")
 @click.pass_context
-def main(ctx: click.Context, redis_url: str, config_path: str, log_json: bool,
-         log_level: str) -> None:
+def main(ctx: click.Context, redis_url: str, control_url: str | None, config_path: str,
+         log_json: bool, log_level: str) -> None:
     """sow_redis: a State of the World message database on Redis.
 
     \b
@@ -128,7 +138,8 @@ def main(ctx: click.Context, redis_url: str, config_path: str, log_json: bool,
     from .logs import setup
 
     setup(json=log_json, level=log_level)
-    ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path)}
+    ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path,
+                                             control_url=control_url or None)}
 
 
 # -- config -----------------------------------------------------------------------------
@@ -337,7 +348,7 @@ def _report_rejected(rejected: list[Any]) -> dict[str, int]:
 
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
              wait: bool, timeout: float, expiration: float | None,
-             separator: str | None, retry_s: float = 0.0) -> None:
+             separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
     from .errors import WaitTimeout
     from .publisher import PublishResult, append
 
@@ -371,9 +382,11 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         with Progress(transient=True) as progress:
             task = progress.add_task(f"publishing to {topic}", total=size)
             result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                            on_chunk=lambda _n: progress.update(task, completed=fh.tell()))
+                            on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
+                            durable=durable)
     else:
-        result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings)
+        result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
+                        durable=durable)
     if fh is not sys.stdin.buffer:
         fh.close()
     if overlong:
@@ -428,6 +441,8 @@ _publish_options = [
                  help="Seconds a Redis outage may last once publishing has started: the "
                  "outage is reported once on stderr, the lines in flight are sent again when "
                  "Redis answers (at least once); 0: fail at once."),
+    click.option("--durable", is_flag=True, help="Acknowledge each chunk only once a replica "
+                 "has it (WAIT 1): survives the loss of a primary; needs replicas."),
 ]
 
 
@@ -447,7 +462,7 @@ def _with(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 @_friendly
 def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
             timeout: float, expiration: float | None, separator: str | None, retry_s: float,
-            delta: bool) -> None:
+            durable: bool, delta: bool) -> None:
     """Publish JSON Lines from FILE (or - for stdin): one message per line.
 
     Each message replaces the whole record of its SOW key; with --delta it is merged.
@@ -469,7 +484,7 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
       sow-redis --redis-url redis://127.0.0.1:6390/0 publish -t orders orders.jsonl --wait
     """
     _publish(ctx, topic, file, "delta_publish" if delta else "publish", sow_key, wait, timeout,
-             expiration, separator, retry_s)
+             expiration, separator, retry_s, durable)
 
 
 @main.command("delta-publish")
@@ -478,7 +493,7 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
 @_friendly
 def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait: bool,
                   timeout: float, expiration: float | None, separator: str | None,
-                  retry_s: float) -> None:
+                  retry_s: float, durable: bool) -> None:
     """delta_publish JSON Lines: fields in each update replace those fields of the stored
     record, nested objects merge, other fields stay (same as publish --delta). Same exit
     status as publish: 0 all published, 1 error, 2 usage, 3 lines rejected, 4 --wait timed out.
@@ -488,7 +503,7 @@ def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None
       echo '{"orderId": 1, "price": 95}' | sow-redis --redis-url redis://127.0.0.1:6390/0 delta-publish -t orders
     """
     _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator,
-             retry_s)
+             retry_s, durable)
 
 
 # -- query ------------------------------------------------------------------------------
@@ -969,10 +984,16 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
               "`sow-redis down` stops it.")
 @click.option("--wait-ready", type=click.FloatRange(min=0), metavar="SECONDS",
               help="With --detach: seconds to wait until ready (default 60).")
+@click.option("--cluster", "cluster_n", type=click.IntRange(min=3), metavar="N",
+              help="Start a Redis Cluster of N primaries (N >= 3) and a plain control Redis "
+              "on free loopback ports instead of using --redis-url, and print their URLs "
+              "(for trials; without --detach).")
+@click.option("--replicas", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --cluster: replicas per primary.")
 @click.pass_context
 @_friendly
 def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach: bool,
-       wait_ready: float | None) -> None:
+       wait_ready: float | None, cluster_n: int | None, replicas: int) -> None:
     """Start a local redis-server (if none answers at --redis-url), apply --config, run
     N workers and the expirer; Ctrl-C (or `sow-redis down`) stops them all cleanly.
 
@@ -980,11 +1001,22 @@ def up(ctx: click.Context, workers: int, data_dir: str, no_config: bool, detach:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 up --workers 2 --detach
       sow-redis --redis-url redis://127.0.0.1:6390/0 down
+
+    With --cluster N (and --replicas R) it starts a local Redis Cluster and a control Redis
+    instead, prints SOW_REDIS_URL and SOW_CONTROL_URL, and stops them on Ctrl-C.
     """
     from .server import READY_TIMEOUT_S, redis_warnings, run_up, start_detached
 
     if wait_ready is not None and not detach:
         raise click.UsageError("--wait-ready needs --detach")
+    if cluster_n is not None:
+        if detach:
+            raise click.UsageError("--cluster runs in the foreground (no --detach)")
+        run_up(ctx.find_root().obj["settings"], workers, data_dir, apply_config=not no_config,
+               cluster=(cluster_n, replicas))
+        return
+    if replicas:
+        raise click.UsageError("--replicas needs --cluster")
     settings = _settings(ctx)
     if detach:
         click.echo(start_detached(settings, workers, data_dir, apply_config=not no_config,
@@ -1032,8 +1064,8 @@ def down(ctx: click.Context, data_dir: str, timeout: float) -> None:
 @_friendly
 def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
               password: str | None) -> None:
-    """Run rq-dashboard on this Redis to watch workers, the 'sow' queue and jobs; it
-    listens on 127.0.0.1 unless --bind says otherwise.
+    """Run rq-dashboard on this Redis (the --control-url one when given) to watch workers,
+    the 'sow' queue and jobs; it listens on 127.0.0.1 unless --bind says otherwise.
 
     \b
     Example (then open http://127.0.0.1:9181/):
@@ -1041,7 +1073,8 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
     """
     from redis import Redis
 
-    url = _settings(ctx).redis_url
+    settings = _settings(ctx)
+    url = control_url_for(settings.redis_url, settings.control_url)  # rq lives there
     if bool(username) != bool(password):
         raise click.UsageError("give both --username and --password (or neither)")
     try:

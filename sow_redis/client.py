@@ -30,7 +30,7 @@ import orjson
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
-from .connection import Client, connect, is_memory, redact
+from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, WaitTimeout
 from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
@@ -65,8 +65,15 @@ class Sow:
     """A connection to one SOW (one Redis server or cluster, or an in-memory one).
 
     Args:
-        url: ``redis://host:port/db``, ``rediss://…``, ``unix:///path`` or ``memory://[name]``
-            (see :mod:`sow_redis.connection`); default from ``SOW_REDIS_URL``.
+        url: ``redis://host:port/db``, ``rediss://…``, ``unix:///path``,
+            ``redis+cluster://host:port`` or ``memory://[name]`` (see
+            :mod:`sow_redis.connection`); default from ``SOW_REDIS_URL``.
+        control_url: the plain Redis of rq's queues (``--control-url``; default from
+            ``SOW_CONTROL_URL``, else the data Redis). A cluster ``url`` needs one unless
+            ``inline`` (nothing is enqueued then).
+        durable: every publish, delta_publish and sow_delete by data returns only once a
+            replica has its messages (``WAIT 1`` per chunk; see
+            :func:`~sow_redis.publisher.append`); raises NotDurableError otherwise.
         settings: overrides for timing knobs (see :class:`~sow_redis.settings.Settings`);
             its ``redis_url`` is used when given (``url`` is then ignored).
         client: a Redis client to use instead of connecting to the URL (the URL still sets
@@ -87,12 +94,13 @@ class Sow:
         BadURLError: the URL cannot be used (one line, password masked).
         ValueError: ``inline=False`` with ``memory://``: no worker can reach an in-process
             server, so nothing published would ever be applied.
+        ControlURLError: a cluster ``url`` without a control URL, not inline.
     """
 
     def __init__(self, url: str | None = None, settings: Settings | None = None,
                  client: Client | None = None, inline: bool | None = None,
-                 retry_s: float = 0.0):
-        self.settings = settings or Settings.from_env(redis_url=url)
+                 retry_s: float = 0.0, control_url: str | None = None, durable: bool = False):
+        self.settings = settings or Settings.from_env(redis_url=url, control_url=control_url)
         self.url = self.settings.redis_url
         memory = is_memory(self.url)
         if inline is None:
@@ -103,7 +111,13 @@ class Sow:
                              "a redis:// server with 'sow-redis worker'")
         self._inline = bool(inline)
         self.retry_s = retry_s
-        self.r = client if client is not None else connect(self.url)
+        self.durable = durable
+        if client is not None:
+            self.r = client
+        elif self._inline and is_cluster_url(self.url) and not self.settings.control_url:
+            self.r = connect(self.url)  # inline: nothing goes to rq's queues
+        else:
+            self.r = connect_pair(self.url, self.settings.control_url)
 
     @property
     def inline(self) -> bool:
@@ -172,11 +186,12 @@ class Sow:
         items = ((cmd, m, sow_key, expiration) for m in messages)
         if self.retry_s > 0:
             result = append_through_outage(self.r, t, items, self.retry_s, fix_separator=sep,
-                                           jobs=self.job_settings)
+                                           jobs=self.job_settings, durable=self.durable)
             call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout,
                                                      jobs_started=True), self.retry_s)
             return result
-        result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings)
+        result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings,
+                        durable=self.durable)
         self.handoff(t, result.last_ids, wait, timeout, jobs_started=True)
         return result
 
@@ -329,7 +344,8 @@ class Sow:
         elif keys is not None:
             ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})
         else:
-            res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)])
+            res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)],
+                         durable=self.durable)
             if res.rejected:
                 from .errors import MessageError
 

@@ -40,7 +40,7 @@ from typing import Any, cast
 import orjson
 
 from . import keys
-from .connection import Client
+from .connection import Client, is_cluster
 from .errors import ConfigError, UnknownTopicError
 from .fix import separator
 from .values import split_path
@@ -692,11 +692,16 @@ def store_topics(r: Client, topics: list[TopicConfig]) -> int:
     Returns:
         The new registry version.
     """
-    pipe = r.pipeline(transaction=True)
+    cluster = is_cluster(r)
+    # one MULTI on a server; on a cluster the three keys lie in different slots: the
+    # definitions first, then the version bump that makes readers load them
+    pipe = r.pipeline(transaction=not cluster)
     sec, usec = r.time()
     for t in topics:
         pipe.hset(keys.REGISTRY, t.name, t.to_json())
         pipe.hset(keys.LAST_USED, t.name, int(sec) * 1000 + int(usec) // 1000)
+    if cluster:
+        pipe.execute()
     pipe.incr(keys.REGISTRY_VERSION)
     version = pipe.execute()[-1]
     r.publish(keys.REGISTRY_CHANNEL, str(version))

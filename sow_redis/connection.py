@@ -1,11 +1,18 @@
 """Connecting to a SOW's Redis: URL checks, clients, and the server clock.
 
 URLs (redis-py ``Redis.from_url``): ``redis://[user:password@]host:port/db``,
-``rediss://…`` (TLS), ``unix:///path/to/socket[?db=N]``; and ``memory://[name]``, an
+``rediss://…`` (TLS), ``unix:///path/to/socket[?db=N]``; ``redis+cluster://host:port`` and
+``rediss+cluster://host:port`` (any one node of a Redis Cluster: redis-py's
+``RedisCluster`` discovers the others; database 0 only); and ``memory://[name]``, an
 in-process fakeredis server (clients of one name share one server; it lives as long as this
 process). A URL that cannot be used raises :class:`~sow_redis.errors.BadURLError` (one line,
 password masked) before anything is sent: a bad scheme, host or port, and an option in the
 query that redis-py does not take (``?ssl_ca_cert=`` for ``ssl_ca_certs``).
+
+Control plane (ARCHITECTURE §2): rq's queues and workers cannot live on a Redis Cluster (rq
+issues multi-key commands across slots: CROSSSLOT, rq issue 1942), so a cluster data client
+carries a plain control client (``--control-url``, :func:`connect_pair`), which
+:func:`control_of` returns; on one server both are the same client.
 
 TLS (``rediss://``): redis-py's ``ssl_*`` options travel in the URL query
 (``rediss://host:6380/0?ssl_ca_certs=/etc/sow-redis/ca.crt``), so every process that gets the
@@ -19,7 +26,7 @@ import os
 from typing import TYPE_CHECKING, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .errors import BadURLError
+from .errors import BadURLError, ControlURLError
 
 if TYPE_CHECKING:  # redis is imported lazily: `sow-redis --help` and URL checks stay fast
     import fakeredis
@@ -29,7 +36,10 @@ if TYPE_CHECKING:  # redis is imported lazily: `sow-redis --help` and URL checks
 
 Client: TypeAlias = "redis.Redis"
 """A redis-py client with bytes responses (``decode_responses`` off), as :func:`connect`
-returns; ``fakeredis.FakeRedis`` (``memory://``) is a subclass. redis-py types a string reply
+returns; ``fakeredis.FakeRedis`` (``memory://``) is a subclass, and so, for the type checker,
+is ``redis.cluster.RedisCluster`` (``redis+cluster://``): it offers the same commands (routed
+by key slot), and every call site keeps to what both offer (no multi-key command across
+partitions, no MULTI across partitions, per-partition pipelines). redis-py types a string reply
 as ``bytes | str`` since it cannot know ``decode_responses``; with this client it is always
 ``bytes``, so read sites ``cast`` the reply (a no-op at run time), e.g.
 ``cast("bytes | None", r.hget(k, f))``. A string alias: redis is imported only when used."""
@@ -50,11 +60,14 @@ all bytes. redis-py types these replies as ``bytes | str`` (it cannot know
 MEMORY = "memory://"
 """Scheme prefix of the in-process backend."""
 
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
-"""Scheme prefixes of a Redis server."""
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+"""Scheme prefixes of a Redis Cluster (any one node's address)."""
 
-_USAGE = ("use redis://host:port/db, rediss://host:port/db or unix:///path/to/socket "
-          "(memory://name in the Python API)")
+URL_SCHEMES = ("redis://", "rediss://", "unix://") + CLUSTER_SCHEMES
+"""Scheme prefixes of a Redis server or cluster."""
+
+_USAGE = ("use redis://host:port/db, rediss://host:port/db, unix:///path/to/socket or "
+          "redis+cluster://host:port (memory://name in the Python API)")
 
 TLS_ENV = {
     "SOW_REDIS_SSL_CA_CERTS": "ssl_ca_certs",
@@ -93,7 +106,7 @@ def redact(url: str) -> str:
 def tls_options(url: str) -> dict[str, str]:
     """The TLS options of :data:`TLS_ENV` set in the environment, for a ``rediss://`` URL
     (``{}`` for any other URL); the URL's own query options win over these."""
-    if not url.startswith("rediss://"):
+    if not url.startswith(("rediss://", "rediss+cluster://")):
         return {}
     return {opt: os.environ[var] for var, opt in TLS_ENV.items() if os.environ.get(var)}
 
@@ -101,6 +114,50 @@ def tls_options(url: str) -> dict[str, str]:
 def is_memory(url: str) -> bool:
     """Whether ``url`` names the in-process backend (``memory://…``)."""
     return url.startswith(MEMORY)
+
+
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://`` / ``rediss+cluster://``)."""
+    return url.startswith(CLUSTER_SCHEMES)
+
+
+def is_cluster(r: Client) -> bool:
+    """Whether client ``r`` is a ``redis.cluster.RedisCluster`` (without importing redis
+    when it is not loaded)."""
+    import sys
+
+    mod = sys.modules.get("redis.cluster")
+    return mod is not None and isinstance(r, mod.RedisCluster)
+
+
+def _node_url(url: str) -> str:
+    """The plain URL of the node a cluster URL names (``redis+cluster://h:p`` →
+    ``redis://h:p``).
+
+    Raises:
+        BadURLError: a database other than 0 (a cluster has only database 0).
+    """
+    plain = url.replace("+cluster://", "://", 1)
+    u = urlsplit(plain)
+    db = dict(parse_qsl(u.query)).get("db", u.path.strip("/") or "0")
+    if db != "0":
+        raise BadURLError(redact(url), f"a Redis Cluster has only database 0; {_USAGE}")
+    return plain
+
+
+def _cluster_client(url: str) -> Client:
+    """A ``RedisCluster`` (bytes responses) started from the node ``url`` names: it asks that
+    node for the slot map (so, unlike a single server's client, it connects now).
+
+    Raises:
+        BadURLError: as for a single server's URL; redis.exceptions.RedisClusterException /
+            ConnectionError: no node answers.
+    """
+    plain = _node_url(url)
+    _redis_client(plain)  # the same URL checks as a single server's (nothing is sent)
+    from redis.cluster import RedisCluster
+
+    return RedisCluster.from_url(plain, **tls_options(url))  # type: ignore[return-value]
 
 
 def _redis_client(url: str) -> Client:
@@ -137,17 +194,24 @@ def check_url(url: str) -> None:
     Raises:
         BadURLError: one line naming the URL (password masked) and what is wrong.
     """
-    if not is_memory(url):
+    if is_cluster_url(url):
+        _node_url(url)
+        _redis_client(_node_url(url))
+    elif not is_memory(url):
         _redis_client(url)
 
 
 def connect(url: str) -> Client:
-    """A client for ``url``: redis-py (bytes responses) for a server, fakeredis for
-    ``memory://[name]``. No command is sent: an unreachable server fails at the first one.
+    """A client for ``url``: redis-py (bytes responses) for a server, ``RedisCluster`` for
+    ``redis+cluster://``, fakeredis for ``memory://[name]``. For a server no command is sent
+    (an unreachable server fails at the first one); a cluster client reads the slot map now.
 
     Raises:
-        BadURLError: the URL cannot be used (see the module docstring).
+        BadURLError: the URL cannot be used (see the module docstring);
+            redis.exceptions.RedisClusterException: no node of a cluster URL answers.
     """
+    if is_cluster_url(url):
+        return _cluster_client(url)
     if is_memory(url):
         import fakeredis
 
@@ -157,11 +221,83 @@ def connect(url: str) -> Client:
     return _redis_client(url)
 
 
+def control_url_for(data_url: str, control_url: str | None) -> str:
+    """The control plane's URL (rq queues and workers): ``control_url`` when given, else the
+    data URL when it is not a cluster.
+
+    Raises:
+        ControlURLError: a cluster data URL without a control URL, or a cluster control URL
+            (rq cannot run on a cluster: rq issue 1942); BadURLError: a bad control URL.
+    """
+    if control_url:
+        if is_cluster_url(control_url):
+            raise ControlURLError(
+                f"the control plane (rq) cannot run on a Redis Cluster ({redact(control_url)}): "
+                "give a plain redis:// server as --control-url / SOW_CONTROL_URL")
+        check_url(control_url)
+        return control_url
+    if is_cluster_url(data_url):
+        raise ControlURLError(
+            f"{redact(data_url)} is a Redis Cluster, where rq's queues cannot live: give a "
+            "plain Redis for them with --control-url / SOW_CONTROL_URL")
+    return data_url
+
+
+def connect_pair(data_url: str, control_url: str | None = None,
+                 required: bool = True) -> Client:
+    """The data client of ``data_url`` carrying its control client (:func:`control_of`):
+    a client of ``control_url`` when it names another Redis, else the data client itself.
+    ``required=False``: a cluster without a control URL gives the bare data client (for a
+    process that may never enqueue; :func:`control_of` raises when it does).
+
+    Raises:
+        As :func:`control_url_for` and :func:`connect`.
+    """
+    if not required and not control_url and is_cluster_url(data_url):
+        return connect(data_url)
+    curl = control_url_for(data_url, control_url)
+    r = connect(data_url)
+    if curl != data_url:
+        control = connect(curl)
+        set_control(r, control)
+    return r
+
+
+def set_control(r: Client, control: Client) -> None:
+    """Make ``control`` the control client of data client ``r`` (and ``r`` the data client
+    of ``control``: an rq job finds it from its connection, :func:`data_of`)."""
+    r._sow_control = control  # type: ignore[attr-defined]
+    control._sow_data = r  # type: ignore[attr-defined]
+
+
+def control_of(r: Client) -> Client:
+    """The control client (rq queues, workers, dashboard) of data client ``r``: the one
+    :func:`set_control` gave it, else ``r`` itself.
+
+    Raises:
+        ControlURLError: ``r`` is a cluster client without a control client.
+    """
+    control = getattr(r, "_sow_control", None)
+    if control is not None:
+        return control
+    if is_cluster(r):
+        raise ControlURLError("this Redis Cluster client has no control plane for rq's queues: "
+                              "give --control-url / SOW_CONTROL_URL (Sow(..., control_url=))")
+    return r
+
+
+def data_of(control: Client) -> Client:
+    """The data client a control client serves (:func:`set_control`), else ``control``."""
+    return getattr(control, "_sow_data", None) or control
+
+
 def server_ms(r: Client) -> int:
     """The Redis server clock (``TIME``) in milliseconds since the epoch."""
     sec, usec = r.time()
     return int(sec) * 1000 + int(usec) // 1000
 
 
-__all__ = ["MEMORY", "TLS_ENV", "URL_SCHEMES", "Client", "Fields", "Pipeline", "StreamEntry", "check_url",
-           "connect", "is_memory", "redact", "server_ms", "tls_options"]
+__all__ = ["CLUSTER_SCHEMES", "MEMORY", "TLS_ENV", "URL_SCHEMES", "Client", "Fields", "Pipeline",
+           "StreamEntry", "check_url", "connect", "connect_pair", "control_of",
+           "control_url_for", "data_of", "is_cluster", "is_cluster_url", "is_memory", "redact",
+           "server_ms", "set_control", "tls_options"]

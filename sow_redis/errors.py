@@ -64,6 +64,16 @@ class BadURLError(SowError):
         super().__init__(f"invalid Redis URL {url!r}: {reason}")
 
 
+class NotDurableError(SowError):
+    """A ``durable`` publish: no replica confirmed the written messages in time (``WAIT``);
+    they are in the primary's log but not acknowledged. One line."""
+
+
+class ControlURLError(SowError):
+    """No usable control plane for rq (ARCHITECTURE §2): a Redis Cluster data URL without a
+    ``--control-url``, or a cluster given as the control URL. One line."""
+
+
 class KeyListError(SowError):
     """A list of SOW keys (query or sow_delete by keys) that cannot be used: more than
     :data:`sow_redis.sowkey.MAX_KEYS` keys, or a key that is not 1-512 Base64 characters

@@ -29,7 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import events, keys
 from .client import Sow
 from .config import TopicCache, TopicConfig
-from .connection import Client, StreamEntry, connect, server_ms
+from .connection import Client, StreamEntry, connect_pair, is_cluster, server_ms
 from .logs import fields
 from .outage import reporter
 from .scripts import Scripts
@@ -132,7 +132,10 @@ def idle_topics(r: Client, topics: dict[str, TopicConfig]) -> list[str]:
         return []
     now = server_ms(r)
     last = r.hmget(keys.LAST_USED, [t.name for t in candidates])
-    subs = dict(r.pubsub_numsub(*[keys.channel(t.name) for t in candidates]))
+    channels = [keys.channel(t.name) for t in candidates]
+    # on a cluster a subscriber is counted by the node it is connected to: sum every node's
+    subs = dict(r.pubsub_numsub(*channels, target_nodes="all") if is_cluster(r)
+                else r.pubsub_numsub(*channels))
     out = []
     for t, used in zip(candidates, last):
         if subs.get(keys.channel(t.name).encode(), 0) > 0:
@@ -251,7 +254,8 @@ def run_expirer(settings: Settings, burst: bool = False,
     Returns the number of records expired."""
     import signal
 
-    exp = Expirer(connect(settings.redis_url), settings, topics)
+    exp = Expirer(connect_pair(settings.redis_url, settings.control_url, required=False),
+                  settings, topics)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_a: exp.stop())
     return exp.run(burst=burst)

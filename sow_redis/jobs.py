@@ -35,11 +35,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import keys
 from .apply import PartitionApplier
 from .config import TopicCache, TopicConfig
-from .connection import Client
+from .connection import Client, control_of, data_of, is_cluster
 from .errors import FencedError, UnknownTopicError
 from .logs import fields
 from .partition_state import read_cursor
-from .scripts import Scripts, attached
+from .scripts import LogApplied, Scripts, attached
 from .settings import QUEUE_NAME, Settings
 from .streamids import ZERO, parse
 
@@ -66,15 +66,27 @@ def _tools(r: Client) -> tuple[Scripts, TopicCache]:
     return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
 
 
+def get_many(r: Client, names: list[str]) -> list[bytes | None]:
+    """``GET`` of each key (one round trip; on a cluster, one per node): what ``MGET`` does
+    on one server, without its same-slot rule."""
+    if not is_cluster(r):
+        return cast("list[bytes | None]", r.mget(names))
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.get(name)
+    return cast("list[bytes | None]", pipe.execute())
+
+
 def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None) -> None:
-    """Enqueue an ingest job of partition ``p`` (the caller set its job marker). Its
+    """Enqueue an ingest job of partition ``p`` on the control Redis of data client ``r``
+    (:func:`sow_redis.connection.control_of`; the caller set its job marker). Its
     description, shown by rq-dashboard, is ``ingest <topic>[<p>]``, with ``(N entries behind)``
     when the caller knows the backlog (``behind``: log entries not applied yet, at least)."""
     from rq import Queue
 
     from .safejob import SERIALIZER
 
-    Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER).enqueue(
+    Queue(QUEUE_NAME, connection=control_of(r), serializer=SERIALIZER).enqueue(
         JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
         description=f"ingest {topic}[{p}]" + (
             f" ({behind:,} entr{'y' if behind == 1 else 'ies'} behind)" if behind else ""),
@@ -162,7 +174,7 @@ def reclaim(r: Client, topic: str, partitions: list[int], recover: bool = False)
         The partitions whose marker was dropped.
     """
     scripts, _cache = _tools(r)
-    owners = cast("list[bytes | None]", r.mget([keys.lease(topic, p) for p in partitions]))
+    owners = get_many(r, [keys.lease(topic, p) for p in partitions])
     stale = []
     for p, raw in zip(partitions, owners):
         if raw is None:
@@ -230,14 +242,23 @@ def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
         says a queued job waits for this worker.
     """
     deadline = time.monotonic() + wait_ms / 1000
+    streams: dict[str, str] = {k: v for k, v in logs.items() if v is not None}
+    # on a cluster one XREAD cannot name logs of several slots: look at each, then sleep
+    polled = is_cluster(r) and len(streams) > 1
     while True:
         if needed_elsewhere is not None and needed_elsewhere():
             return False
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             return False
-        streams: dict[str, str] = {k: v for k, v in logs.items() if v is not None}
-        if r.xread(streams, count=1, block=min(left_ms, LINGER_SLICE_MS)):  # type: ignore[arg-type]
+        if polled:
+            pipe = r.pipeline(transaction=False)
+            for k, v in streams.items():
+                pipe.xread({k: v}, count=1)
+            if any(pipe.execute()):
+                return True
+            time.sleep(min(left_ms, LINGER_SLICE_MS) / 1000)
+        elif r.xread(streams, count=1, block=min(left_ms, LINGER_SLICE_MS)):  # type: ignore[arg-type]
             return True
 
 
@@ -250,11 +271,13 @@ _DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+ entr(?:y|ies) beh
 def _needed_elsewhere(r: Client) -> bool:
     """True when a job waits in the queue that some worker must run: one whose partition's
     lease nobody holds (a job whose lease is held ends at once). Looks at the first
-    :data:`QUEUE_PEEK` queued jobs, by their description ``ingest <topic>[<p>]``."""
-    ids = cast("list[bytes]", r.lrange(QUEUE_KEY, 0, QUEUE_PEEK - 1))
+    :data:`QUEUE_PEEK` queued jobs, by their description ``ingest <topic>[<p>]`` (the
+    queue on the control Redis, the leases on the data Redis ``r``)."""
+    control = control_of(r)
+    ids = cast("list[bytes]", control.lrange(QUEUE_KEY, 0, QUEUE_PEEK - 1))
     if not ids:
         return False
-    pipe = r.pipeline(transaction=False)
+    pipe = control.pipeline(transaction=False)
     for job_id in ids:
         pipe.hget(b"rq:job:" + job_id, "description")
     leases = []
@@ -264,15 +287,16 @@ def _needed_elsewhere(r: Client) -> bool:
             log.debug("queued job %r needs a worker", desc)
             return True  # not an ingest job: run it
         leases.append(keys.lease(m.group(1).decode(), int(m.group(2))))
-    free = [k for k, owner in zip(leases, r.mget(leases)) if owner is None]
+    free = [k for k, owner in zip(leases, get_many(r, leases)) if owner is None]
     if free:
         log.debug("queued jobs of free partitions %s", free)
     return bool(free)
 
 
 def _workers(r: Client) -> int:
-    """Registered rq workers of the ``sow`` queue (at least 1)."""
-    return max(1, r.scard(f"rq:workers:{QUEUE_NAME}"))
+    """Registered rq workers of the ``sow`` queue (at least 1), on the control Redis of
+    data client ``r``."""
+    return max(1, control_of(r).scard(f"rq:workers:{QUEUE_NAME}"))
 
 
 class _Held:
@@ -343,8 +367,15 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                         # the marker says "served": a publisher enqueues no job for q now
                         r.set(keys.job_marker(topic.name, q), OWNER, px=settings.marker_ttl_ms)
             n = 0
+            # the held partitions' apply_log.lua calls go together: one round trip, and on a
+            # cluster every node holding some of them works at the same time
+            batched = [h for h in held.values() if h.applier.wants_log_apply]
+            replies: dict[int, LogApplied | Exception] = {}
+            if len(batched) > 1:
+                replies = dict(zip((h.p for h in batched), scripts.apply_logs(
+                    topic, [(h.p, h.fence) for h in batched], settings.batch_size)))
             for h in held.values():
-                k = h.applier.step()
+                k = h.applier.step(replies.get(h.p))
                 h.done += k
                 n += k
             if GATHER_MIN <= n < settings.batch_size // 4:
@@ -372,7 +403,7 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 needed: Callable[[], bool] | None = None
                 if linger_ms is None:  # a worker's job: give way to a job that needs a worker
                     needed = (lambda: _needed_elsewhere(r)) if adopt else (
-                        lambda: bool(r.llen(QUEUE_KEY)))
+                        lambda: bool(control_of(r).llen(QUEUE_KEY)))
                 if None in logs.values() or not _linger(r, logs, wait_ms, needed):
                     drained = True
                     break
@@ -443,7 +474,7 @@ def ingest_job(topic: str, partition: int) -> int:
 
     job = get_current_job()
     assert job is not None
-    r = job.connection
+    r = data_of(job.connection)  # the job runs on the control Redis; the data may be elsewhere
     settings = Settings.from_env()
     _scripts, cache = _tools(r)
     try:
@@ -473,7 +504,7 @@ def _hand_over(r: Client, t: TopicConfig, p: int, done: int, drained: bool,
     if done == 0 and not drained:
         # another worker holds the lease: it re-enqueues or retires the partition itself
         return
-    if drained and done and r.llen(QUEUE_KEY):
+    if drained and done and control_of(r).llen(QUEUE_KEY):
         # left its partition for the jobs waiting in the queue while entries kept coming:
         # come back after them (keeping the marker spares a live publisher the enqueue)
         r.pexpire(marker, settings.marker_ttl_ms)

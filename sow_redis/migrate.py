@@ -285,7 +285,7 @@ def _restore_expiry(r: Client, topic: TopicConfig, wanted: dict[tuple[int, str],
         for i in range(0, len(todo), CHUNK):
             chunk = todo[i:i + CHUNK]
             while True:
-                with r.pipeline() as pipe:
+                with r.pipeline(transaction=True) as pipe:  # one slot: WATCH works on a cluster too
                     try:
                         pipe.watch(rec_key)
                         raws = cast("list[bytes | None]", pipe.hmget(rec_key, chunk))

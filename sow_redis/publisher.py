@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from . import keys
 from .config import TopicConfig
-from .connection import Client, Fields, server_ms
+from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
-from .errors import MessageError, WaitTimeout
+from .errors import MessageError, NotDurableError, WaitTimeout
 from .fix import to_message
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
@@ -121,7 +121,7 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
 def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
            fix_separator: bytes | None = None,
-           jobs: Settings | None = None) -> PublishResult:
+           jobs: Settings | None = None, durable: bool = False) -> PublishResult:
     """Validate and append messages to the log.
 
     Every item is either appended or rejected with its reason, whatever the other items do:
@@ -148,6 +148,9 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             publishes at the head of a caught-up partition's log are applied there and then,
             and the marker is set (and a job enqueued) only when entries are left for the
             workers. A failed write-through call loses nothing: the workers apply the entries.
+        durable: after each chunk, wait until at least one replica of every primary written
+            to has it (``WAIT 1``, at most :data:`DURABLE_WAIT_MS`): an acknowledged message
+            survives the loss of its primary (replication is asynchronous otherwise).
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -155,8 +158,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     Raises:
         Whatever iterating ``items`` raises (e.g. an OSError reading a file), after appending
         the items validated before it (a note on the exception says how many were published);
-        Redis errors.
+        Redis errors; NotDurableError: with ``durable``, no replica confirmed a chunk in
+        time (its messages are in the log of the primary, not acknowledged).
     """
+    if durable or is_cluster(r):
+        return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs, durable)
     result = PublishResult()
     batch = XaddBatch(r)
     through = _write_through(r) if jobs is not None and jobs.write_through else None
@@ -259,6 +265,162 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         flush(last=True)
     finally:
         batch.close()
+    if result.last_ids:
+        touch(r, topic.name, result.last_ids)
+    return result
+
+
+DURABLE_WAIT_MS = 5000
+"""Milliseconds a ``durable`` publish waits for a replica to confirm a chunk (``WAIT``)."""
+
+
+def _send_chunk(r: Client, commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
+                durable: bool) -> list[Any]:
+    """Run ``(method, args, kwargs)`` commands (each on one key, the key first; or
+    ``("execute_command", ("EVALSHA", sha, numkeys, key, …), {})``, whose error replies are
+    returned in place, not raised) in order of the replies; with ``durable``, followed on each
+    node by ``WAIT 1`` on the connection that wrote them.
+
+    Raises:
+        NotDurableError: a node's WAIT counted no replica within :data:`DURABLE_WAIT_MS`;
+            the first error reply of a command other than EVALSHA (after all ran).
+    """
+    if not durable:
+        pipe = r.pipeline(transaction=False)
+        for method, args, kwargs in commands:
+            getattr(pipe, method)(*args, **kwargs)
+        return _raise_first(commands, pipe.execute(raise_on_error=False))
+    # WAIT counts the replicas that have the writes of its own connection: one plain pipeline
+    # per node (a cluster's pipeline would spread commands over pooled connections)
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    for i, (_m, args, _k) in enumerate(commands):
+        if is_cluster(r):
+            key = args[3] if args[0] == "EVALSHA" else args[0]
+            node = r.get_node_from_key(key)  # type: ignore[attr-defined]
+            name, client = node.name, r.get_redis_connection(node)  # type: ignore[attr-defined]
+        else:
+            name, client = "", r
+        groups.setdefault(name, (client, []))[1].append(i)
+    out: list[Any] = [None] * len(commands)
+    for name, (client, idx) in groups.items():
+        pipe = client.pipeline(transaction=False)
+        for i in idx:
+            method, args, kwargs = commands[i]
+            getattr(pipe, method)(*args, **kwargs)
+        pipe.execute_command("WAIT", 1, DURABLE_WAIT_MS)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+            _raise_first([commands[i] for i in idx] + [("wait", ("WAIT",), {})], replies)
+        except RedisError:
+            if is_cluster(r):  # a node gone or a slot moved: read the slot map again
+                try:
+                    r.nodes_manager.initialize()  # type: ignore[attr-defined]
+                except RedisError:
+                    pass  # the next call tries again
+            raise
+        if int(replies[-1]) < 1:
+            raise NotDurableError(
+                f"no replica of {name or 'the server'} confirmed {len(idx)} write(s) within "
+                f"{DURABLE_WAIT_MS} ms (WAIT 1): they are not acknowledged")
+        for i, reply in zip(idx, replies):
+            out[i] = reply
+    return out
+
+
+def _raise_first(commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
+                 replies: list[Any]) -> list[Any]:
+    """``replies``, after raising the first error reply of a command other than EVALSHA
+    (the write-through calls, whose errors :class:`WriteThrough` takes)."""
+    for (_m, args, _k), reply in zip(commands, replies):
+        if isinstance(reply, Exception) and not (args and args[0] == "EVALSHA"):
+            raise reply
+    return replies
+
+
+def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start: int,
+                    on_chunk: Callable[[int], None] | None, fix_separator: bytes | None,
+                    jobs: Settings | None, durable: bool = False) -> PublishResult:
+    """:func:`append` on a Redis Cluster, or with ``durable`` (same arguments, result and
+    errors): each chunk of :data:`CHUNK` messages goes as one redis-py pipeline (on a
+    cluster one round trip per node holding its partitions; the XADDs of one partition stay
+    in order) with the write-through calls (or the ``SET NX`` of its job markers), and with
+    ``durable`` a ``WAIT 1`` per node; no chunk is in flight while the next one is
+    validated."""
+    result = PublishResult()
+    log_keys = [keys.log(topic.name, p) for p in range(topic.partitions)]
+    sep = fix_separator or topic.field_separator.encode()
+    skip = frozenset(topic.skip_msg_types)
+    chunk: list[tuple[int, Fields]] = []
+    handled = 0
+    through = _write_through(r) if jobs is not None and jobs.write_through else None
+
+    def flush() -> None:
+        nonlocal chunk, handled
+        if chunk:
+            commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+                ("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
+            touched = sorted({p for p, _e in chunk})
+            sent = [p for p, _e in chunk]
+            if jobs is not None and through is not None:
+                commands += [("execute_command", ("EVALSHA", *through.call(
+                    topic, p, sent.count(p), jobs.marker_ttl_ms)), {}) for p in touched]
+            elif jobs is not None:
+                from .jobs import OWNER
+
+                commands += [("set", (keys.job_marker(topic.name, p), OWNER),
+                              {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
+            replies = _send_chunk(r, commands, durable)
+            for (p, _e), sid in zip(chunk, replies):
+                result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+            result.published += len(chunk)
+            if jobs is not None:
+                from .jobs import enqueue_job, ensure_jobs
+
+                marks = replies[len(chunk):]
+                if through is not None:  # the write-through calls set the markers
+                    marks, failed = through.settle(topic, marks)
+                    if failed:
+                        ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs)
+                for p, set_now in zip(touched, marks):
+                    if set_now:  # entries wait for the workers and no job was outstanding
+                        enqueue_job(r, topic.name, p, behind=sent.count(p))
+        if on_chunk and handled:
+            on_chunk(handled)
+        chunk, handled = [], 0
+
+    pos = start - 1
+    it = iter(items)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            break
+        except Exception as exc:
+            flush()
+            if result.last_ids:
+                touch(r, topic.name, result.last_ids)
+            exc.add_note(f"sow_redis: reading item {pos + 1} failed; the {result.published} "
+                         f"earlier message(s) were appended to the log, {len(result.rejected)} "
+                         "rejected")
+            raise
+        pos += 1
+        result.read += 1
+        handled += 1
+        try:
+            checked = prepare(topic, item, sep, skip)
+        except MessageError as exc:
+            result.rejected.append(Rejected(pos, exc.reason, exc.detail))
+            continue
+        except Exception as exc:
+            result.rejected.append(Rejected(pos, "bad_message", f"{type(exc).__name__}: {exc}"))
+            continue
+        if checked is None:
+            result.skipped += 1
+            continue
+        chunk.append(checked)
+        if len(chunk) >= CHUNK:
+            flush()
+    flush()
     if result.last_ids:
         touch(r, topic.name, result.last_ids)
     return result

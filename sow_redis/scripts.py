@@ -19,7 +19,7 @@ import msgpack
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys
-from .connection import Client, Fields, Pipeline
+from .connection import Client, Fields, Pipeline, is_cluster
 from .errors import from_script_error
 from .messages import expiry_for
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
@@ -90,7 +90,14 @@ class Scripts:
     def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
         """Queue script ``name`` on a pipeline as a bare EVALSHA (its reply comes from
         :meth:`execute`; no SCRIPT EXISTS round trip per pipeline)."""
-        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        # execute_command, not pipe.evalsha: redis-py's cluster pipeline refuses the method
+        # (it routes the command by its first key all the same)
+        pipe.execute_command("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+        calls = getattr(pipe, "_sow_calls", None)
+        if calls is None:
+            calls = []
+            pipe._sow_calls = calls  # type: ignore[attr-defined]
+        calls.append((name, keys, args))
 
     def execute(self, pipe: Pipeline) -> list[Any]:
         """Execute a pipeline of :meth:`queue` calls, loading the scripts once if the server
@@ -101,6 +108,13 @@ class Scripts:
         except NoScriptError:
             for script in self._scripts.values():
                 self._r.script_load(script.script)
+            if is_cluster(self._r):
+                # a cluster pipeline keeps its commands elsewhere: queue the calls anew (the
+                # calls that ran on nodes holding the scripts run again, as on a restart)
+                again = self._r.pipeline(transaction=False)
+                for name, ks, args in getattr(pipe, "_sow_calls", []):
+                    self.queue(again, name, ks, args)
+                return again.execute()
             pipe.command_stack = commands
             return pipe.execute()
 
@@ -156,6 +170,44 @@ class Scripts:
     def load(self, name: str) -> None:
         """``SCRIPT LOAD`` script ``name`` (before sending it as a bare EVALSHA)."""
         self._r.script_load(self._scripts[name].script)
+
+    def apply_logs(self, topic: TopicConfig, calls: Sequence[tuple[int, int]],
+                   count: int) -> list[LogApplied | Exception]:
+        """:meth:`apply_log` of several partitions (``calls``: ``(partition, fence)``) in one
+        pipeline: one round trip on a server; on a cluster one per node, the nodes working
+        at the same time. Each reply is a :class:`LogApplied` or the exception its call
+        raised (``SOW_<CODE>`` replies as their SowError class)."""
+        pipe = self._r.pipeline(transaction=False)
+        for p, fence in calls:
+            n_idx = len(topic.hash_index)
+            self.queue(pipe, "apply_log", keys.partition_keys(topic.name, p, n_idx),
+                       [fence, keys.channel(topic.name), topic.name, n_idx,
+                        "1" if topic.dead_letter else "0",
+                        "1" if topic.expiration_enabled else "0", count,
+                        expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
+        replies = pipe.execute(raise_on_error=False)
+        if any(isinstance(x, NoScriptError) for x in replies):
+            for script in self._scripts.values():
+                self._r.script_load(script.script)
+            return [self._apply_log_one(topic, p, fence, count) for p, fence in calls]
+        out: list[LogApplied | Exception] = []
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                out.append(from_script_error(reply))
+            elif isinstance(reply, Exception):
+                out.append(reply)
+            else:
+                applied, cursor, more = reply
+                out.append(LogApplied(int(applied), cursor.decode() if isinstance(
+                    cursor, bytes) else cursor, int(more) == 1, int(more) == 2))
+        return out
+
+    def _apply_log_one(self, topic: TopicConfig, p: int, fence: int,
+                       count: int) -> LogApplied | Exception:
+        try:
+            return self.apply_log(topic, p, fence, count)
+        except Exception as exc:
+            return exc
 
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
                    rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingApply:
@@ -284,6 +336,11 @@ class PendingApply:
                  last: str, rejects: Sequence[Reject], ops: Sequence[Op]):
         self._scripts = scripts
         self._call = (topic, p, fence, first, last, rejects, ops)
+        if is_cluster(scripts._r):
+            # a cluster client has no single connection: the call runs in result(), through
+            # the client's redirection and failover handling (no overlap on a cluster)
+            self._pool = None
+            return
         ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, scripts.packing)
         pool = scripts._r.connection_pool
         self._pool = pool
@@ -297,6 +354,8 @@ class PendingApply:
 
     def result(self) -> tuple[int, str]:
         """The reply of the call (see :meth:`Scripts.apply`); raises as it does."""
+        if self._pool is None:
+            return self._scripts.apply(*self._call)
         try:
             reply = self._conn.read_response()
         except NoScriptError:  # the server lost its script cache: load it and run again

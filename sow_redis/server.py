@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -39,6 +39,8 @@ def _ping(url: str) -> bool:
     from redis import Redis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        url = url.replace("+cluster://", "://", 1)  # the node it names
     try:
         return bool(Redis.from_url(url, socket_connect_timeout=0.5, **tls_options(url)).ping())
     except (RedisConnectionError, OSError):
@@ -56,13 +58,15 @@ def free_port() -> int:
 
 def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
                 timeout_s: float = REDIS_START_TIMEOUT_S,
-                appendfsync: str | None = None) -> subprocess.Popen[bytes]:
+                appendfsync: str | None = None, extra: list[str] | None = None
+                ) -> subprocess.Popen[bytes]:
     """Start a ``redis-server`` on 127.0.0.1:``port`` with data and log in ``data_dir`` and
     wait until it answers. ``persist``: AOF on with ``deploy/redis.conf``; else nothing is
     written to disk (tests, benchmarks). ``appendfsync`` (with ``persist``): ``always``,
     ``everysec`` or ``no`` instead of the config file's (``everysec``); see README "Running in
-    production / failures" for what each mode keeps when Redis dies. The server runs in its
-    own session, so a Ctrl-C on the terminal does not reach it before its clients are stopped.
+    production / failures" for what each mode keeps when Redis dies. ``extra``: more
+    ``--option value`` arguments (e.g. cluster mode). The server runs in its own session, so a
+    Ctrl-C on the terminal does not reach it before its clients are stopped.
 
     Raises:
         SowError: redis-server is not installed, or it did not answer within ``timeout_s``
@@ -78,7 +82,7 @@ def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
         "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d.resolve()),
         "--appendonly", "yes" if persist else "no", "--save", "", "--daemonize", "no",
         "--maxmemory-policy", "noeviction", "--logfile", str((d / "redis.log").resolve()),
-    ] + (["--appendfsync", appendfsync] if persist and appendfsync else [])
+    ] + (["--appendfsync", appendfsync] if persist and appendfsync else []) + (extra or [])
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
@@ -91,6 +95,122 @@ def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
             raise SowError(f"redis-server did not start on port {port}; see {d}/redis.log")
         time.sleep(0.02)
     return proc
+
+
+CLUSTER_NODE_TIMEOUT_MS = 2000
+"""``cluster-node-timeout`` in milliseconds of the clusters :func:`spawn_cluster` starts: a
+primary that does not answer this long is failed over to its replica."""
+
+
+@dataclass
+class LocalCluster:
+    """A Redis Cluster of local redis-server processes (:func:`spawn_cluster`).
+
+    Attributes:
+        url: ``redis+cluster://127.0.0.1:<port of the first primary>``.
+        ports: every node's port, primaries first (as ``redis-cli --cluster create`` got them).
+        procs: port → the node's process.
+        primaries: the number of primaries.
+    """
+
+    url: str
+    ports: list[int]
+    procs: dict[int, subprocess.Popen[bytes]]
+    primaries: int
+
+    def node_url(self, port: int) -> str:
+        """``redis://127.0.0.1:<port>/0`` of one node (plain client, no redirections)."""
+        return f"redis://127.0.0.1:{port}/0"
+
+    def stop(self) -> None:
+        """Terminate every node (SIGTERM) and wait for them (nodes already gone are skipped)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def _cluster_ok(ports: list[int], replicas: int) -> bool:
+    """Whether every node answers ``cluster_state:ok``, knows every other node and sees
+    ``replicas`` replicas of each primary, and every replica is in sync with its primary."""
+    from redis import Redis
+    from redis.exceptions import RedisError
+
+    for port in ports:
+        try:
+            r = Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+            fields = r.cluster("info")  # parsed: {"cluster_state": "ok", …}
+            if fields.get("cluster_state") != "ok" or int(
+                    fields.get("cluster_known_nodes", 0)) != len(ports):
+                return False
+            nodes = r.cluster("nodes")
+            n_replicas = sum("slave" in info["flags"] for info in nodes.values())
+            if n_replicas != len(ports) // (1 + replicas) * replicas:
+                return False
+            repl = r.info("replication")
+            if repl.get("role") == "slave" and repl.get("master_link_status") != "up":
+                return False  # a replica that never synced cannot be promoted
+        except (RedisError, OSError):
+            return False
+    return True
+
+
+def spawn_cluster(primaries: int, replicas: int, data_dir: str | Path, persist: bool = False,
+                  node_timeout_ms: int = CLUSTER_NODE_TIMEOUT_MS,
+                  timeout_s: float = 60.0) -> LocalCluster:
+    """Start a Redis Cluster of ``primaries`` primaries with ``replicas`` replicas each on free
+    loopback ports (system ``redis-server --cluster-enabled yes``, one folder per node under
+    ``data_dir``), join them with ``redis-cli --cluster create … --cluster-replicas R
+    --cluster-yes``, and wait until every node reports ``cluster_state:ok``.
+
+    Raises:
+        SowError: ``primaries`` < 3 (the least Redis Cluster accepts), redis-server or
+            redis-cli missing, a node that does not start, or a cluster not ready within
+            ``timeout_s`` seconds (every node started is stopped then).
+    """
+    if primaries < 3:
+        raise SowError(f"a Redis Cluster needs at least 3 primaries, not {primaries}")
+    if replicas < 0:
+        raise SowError(f"--replicas must be 0 or more, not {replicas}")
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise SowError("redis-cli is not installed (apt-get install redis-tools)")
+    ports: list[int] = []
+    while len(ports) < primaries * (1 + replicas):
+        port = free_port()
+        if port not in ports and port + 10000 <= 65535:  # the cluster bus is port + 10000
+            ports.append(port)
+    cluster = LocalCluster(url=f"redis+cluster://127.0.0.1:{ports[0]}", ports=ports, procs={},
+                           primaries=primaries)
+    try:
+        for port in ports:
+            cluster.procs[port] = spawn_redis(
+                port, Path(data_dir, f"node-{port}"), persist=persist,
+                extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                       "--cluster-node-timeout", str(node_timeout_ms),
+                       "--repl-diskless-sync-delay", "0"])
+        out = subprocess.run(
+            [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+             "--cluster-replicas", str(replicas), "--cluster-yes"],
+            check=False, capture_output=True, timeout=timeout_s)
+        if out.returncode != 0:
+            raise SowError("redis-cli --cluster create failed: "
+                           + " ".join(out.stdout.decode(errors="replace").split()[-30:]))
+        deadline = time.monotonic() + timeout_s
+        while not _cluster_ok(ports, replicas):
+            if time.monotonic() > deadline:
+                raise SowError(f"the cluster on ports {ports} was not ready after "
+                               f"{timeout_s:g} s; see {data_dir}/node-*/redis.log")
+            time.sleep(0.1)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
 
 def start_redis(url: str, data_dir: str) -> subprocess.Popen[bytes]:
@@ -187,9 +307,16 @@ def redis_warnings(url: str) -> list[str]:
     return out
 
 
-def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool = True) -> None:
+def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool = True,
+           cluster: tuple[int, int] | None = None) -> None:
     """Run redis (if needed) + config + ``workers`` worker processes until interrupted; the
     pidfile (:func:`write_pidfile`) exists while they run.
+
+    ``cluster=(N, R)``: start a Redis Cluster of N primaries with R replicas each
+    (:func:`spawn_cluster`, data in ``data_dir/cluster``) and a plain redis-server as control
+    plane (``data_dir/control``), on free loopback ports, instead of using ``--redis-url``;
+    print both URLs; stop them all at the end (not restarted when one dies: a cluster fails
+    a dead primary over to its replica).
 
     Supervision: a worker or expirer that dies is restarted (at once, then after
     ``RESTART_MIN_S`` doubling to ``RESTART_MAX_S`` while it keeps dying within
@@ -197,10 +324,29 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
     and data dir, which reloads its AOF. Each event is one line on stderr.
     """
     redis_proc = None
-    if not _ping(settings.redis_url):
+    local_cluster: LocalCluster | None = None
+    control_proc: subprocess.Popen[bytes] | None = None
+    if cluster is not None:
+        local_cluster = spawn_cluster(cluster[0], cluster[1], Path(data_dir, "cluster"),
+                                      persist=True)
+        cport = free_port()
+        try:
+            control_proc = spawn_redis(cport, Path(data_dir, "control"))
+        except BaseException:
+            local_cluster.stop()
+            raise
+        settings = replace(settings, redis_url=local_cluster.url,
+                           control_url=f"redis://127.0.0.1:{cport}/0")
+        click.echo(f"started a Redis Cluster of {cluster[0]} primaries with {cluster[1]} "
+                   f"replica(s) each (ports {' '.join(map(str, local_cluster.ports))}; data in "
+                   f"{data_dir}/cluster) and a control Redis", err=True)
+        click.echo(f"SOW_REDIS_URL={local_cluster.url}")
+        click.echo(f"SOW_CONTROL_URL={settings.control_url}")
+        sys.stdout.flush()
+    elif not _ping(settings.redis_url):
         redis_proc = start_redis(settings.redis_url, data_dir)
         click.echo(f"started redis-server at {redact(settings.redis_url)} (data in {data_dir})", err=True)
-    for warning in redis_warnings(settings.redis_url):
+    for warning in redis_warnings(settings.redis_url) if local_cluster is None else []:
         click.echo(f"warning: {warning}", err=True)
     children: list[_Child] = []
     stopping = False
@@ -217,6 +363,8 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
             Sow(settings=settings).apply_config(settings.config_path)
             click.echo(f"applied {settings.config_path}", err=True)
         env = dict(os.environ, SOW_REDIS_URL=settings.redis_url)
+        if settings.control_url:
+            env["SOW_CONTROL_URL"] = settings.control_url
         cli = [sys.executable, "-m", "sow_redis.cli"]
         for i in range(workers):
             children.append(_Child(f"worker {i}", cli + ["worker", "--name", f"sow-{i}"], env))
@@ -261,6 +409,14 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
                 redis_proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 redis_proc.kill()
+        if local_cluster is not None:
+            local_cluster.stop()
+        if control_proc is not None:
+            control_proc.terminate()
+            try:
+                control_proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                control_proc.kill()
         click.echo("stopped", err=True)
 
 

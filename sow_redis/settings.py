@@ -1,9 +1,9 @@
 """Runtime settings: one frozen object built from the environment and CLI options.
 
 Every tunable is a field with its unit in the name or docstring. Environment variables:
-``SOW_REDIS_URL``, ``SOW_REDIS_CONFIG``, ``SOW_LEASE_MS``, ``SOW_MARKER_TTL_MS``,
-``SOW_BATCH_SIZE``, ``SOW_JOB_BUDGET_S``, ``SOW_LINGER_MS``, ``SOW_SWEEP_INTERVAL_S``, ``SOW_LOG_MAX_LEN``,
-``SOW_WRITE_THROUGH`` (``0`` turns it off).
+``SOW_REDIS_URL``, ``SOW_CONTROL_URL``, ``SOW_REDIS_CONFIG``, ``SOW_LEASE_MS``,
+``SOW_MARKER_TTL_MS``, ``SOW_BATCH_SIZE``, ``SOW_JOB_BUDGET_S``, ``SOW_LINGER_MS``,
+``SOW_SWEEP_INTERVAL_S``, ``SOW_LOG_MAX_LEN``, ``SOW_WRITE_THROUGH`` (``0`` turns it off).
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ class Settings:
     """Process-wide settings.
 
     Attributes:
-        redis_url: ``redis://host:port/db`` or ``memory://name`` (in-process fakeredis).
+        redis_url: ``redis://host:port/db``, ``redis+cluster://host:port`` or
+            ``memory://name`` (in-process fakeredis): the data plane.
+        control_url: the plain Redis of the control plane (rq queues and workers, the
+            dashboard); None: the data Redis, which must then not be a cluster
+            (:func:`sow_redis.connection.control_url_for`).
         config_path: TOML topic configuration file read by ``config apply``.
         lease_ms: partition lease time in milliseconds; a dead worker's partition moves on
             after at most this long.
@@ -47,6 +51,7 @@ class Settings:
     """
 
     redis_url: str = DEFAULT_REDIS_URL
+    control_url: str | None = None
     config_path: str = DEFAULT_CONFIG_PATH
     lease_ms: int = 5_000
     marker_ttl_ms: int = 10_000
@@ -63,6 +68,7 @@ class Settings:
         env = os.environ
         base = cls(
             redis_url=env.get("SOW_REDIS_URL", DEFAULT_REDIS_URL),
+            control_url=env.get("SOW_CONTROL_URL") or None,
             config_path=env.get("SOW_REDIS_CONFIG", DEFAULT_CONFIG_PATH),
             lease_ms=int(env.get("SOW_LEASE_MS", cls.lease_ms)),
             marker_ttl_ms=int(env.get("SOW_MARKER_TTL_MS", cls.marker_ttl_ms)),

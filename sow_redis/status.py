@@ -9,7 +9,7 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
-from .connection import Client
+from .connection import Client, is_cluster
 from .partition_state import read_partitions
 
 
@@ -98,8 +98,13 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         pipe.zrange(keys.expiry(topic.name, st.partition), 0, 0, withscores=True)
         pipe.xlen(keys.changes(topic.name, st.partition))
     pipe.hget(keys.topic_stats(topic.name), "n_query")
-    pipe.pubsub_numsub(keys.channel(topic.name))
-    res = pipe.execute()
+    if is_cluster(r):
+        res = pipe.execute()
+        # every node counts the subscribers connected to it: the sum of all nodes
+        res.append(r.pubsub_numsub(keys.channel(topic.name), target_nodes="all"))
+    else:
+        pipe.pubsub_numsub(keys.channel(topic.name))
+        res = pipe.execute()
     now = server_ms(r)
     counters = dict.fromkeys(COUNTERS, 0)
     oldest: list[int] = []

@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
 
-from .connection import Client, Pipeline, connect
+from .connection import Client, Pipeline, connect_pair, control_of
 from .jobs import HOST, owner_dead, sweep
 from .logs import fields
 from .outage import reporter
@@ -262,7 +262,8 @@ def _quiet_rq_outages() -> None:
 
 
 class Sweeper(threading.Thread):
-    """Daemon thread: ``loop()`` sweeps once; ``run()`` repeats it until stopped."""
+    """Daemon thread: ``loop()`` sweeps once; ``run()`` repeats it until stopped. ``r``: the
+    data client (carrying its control client, :func:`sow_redis.connection.connect_pair`)."""
 
     def __init__(self, r: Client, settings: Settings, keep: str | None = None):
         super().__init__(name="sow-sweeper", daemon=True)
@@ -278,7 +279,7 @@ class Sweeper(threading.Thread):
         self.recover = False
         if time.monotonic() >= self._next_clean:
             self._next_clean = time.monotonic() + CLEAN_EVERY_S
-            clean_dead_workers(self.r, keep=self.keep)
+            clean_dead_workers(control_of(self.r), keep=self.keep)
         return n
 
     def run(self) -> None:
@@ -306,6 +307,8 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     """Run one worker until stopped (or, with ``burst``, until the queue is empty).
 
     Survives Redis outages (see the module docstring). ``name``: prefix of the worker name.
+    The rq worker runs on the control Redis (``settings.control_url``, default the data
+    Redis); its jobs apply on the data Redis (``settings.redis_url``, a cluster too).
 
     Returns:
         True when the worker processed at least one job.
@@ -313,18 +316,21 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     Raises:
         redis.exceptions.ConnectionError: with ``burst``, Redis does not answer at start.
     """
-    r = connect(settings.redis_url)
+    data = connect_pair(settings.redis_url, settings.control_url)
+    r = control_of(data)  # rq's connection; its jobs find ``data`` from it (data_of)
     stop = threading.Event()
     _on_signals(stop)
     _quiet_rq_outages()
     wname = worker_name(name)
     if burst:
         r.ping()
-    elif not wait_for_redis(r, stop):
+        data.ping()
+    elif not wait_for_redis(r, stop) or (data is not r and not wait_for_redis(data, stop)):
         return False
     sweeper = None
     if not burst:
-        sweeper = Sweeper(connect(settings.redis_url), settings, keep=wname)
+        sweeper = Sweeper(connect_pair(settings.redis_url, settings.control_url), settings,
+                          keep=wname)
         sweeper.start()
     # a burst worker is a one-shot command: its start and stop are DEBUG events
     lifecycle = logging.DEBUG if burst else logging.INFO
@@ -338,7 +344,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
             worker = None
             try:
                 clean_dead_workers(r, keep=wname)
-                sweep(r, settings, recover=recover)  # start with everything already waiting
+                sweep(data, settings, recover=recover)  # start with everything already waiting
                 worker = SowWorker([sow_queue(r)], connection=r, name=wname, stop=stop)
                 worked = worker.work(burst=burst, logging_level="WARNING") or worked
                 down = worker.lost_connection
@@ -355,7 +361,8 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
             pause = BACKOFF_MIN_S if time.monotonic() - started >= HEALTHY_S else pause
             log.log(logging.DEBUG if down else logging.WARNING,
                     "worker %s: work loop ended; restarting in %.1f s", wname, pause)
-            if stop.wait(pause) or not wait_for_redis(r, stop):
+            if stop.wait(pause) or not wait_for_redis(r, stop) or (
+                    data is not r and not wait_for_redis(data, stop)):
                 break
             pause = min(BACKOFF_MAX_S, pause * 2)
             recover = True

@@ -1,4 +1,13 @@
-"""Fixtures: a real redis-server per test session on a free port (never the shared 6379)."""
+"""Fixtures: a real redis-server per test session on a free port (never the shared 6379), and
+a 3-primary Redis Cluster (one replica each) with its plain control Redis.
+
+The core modules (:data:`CORE`) run every test that takes ``url``, ``r``, ``sow``,
+``backend_url`` or ``lonely_url`` twice: on one server (``[server]``) and on the cluster
+(``[cluster]``; ``SOW_CONTROL_URL`` is set for the test, so ``Sow(url)``, ``cli_env`` and
+the workers it starts use the control Redis). Tests that need a server of their own (kill or
+restart it) take none of these fixtures and run once. ``client(url)`` gives a client of
+either kind.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +21,8 @@ import pytest
 from redis import Redis
 
 from sow_redis.client import Sow
-from sow_redis.server import free_port, spawn_redis
+from sow_redis.connection import connect, is_cluster_url
+from sow_redis.server import free_port, spawn_cluster, spawn_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -31,27 +41,107 @@ def _own_redis(folder: Path):
     proc.wait(timeout=10)
 
 
+CORE = {"test_publish", "test_query", "test_expiration", "test_chaining", "test_subscribe",
+        "test_workers"}
+"""Test modules whose data-plane tests run on one server and on the cluster."""
+
+PLANE_FIXTURES = {"url", "r", "sow", "backend_url", "lonely_url"}
+
+CONTROL: dict[str, str] = {}
+"""Cluster URL → the URL of its control Redis (rq), for :func:`cli_env`."""
+
+
+def pytest_generate_tests(metafunc):
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if module in CORE and PLANE_FIXTURES & set(metafunc.fixturenames):
+        metafunc.parametrize("plane", ["server", "cluster"], indirect=True)
+
+
+@pytest.fixture
+def plane(request):
+    """``"server"`` or ``"cluster"``: the data plane of this test (only core modules run on
+    both)."""
+    return getattr(request, "param", "server")
+
+
+def client(url: str):
+    """A client (bytes replies) of a server or cluster URL."""
+    return connect(url) if is_cluster_url(url) else Redis.from_url(url)
+
+
+def control(url: str):
+    """A client of the control Redis (rq) of data URL ``url``: the cluster's control Redis,
+    or the server itself."""
+    return client(CONTROL.get(url, url))
+
+
+def _own_cluster(folder: Path, replicas: int):
+    """Yields ``(cluster URL, control URL, LocalCluster)`` of a 3-primary cluster with ``replicas`` replicas
+    each and a plain control redis-server, without persistence, then stops them."""
+    cluster = spawn_cluster(3, replicas, folder / "cluster")
+    port = free_port()
+    control = spawn_redis(port, folder / "control", persist=False)
+    curl = f"redis://127.0.0.1:{port}/0"
+    CONTROL[cluster.url] = curl
+    try:
+        yield cluster.url, curl, cluster
+    finally:
+        CONTROL.pop(cluster.url, None)
+        control.terminate()
+        control.wait(timeout=10)
+        cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """``redis://127.0.0.1:<free port>/0`` of a redis-server started for this test session."""
     yield from _own_redis(tmp_path_factory.mktemp("redis"))
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """``(redis+cluster://127.0.0.1:<port>, control URL, LocalCluster)`` of a 3-primary Redis
+    Cluster with one replica each (cluster-node-timeout 2000 ms) and its control Redis,
+    started for this test session."""
+    yield from _own_cluster(tmp_path_factory.mktemp("cluster"), replicas=1)
+
+
+def _plane_url(plane, request, monkeypatch, server_fixture: str, cluster_fixture: str) -> str:
+    if plane == "cluster":
+        data, control, _c = request.getfixturevalue(cluster_fixture)
+        monkeypatch.setenv("SOW_CONTROL_URL", control)
+        return data
+    monkeypatch.delenv("SOW_CONTROL_URL", raising=False)
+    return request.getfixturevalue(server_fixture)
+
+
 @pytest.fixture(scope="module")
-def lonely_url(tmp_path_factory):
-    """The URL of a redis-server of the test module (one per module, not ``redis_server``) on
-    which no worker ever runs: published entries stay in the log until applied inline."""
+def lonely_server(tmp_path_factory):
     yield from _own_redis(tmp_path_factory.mktemp("lonely"))
 
 
-@pytest.fixture
-def url(redis_server):
-    return redis_server
+@pytest.fixture(scope="module")
+def lonely_cluster(tmp_path_factory):
+    yield from _own_cluster(tmp_path_factory.mktemp("lonely-cluster"), replicas=0)
 
 
 @pytest.fixture
-def r(redis_server):
-    return Redis.from_url(redis_server)
+def lonely_url(plane, request, monkeypatch):
+    """The URL of a redis-server (or 3-primary cluster, no replicas) of the test module (one
+    per module, not ``redis_server``) on which no worker ever runs: published entries stay in
+    the log until applied inline."""
+    return _plane_url(plane, request, monkeypatch, "lonely_server", "lonely_cluster")
+
+
+@pytest.fixture
+def url(plane, request, monkeypatch):
+    """The data URL of this test: the session's server, or the session's cluster."""
+    return _plane_url(plane, request, monkeypatch, "redis_server", "redis_cluster")
+
+
+@pytest.fixture
+def r(url):
+    return client(url)
 
 
 @pytest.fixture
@@ -61,10 +151,12 @@ def topic_name():
 
 
 @pytest.fixture(params=["redis", "memory"])
-def backend_url(request, redis_server):
-    """Runs a test on the real server and on memory://."""
+def backend_url(request, plane):
+    """Runs a test on the real server (or cluster) and on memory://."""
     if request.param == "redis":
-        return redis_server
+        return request.getfixturevalue("url")
+    if plane == "cluster":
+        pytest.skip("memory:// has no data plane to vary: it runs with [server]")
     return f"memory://{uuid.uuid4().hex}"
 
 
@@ -77,6 +169,10 @@ def sow(backend_url):
 
 def cli_env(url: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ, SOW_REDIS_URL=url, **FAST, **extra)
+    if url in CONTROL:
+        env.setdefault("SOW_CONTROL_URL", CONTROL[url])
+    else:
+        env.pop("SOW_CONTROL_URL", None)
     return env
 
 

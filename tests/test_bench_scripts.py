@@ -87,3 +87,18 @@ def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None
     assert [r["path"] for r in res["summary"]] == [
         "cli publish + 1 workers", "spark load", "spark load incl. start-up"]
     assert res["spark_start"]["session_s"] > 0 and res["spark_start"]["first_job_s"] > 0
+
+
+def test_bench_scale_runs_on_a_server_and_a_cluster(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    proc = _run("bench_scale.py", "--n", "2000", "--keys", "500", "--partitions", "6",
+                "--workers", "1,2", "--target", "0", "--json", str(out), timeout=240)
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
+    res = json.loads(out.read_bytes())
+    assert [(r["plane"], r["workers"]) for r in res["runs"]] == [
+        ("server", 1), ("server", 2), ("cluster", 1), ("cluster", 2)]
+    for run in res["runs"]:
+        assert run["verify"] == {"ok": True, "records": 500, "seq_sum": 2000, "errors": 0,
+                                 "expected_records": 500, "expected_seq_sum": 2000}
+        assert run["applied_per_s"] > 0
+    assert res["check"]["ok"] is True and res["check"]["target"] == 0

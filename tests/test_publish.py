@@ -8,8 +8,7 @@ import re
 
 import orjson
 import pytest
-from conftest import run_cli
-from redis import Redis
+from conftest import client, run_cli
 
 from sow_redis import keys, messages, sowkey
 from sow_redis.client import Sow
@@ -147,7 +146,7 @@ def test_cli_bad_lines_are_rejected_and_the_rest_appended(lonely_url, topic_name
     assert (f"published 1498 message(s) to {topic_name}, rejected 2 ({reason}: 2); "
             "read 1500 line(s)") in out.stdout.decode()
     expected = [i for i in range(1, 1501) if i not in (1200, 1300)]
-    assert log_lines(Redis.from_url(lonely_url), topic_name, 3) == expected
+    assert log_lines(client(lonely_url), topic_name, 3) == expected
 
 
 # -- 7.13: NaN, infinities, boolean expiration -------------------------------------------------
@@ -212,7 +211,7 @@ def test_cli_refuses_a_sow_key_option_the_topic_cannot_take(lonely_url, topic_na
                   input=b'{"orderId": 778}\n', check=False)
     err = out.stderr.decode()
     assert out.returncode == 1 and len(err.strip().splitlines()) == 1 and says in err, err
-    assert Redis.from_url(lonely_url).xlen(keys.log(topic_name, 0)) == 0
+    assert client(lonely_url).xlen(keys.log(topic_name, 0)) == 0
 
 
 # -- 7.14, 8.9, 8.13: what `publish` prints and returns --------------------------------------------
@@ -227,7 +226,7 @@ def test_wait_timeout_prints_rejections_counts_and_exits_4(lonely_url, topic_nam
     assert "--wait timed out" in err and "will be applied when workers run" in err
     assert f"published 2 message(s) to {topic_name}, rejected 1 (bad_json: 1); read 3" in std
     assert "(applied)" not in std
-    assert log_lines(Redis.from_url(lonely_url), topic_name) == [1, 2]
+    assert log_lines(client(lonely_url), topic_name) == [1, 2]
 
 
 def test_exit_status_codes(lonely_url, topic_name):
@@ -268,4 +267,4 @@ def test_summary_counts_add_up(lonely_url, topic_name, tmp_path):
     published, rejected, bj, nk, read = map(int, m.groups())
     assert (rejected, bj, nk, read) == (2512, bad_json, no_key, 3000)
     assert published + rejected == read
-    assert len(log_lines(Redis.from_url(lonely_url), topic_name, 2)) == published
+    assert len(log_lines(client(lonely_url), topic_name, 2)) == published

@@ -13,7 +13,7 @@ import time
 
 import orjson
 import pytest
-from conftest import ROOT, cli_env, run_cli, start_worker
+from conftest import ROOT, cli_env, client, run_cli, start_worker
 from redis import Redis
 
 from sow_redis import keys
@@ -51,6 +51,10 @@ def test_plain_subscription_gets_publishes_only_and_oof_gets_each_reason(sow, to
         time.sleep(0.1)
         sow.publish(t.name, {"k": 3, "px": 72})  # k=3 was due: expired first, then published
         got_plain, got_oof = _drain(plain), _drain(oof)
+    # events are ordered per partition (two partitions here; on a cluster their events come
+    # from two nodes): compare each record's events in turn
+    got_plain.sort(key=lambda m: m["data"]["k"])
+    got_oof.sort(key=lambda m: m["data"]["k"])
     print("plain:", [(m["kind"], m["data"]) for m in got_plain])
     print("oof:", [(m["kind"], m.get("reason"), m["data"]) for m in got_oof])
     assert [(m["kind"], m["data"]) for m in got_plain] == [
@@ -170,6 +174,7 @@ def test_a_lost_block_is_read_from_the_change_feed(url, topic_name):
         assert sub.get(2)["data"] == {"k": 1, "v": 1}
         sub._pubsub.unsubscribe()  # lose what is published now
         sow.publish(t.name, [{"k": 2, "v": 1}, {"k": 3, "v": 1}])
+        time.sleep(0.1)  # on a cluster the blocks reach the subscriber's node over the bus
         sub._pubsub.subscribe(keys.channel(t.name))
         time.sleep(0.1)
         sow.publish(t.name, {"k": 4, "v": 1})
@@ -195,12 +200,13 @@ SUBSCRIBER = textwrap.dedent("""
 
 @pytest.mark.parametrize("retention", ["", "change_retention = { count = 50 }\n"])
 def test_a_subscriber_dropped_for_its_output_buffer_recovers(lonely_url, tmp_path, topic_name,
-                                                             retention):
+                                                             retention, plane):
     """SIGSTOP a subscriber until Redis drops it (client-output-buffer-limit pubsub), resume
     it: every change reaches it (from the change feed, or, when the gap is older than the
     retained feed, by re-reading the records)."""
-    r = Redis.from_url(lonely_url)
-    r.config_set("client-output-buffer-limit", "pubsub 32kb 16kb 1")
+    r = client(lonely_url)
+    every = {"target_nodes": "all"} if plane == "cluster" else {}  # a cluster: each node
+    r.config_set("client-output-buffer-limit", "pubsub 32kb 16kb 1", **every)
     sow = Sow(lonely_url, inline=True)
     t = _topic(sow, topic_name, retention, partitions=2)
     out = tmp_path / "events.jsonl"
@@ -214,20 +220,20 @@ def test_a_subscriber_dropped_for_its_output_buffer_recovers(lonely_url, tmp_pat
         n = 0
         # publish until Redis drops the paused subscriber (the socket buffers of the kernel
         # take several MB first), then some more
-        while r.pubsub_numsub(keys.channel(t.name))[0][1] and n < 100_000:
+        while r.pubsub_numsub(keys.channel(t.name), **every)[0][1] and n < 100_000:
             batch = [{"k": (n + i) % 300, "v": n + i, "pad": "x" * 1000} for i in range(200)]
             sow.publish(t.name, batch)
             n += 200
         sow.publish(t.name, [{"k": i, "v": -1} for i in range(10)])
         n += 10
-        subs = r.pubsub_numsub(keys.channel(t.name))[0][1]
+        subs = r.pubsub_numsub(keys.channel(t.name), **every)[0][1]
         proc.send_signal(signal.SIGCONT)
         out_, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        r.config_set("client-output-buffer-limit", "pubsub 32mb 8mb 60")
+        r.config_set("client-output-buffer-limit", "pubsub 32mb 8mb 60", **every)
     msgs = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     recoveries = [m for m in msgs if m["kind"] == "recovery"]
     view = {}

@@ -9,7 +9,7 @@ import time
 
 import orjson
 import pytest
-from conftest import cli_env, free_port, run_cli, start_worker
+from conftest import cli_env, control, free_port, run_cli, start_worker
 from redis import Redis
 
 from sow_redis import keys
@@ -59,7 +59,7 @@ def test_publish_wait_is_read_your_writes_with_two_workers(url, r, topic_name):
         # both registered (so past start-up, with their signal handlers) before the warm stop:
         # one worker may have served every partition while the other was still starting
         deadline = time.monotonic() + 30
-        while r.scard("rq:workers:sow") < 2:
+        while control(url).scard("rq:workers:sow") < 2:
             assert time.monotonic() < deadline, "the workers did not register"
             time.sleep(0.05)
     finally:
