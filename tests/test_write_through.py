@@ -11,7 +11,6 @@ import time
 
 import pytest
 from conftest import start_worker
-from redis import Redis
 
 from sow_redis import keys
 from sow_redis.apply import apply_batch
@@ -67,7 +66,7 @@ def test_write_through_and_workers_apply_a_mixed_stream_exactly_once(url, topic_
     n, nkeys, parts = 20_000, 200, 4
     sow = Sow(url)
     sow.apply_config(cfg(topic_name, parts))
-    r = Redis.from_url(url)
+    r = sow.r
     events: dict[tuple[int, str], int] = {}
     sub = r.pubsub()
     sub.subscribe(keys.channel(topic_name))
