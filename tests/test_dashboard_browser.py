@@ -83,10 +83,10 @@ def test_dashboard_in_chromium_lists_workers_and_a_partition_job(tmp_path, topic
         sow = Sow(url)
         sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n')
 
-        def publish() -> None:  # keeps a partition job running while the page is looked at
+        def publish() -> None:  # deltas need a worker (publishes are written through)
             i = 0
             while not stop.is_set():
-                sow.publish(topic_name, [{"k": i % 50, "v": i}])
+                sow.delta_publish(topic_name, [{"k": i % 50, "v": i}])
                 i += 1
                 time.sleep(0.01)
 
