@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -116,6 +116,60 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
     members = index_members(parsed.obj, topic, parsed.sow_key) if (
         cmd == "publish" and topic.hash_index and parsed.sow_key) else ""
     return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key, members)
+
+
+class _ReadFailed(Exception):
+    """Iterating the items raised ``exc`` (raised again by :func:`_read_failed`)."""
+
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _validated(topic: TopicConfig, items: Iterable[Item], start: int, result: PublishResult,
+               sep: bytes, skip: frozenset[str]) -> Iterator[tuple[int, Fields] | None]:
+    """Each item read, validated (:func:`prepare`): ``(partition, entry)`` to append, or None
+    when it was rejected (added to ``result.rejected`` with its position) or skipped;
+    ``result.read`` counts the items.
+
+    Raises:
+        _ReadFailed: iterating ``items`` raised (the caller appends what it has, then
+            :func:`_read_failed`).
+    """
+    it = iter(items)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _ReadFailed(exc) from exc
+        result.read += 1
+        pos = start - 1 + result.read
+        try:
+            checked = prepare(topic, item, sep, skip)
+        except MessageError as exc:
+            result.rejected.append(Rejected(pos, exc.reason, exc.detail))
+            checked = None
+        except Exception as exc:
+            result.rejected.append(Rejected(pos, "bad_message", f"{type(exc).__name__}: {exc}"))
+            checked = None
+        else:
+            if checked is None:
+                result.skipped += 1
+        yield checked
+
+
+def _read_failed(r: Client, topic: TopicConfig, start: int, result: PublishResult,
+                 failed: _ReadFailed) -> NoReturn:
+    """Raise what iterating the items raised, with a note of what was appended before it."""
+    if result.last_ids:
+        touch(r, topic.name, result.last_ids)
+    exc = failed.exc
+    exc.add_note(f"sow_redis: reading item {start + result.read} failed; the "
+                 f"{result.published} earlier message(s) were appended to the log, "
+                 f"{len(result.rejected)} rejected")
+    raise exc from None
 
 
 def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
@@ -224,43 +278,22 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         while last and inflight:
             settle()
 
-    pos = start - 1
-    it = iter(items)
-    while True:
+    try:
+        for checked in _validated(topic, items, start, result, sep, skip):
+            handled += 1
+            if checked is None:
+                continue
+            p, entry = checked
+            batch.add(log_keys[p], entry)
+            parts.append(p)
+            if len(parts) >= CHUNK:
+                flush()
+    except _ReadFailed as failed:
         try:
-            item = next(it)
-        except StopIteration:
-            break
-        except Exception as exc:
-            try:
-                flush(last=True)
-            finally:
-                batch.close()
-            if result.last_ids:
-                touch(r, topic.name, result.last_ids)
-            exc.add_note(f"sow_redis: reading item {pos + 1} failed; the {result.published} "
-                         f"earlier message(s) were appended to the log, {len(result.rejected)} "
-                         "rejected")
-            raise
-        pos += 1
-        result.read += 1
-        handled += 1
-        try:
-            checked = prepare(topic, item, sep, skip)
-        except MessageError as exc:
-            result.rejected.append(Rejected(pos, exc.reason, exc.detail))
-            continue
-        except Exception as exc:
-            result.rejected.append(Rejected(pos, "bad_message", f"{type(exc).__name__}: {exc}"))
-            continue
-        if checked is None:
-            result.skipped += 1
-            continue
-        p, entry = checked
-        batch.add(log_keys[p], entry)
-        parts.append(p)
-        if len(parts) >= CHUNK:
-            flush()
+            flush(last=True)
+        finally:
+            batch.close()
+        _read_failed(r, topic, start, result, failed)
     try:
         flush(last=True)
     finally:
@@ -388,38 +421,17 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
             on_chunk(handled)
         chunk, handled = [], 0
 
-    pos = start - 1
-    it = iter(items)
-    while True:
-        try:
-            item = next(it)
-        except StopIteration:
-            break
-        except Exception as exc:
-            flush()
-            if result.last_ids:
-                touch(r, topic.name, result.last_ids)
-            exc.add_note(f"sow_redis: reading item {pos + 1} failed; the {result.published} "
-                         f"earlier message(s) were appended to the log, {len(result.rejected)} "
-                         "rejected")
-            raise
-        pos += 1
-        result.read += 1
-        handled += 1
-        try:
-            checked = prepare(topic, item, sep, skip)
-        except MessageError as exc:
-            result.rejected.append(Rejected(pos, exc.reason, exc.detail))
-            continue
-        except Exception as exc:
-            result.rejected.append(Rejected(pos, "bad_message", f"{type(exc).__name__}: {exc}"))
-            continue
-        if checked is None:
-            result.skipped += 1
-            continue
-        chunk.append(checked)
-        if len(chunk) >= CHUNK:
-            flush()
+    try:
+        for checked in _validated(topic, items, start, result, sep, skip):
+            handled += 1
+            if checked is None:
+                continue
+            chunk.append(checked)
+            if len(chunk) >= CHUNK:
+                flush()
+    except _ReadFailed as failed:
+        flush()
+        _read_failed(r, topic, start, result, failed)
     flush()
     if result.last_ids:
         touch(r, topic.name, result.last_ids)

@@ -268,3 +268,24 @@ def test_summary_counts_add_up(lonely_url, topic_name, tmp_path):
     assert (rejected, bj, nk, read) == (2512, bad_json, no_key, 3000)
     assert published + rejected == read
     assert len(log_lines(client(lonely_url), topic_name, 2)) == published
+
+
+def test_an_input_that_fails_midway_keeps_what_was_appended_and_says_so(tmp_path):
+    """Items read before the input failed are appended (or rejected), and the exception
+    carries a note naming the failing item and the counts."""
+    from sow_redis.publisher import append
+
+    sow = Sow(f"memory://{tmp_path.name}")
+    sow.apply_config('[[topic]]\nname = "t"\nkey = ["/k"]\npartitions = 2\n')
+
+    def items():
+        for i in range(3):
+            yield ("publish", {"k": i}, None)
+        yield ("publish", "not json", None)
+        raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone") as info:
+        append(sow.r, sow.topic("t"), items())
+    assert info.value.__notes__ == ["sow_redis: reading item 5 failed; the 3 earlier "
+                                    "message(s) were appended to the log, 1 rejected"]
+    assert sum(sow.r.xlen(keys.log("t", p)) for p in range(2)) == 3
