@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -189,3 +190,19 @@ def run_cli(url: str, *args: str, input: bytes | None = None, check: bool = True
     if check and proc.returncode != 0:
         raise AssertionError(f"sow-redis {' '.join(args)} failed: {proc.stderr.decode()}")
     return proc
+
+
+def wait_until(pred, timeout_s: float, what: str, step: float = 0.01) -> float:
+    """Seconds until ``pred()`` is true (Redis errors count as false); fails the test after
+    ``timeout_s`` seconds, naming ``what``."""
+    from redis.exceptions import RedisError
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            if pred():
+                return time.monotonic() - t0
+        except RedisError:
+            pass
+        assert time.monotonic() - t0 < timeout_s, f"timeout after {timeout_s} s: {what}"
+        time.sleep(step)

@@ -32,7 +32,7 @@ from typing import Any, cast
 
 import orjson
 import pytest
-from conftest import FAST
+from conftest import FAST, wait_until
 from redis import Redis
 from redis.exceptions import RedisError
 
@@ -95,19 +95,6 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=10)
-
-
-def wait_until(pred: Callable[[], Any], timeout_s: float, what: str, step: float = 0.02) -> float:
-    """Seconds until ``pred()`` is true (Redis errors count as false); fails after timeout."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            if pred():
-                return time.monotonic() - t0
-        except RedisError:
-            pass
-        assert time.monotonic() - t0 < timeout_s, f"timeout after {timeout_s} s: {what}"
-        time.sleep(step)
 
 
 def all_applied(r: Redis, topic: str, partitions: int) -> bool:

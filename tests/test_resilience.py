@@ -15,9 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import run_cli
+from conftest import run_cli, wait_until
 from redis import Redis
-from redis.exceptions import RedisError
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -49,19 +48,6 @@ def make_topic(sow: Sow, name: str, partitions: int) -> None:
 
 def seq_total(r: Redis, topic: str, partitions: int) -> int:
     return sum(int(r.hget(keys.state(topic, p), "seq") or 0) for p in range(partitions))
-
-
-def wait_until(pred, timeout_s: float, what: str, step: float = 0.01) -> float:
-    """Seconds until ``pred()`` is true (Redis errors count as false); fails after timeout."""
-    t0 = time.monotonic()
-    while True:
-        try:
-            if pred():
-                return time.monotonic() - t0
-        except RedisError:
-            pass
-        assert time.monotonic() - t0 < timeout_s, f"timeout after {timeout_s} s: {what}"
-        time.sleep(step)
 
 
 def backlog(r: Redis, sow: Sow, topic: str, n: int) -> None:
