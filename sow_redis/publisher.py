@@ -118,6 +118,30 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
     return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key, members)
 
 
+def _start_jobs(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThrough | None,
+                sent: list[int], marks: list[Any]) -> None:
+    """After a chunk appended to partitions ``sent`` (one per entry, in order): enqueue an
+    ingest job for each partition whose job marker the chunk's write set (``marks``: one
+    reply per partition touched, ascending, of the ``SET NX`` or, with ``through``, of the
+    write-through call), and make sure of a job where a write-through call failed.
+
+    Raises:
+        ResponseError: a ``SET NX`` of a marker was refused.
+    """
+    from .jobs import enqueue_job, ensure_jobs
+
+    touched = sorted(set(sent))
+    if through is not None:  # the write-through calls set the markers
+        marks, failed = through.settle(topic, marks)
+        if failed:
+            ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs)
+    for p, set_now in zip(touched, marks):
+        if isinstance(set_now, ResponseError):
+            raise set_now
+        if set_now:  # entries wait for the workers and no job was outstanding for p
+            enqueue_job(r, topic.name, p, behind=sent.count(p))
+
+
 class _ReadFailed(Exception):
     """Iterating the items raised ``exc`` (raised again by :func:`_read_failed`)."""
 
@@ -236,20 +260,8 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         for p, sid in zip(sent, replies):
             result.last_ids[p] = sid.decode()
         result.published += len(sent)
-        touched = sorted(set(sent))
         if jobs is not None:
-            from .jobs import enqueue_job, ensure_jobs
-
-            marks = replies[len(sent):]
-            if through is not None:  # the write-through calls set the markers
-                marks, failed = through.settle(topic, marks)
-                if failed:
-                    ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs)
-            for p, set_now in zip(touched, marks):
-                if isinstance(set_now, ResponseError):
-                    raise set_now
-                if set_now:  # entries wait for the workers and no job was outstanding for p
-                    enqueue_job(r, topic.name, p, behind=sent.count(p))
+            _start_jobs(r, topic, jobs, through, sent, replies[len(sent):])
         if on_chunk:
             on_chunk(n_handled)
 
@@ -407,16 +419,7 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
             result.published += len(chunk)
             if jobs is not None:
-                from .jobs import enqueue_job, ensure_jobs
-
-                marks = replies[len(chunk):]
-                if through is not None:  # the write-through calls set the markers
-                    marks, failed = through.settle(topic, marks)
-                    if failed:
-                        ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs)
-                for p, set_now in zip(touched, marks):
-                    if set_now:  # entries wait for the workers and no job was outstanding
-                        enqueue_job(r, topic.name, p, behind=sent.count(p))
+                _start_jobs(r, topic, jobs, through, sent, replies[len(chunk):])
         if on_chunk and handled:
             on_chunk(handled)
         chunk, handled = [], 0
