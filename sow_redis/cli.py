@@ -1118,13 +1118,19 @@ def _spark_session(master: str) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
+_spark_input_options = [
+    click.option("--format", "fmt", type=click.Choice(["json", "fix", "parquet"]),
+                 help="Input format (default: from the file extensions)."),
+    click.option("--order-by", help="Comma-separated columns / JSON fields giving the publish "
+                 "order (default: input order)."),
+]
+"""What `spark load` and `spark resolve-chains` read their inputs with."""
+
+
 @spark.command("load")
 @click.option("-t", "--topic", required=True, help="SOW topic.")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["json", "fix", "parquet"]),
-              help="Input format (default: from the file extensions).")
-@click.option("--order-by", help="Comma-separated columns / JSON fields giving the publish "
-              "order (default: input order).")
+@_with(_spark_input_options)
 @click.option("--load-id", help="Id of this load for exactly-once appends (default: from the "
               "inputs' names, sizes and times: the same files are never appended twice).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=5000, show_default=True,
@@ -1168,10 +1174,7 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
 @spark.command("resolve-chains")
 @click.option("-t", "--topic", required=True, help="SOW topic with the chaining key generator.")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--format", "fmt", type=click.Choice(["json", "fix", "parquet"]),
-              help="Input format (default: from the file extensions).")
-@click.option("--order-by", help="Comma-separated columns / JSON fields giving the publish "
-              "order (default: input order).")
+@_with(_spark_input_options)
 @click.option("--separator", help="FIX field separator of the input (default: the topic's).")
 @click.option("--dry-run", is_flag=True, help="Resolve and report; write nothing.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
