@@ -47,6 +47,20 @@ def _ping(url: str) -> bool:
         return False
 
 
+def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """SIGTERM every process still running, then wait for each up to ``timeout_s`` seconds;
+    one that has not ended by then is killed (SIGKILL) and waited for."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     import socket
@@ -124,15 +138,7 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Terminate every node (SIGTERM) and wait for them (nodes already gone are skipped)."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_processes(list(self.procs.values()), timeout_s=10)
 
 
 def _cluster_ok(ports: list[int], replicas: int) -> bool:
@@ -394,15 +400,7 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
         pass
     finally:
         remove_pidfile(data_dir)
-        procs = [c.proc for c in children]
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes([c.proc for c in children], timeout_s=15)
         if redis_proc is not None:
             _shutdown_redis(settings.redis_url)
             try:

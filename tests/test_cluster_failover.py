@@ -25,6 +25,7 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.errors import SowError
 from sow_redis.publisher import append, wait_applied
+from sow_redis.server import stop_processes
 from sow_redis.settings import Settings
 
 KILL_AFTER_S = 1.5
@@ -149,14 +150,7 @@ def _run(tmp_path, durable: bool, replicas: int) -> dict[str, int]:
         assert len(in_sow) <= next_id and counts["duplicates"] == 0
         return counts
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        for w in workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
+        stop_processes(workers, timeout_s=30)
         CONTROL.pop(url, None)
         gen.close()
 

@@ -40,7 +40,7 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.events import parse_block
 from sow_redis.publisher import append, append_delete_all_partitions
-from sow_redis.server import free_port, spawn_redis
+from sow_redis.server import free_port, spawn_redis, stop_processes
 from sow_redis.settings import Settings
 
 
@@ -84,17 +84,12 @@ def spawn(url: str, log_path: Path, *args: str, **extra: str) -> subprocess.Pope
 
 
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Stop the processes, paused ones too (SIGCONT first)."""
     for p in procs:
         if p.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 p.send_signal(signal.SIGCONT)
-                p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+    stop_processes(procs, timeout_s=30)
 
 
 def all_applied(r: Redis, topic: str, partitions: int) -> bool:
