@@ -872,12 +872,12 @@ def metrics(ctx: click.Context, port: int, bind: str) -> None:
       sow-redis --redis-url redis://127.0.0.1:6390/0 metrics --port 9464
     """
     import signal
-    import threading
 
     from .metrics import serve
+    from .stopping import StopEvent, stop_on_signals
 
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_a: stop.set())
+    stop = StopEvent()
+    stop_on_signals(stop, (signal.SIGTERM,))
     click.echo(f"metrics on http://{bind}:{port}/metrics for {redact(_sow(ctx).url)}", err=True)
     try:
         serve(_sow(ctx).r, port, bind, stop)

@@ -18,7 +18,6 @@ for that long is removed with all its records (RabbitMQ queue TTL ``x-expires``)
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable
 from typing import cast
@@ -34,6 +33,7 @@ from .logs import fields
 from .outage import reporter
 from .scripts import Scripts
 from .settings import Settings
+from .stopping import StopEvent, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class Expirer:
         self.only = frozenset(topics) if topics else None
         self.scripts = Scripts(r)
         self.cache = TopicCache(r)
-        self._stop = threading.Event()
+        self._stop = StopEvent()
         self._next_idle_check = 0.0
 
     def loop(self) -> tuple[int, float]:
@@ -252,10 +252,7 @@ def run_expirer(settings: Settings, burst: bool = False,
     """The ``sow-redis expirer`` process (``topics``: serve only these); stops on SIGINT/SIGTERM.
 
     Returns the number of records expired."""
-    import signal
-
     exp = Expirer(connect_pair(settings.redis_url, settings.control_url, required=False),
                   settings, topics)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_a: exp.stop())
+    stop_on_signals(exp._stop)
     return exp.run(burst=burst)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from .logs import fields
 from .outage import reporter
 from .safejob import SERIALIZER, SowJob
 from .settings import QUEUE_NAME, Settings
+from .stopping import StopEvent, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class SowWorker(SimpleWorker):
 
     max_connection_wait_time = BACKOFF_MAX_S
 
-    def __init__(self, *args: Any, stop: threading.Event, **kwargs: Any):
+    def __init__(self, *args: Any, stop: StopEvent, **kwargs: Any):
         kwargs.setdefault("serializer", SERIALIZER)
         kwargs.setdefault("job_class", SowJob)
         kwargs.setdefault("worker_ttl", WORKER_TTL_S)
@@ -186,7 +186,7 @@ class SowWorker(SimpleWorker):
         super().register_birth()
 
     def request_stop(self, signum: Any, frame: Any) -> None:
-        self.stop.set()
+        self.stop.request()
         super().request_stop(signum, frame)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
@@ -297,10 +297,6 @@ class Sweeper(threading.Thread):
                 log.exception("sweeper failed; retrying")
 
 
-def _on_signals(stop: threading.Event) -> None:
-    """Outside rq's work loop, SIGINT/SIGTERM only set ``stop``."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_a: stop.set())
 
 
 def run_worker(settings: Settings, burst: bool = False, name: str | None = None) -> bool:
@@ -318,8 +314,8 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     """
     data = connect_pair(settings.redis_url, settings.control_url)
     r = control_of(data)  # rq's connection; its jobs find ``data`` from it (data_of)
-    stop = threading.Event()
-    _on_signals(stop)
+    stop = StopEvent()
+    stop_on_signals(stop)  # outside rq's work loop
     _quiet_rq_outages()
     wname = worker_name(name)
     if burst:
@@ -352,7 +348,7 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
                 OUTAGE.failed(exc)
                 down = True
             finally:
-                _on_signals(stop)
+                stop_on_signals(stop)  # outside rq's work loop
             if stop.is_set() or (worker is not None and worker._stop_requested):
                 break
             if burst and not down:
