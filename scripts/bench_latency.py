@@ -271,6 +271,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--replay-n", type=int, default=1_000_000, help="0: no replay run")
     ap.add_argument("--no-nats", action="store_true", help="skip the NATS baseline")
+    ap.add_argument("--variants", default="",
+                    help="variant names to run, separated by ';' (default: all); raw pub/sub "
+                         "always runs first, for the ratio")
     ap.add_argument("--json", default="bench-results/bench_latency.json")
     a = ap.parse_args(argv)
     a.rate_list = [int(x) for x in a.rates.split(",") if x.strip()]
@@ -307,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                     if nats_server is not None:
                         variants.append(("nats kv watch",
                                          lambda rt=rate: run_nats(nats_server.url, rt, args)))
+                    if args.variants:
+                        wanted = {"raw pub/sub", *(v.strip() for v in args.variants.split(";"))}
+                        variants = [(n, f) for n, f in variants if n in wanted]
                     raw_p99 = None
                     for name, run in variants:
                         res = run()

@@ -18,6 +18,7 @@ the job it stands for may have been lost with the connection.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -232,34 +233,36 @@ ADOPT_EVERY_S = 0.25
 
 
 def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
-            needed_elsewhere: Callable[[], bool] | None) -> bool:
+            needed: Callable[[], str | None] | None) -> str | None:
     """Wait up to ``wait_ms`` milliseconds for an entry after the cursor of any of ``logs``
     (log key → cursor; one blocking XREAD on all of them), in slices of
-    :data:`LINGER_SLICE_MS`.
+    :data:`LINGER_SLICE_MS`; ``needed()`` is asked before each slice.
 
     Returns:
-        True when an entry arrived; False when the time ran out or ``needed_elsewhere()``
-        says a queued job waits for this worker.
+        ``"entry"`` when an entry arrived, what ``needed()`` returned when it returned
+        something (see :func:`_queued_work`), None when the time ran out.
     """
     deadline = time.monotonic() + wait_ms / 1000
     streams: dict[str, str] = {k: v for k, v in logs.items() if v is not None}
     # on a cluster one XREAD cannot name logs of several slots: look at each, then sleep
     polled = is_cluster(r) and len(streams) > 1
     while True:
-        if needed_elsewhere is not None and needed_elsewhere():
-            return False
+        if needed is not None:
+            why = needed()
+            if why is not None:
+                return why
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
-            return False
+            return None
         if polled:
             pipe = r.pipeline(transaction=False)
             for k, v in streams.items():
                 pipe.xread({k: v}, count=1)
             if any(pipe.execute()):
-                return True
+                return "entry"
             time.sleep(min(left_ms, LINGER_SLICE_MS) / 1000)
         elif r.xread(streams, count=1, block=min(left_ms, LINGER_SLICE_MS)):  # type: ignore[arg-type]
-            return True
+            return "entry"
 
 
 QUEUE_PEEK = 100
@@ -268,29 +271,46 @@ QUEUE_PEEK = 100
 _DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+ entr(?:y|ies) behind\))?$")
 
 
-def _needed_elsewhere(r: Client) -> bool:
-    """True when a job waits in the queue that some worker must run: one whose partition's
-    lease nobody holds (a job whose lease is held ends at once). Looks at the first
-    :data:`QUEUE_PEEK` queued jobs, by their description ``ingest <topic>[<p>]`` (the
-    queue on the control Redis, the leases on the data Redis ``r``)."""
+def _queued_work(r: Client, topic: str, can_adopt: bool) -> str | None:
+    """What the queued jobs ask of a job serving a share of ``topic`` (``can_adopt``: it
+    holds fewer partitions than its share). Looks at the first :data:`QUEUE_PEEK` queued
+    jobs, by their description ``ingest <topic>[<p>]`` (the queue on the control Redis, the
+    leases on the data Redis ``r``); a job whose partition's lease is held ends at once when run, so it needs no one.
+
+    Returns:
+        ``"elsewhere"`` when a job of another topic (or not an ingest job) needs a worker;
+        else ``"adopt"`` when free partitions of ``topic`` wait and ``can_adopt`` (the
+        caller takes them rather than ending so that new jobs take them one by one); else
+        None (free partitions of ``topic`` beyond this job's share are left to an idle
+        worker).
+    """
     control = control_of(r)
     ids = cast("list[bytes]", control.lrange(QUEUE_KEY, 0, QUEUE_PEEK - 1))
     if not ids:
-        return False
+        return None
     pipe = control.pipeline(transaction=False)
     for job_id in ids:
         pipe.hget(b"rq:job:" + job_id, "description")
-    leases = []
+    queued: list[tuple[str, int]] = []
     for desc in pipe.execute():
         m = _DESCRIPTION.match(desc or b"")
         if m is None:
             log.debug("queued job %r needs a worker", desc)
-            return True  # not an ingest job: run it
-        leases.append(keys.lease(m.group(1).decode(), int(m.group(2))))
-    free = [k for k, owner in zip(leases, get_many(r, leases)) if owner is None]
-    if free:
-        log.debug("queued jobs of free partitions %s", free)
-    return bool(free)
+            return "elsewhere"  # not an ingest job: run it
+        queued.append((m.group(1).decode(), int(m.group(2))))
+    owners = get_many(r, [keys.lease(t, q) for t, q in queued])
+    free = {tq for tq, owner in zip(queued, owners) if owner is None}
+    if not free:
+        return None
+    log.debug("queued jobs of free partitions %s", sorted(free))
+    if any(t != topic for t, _q in free):
+        return "elsewhere"
+    return "adopt" if can_adopt else None
+
+
+def _queue_waits(r: Client) -> str | None:
+    """``"elsewhere"`` when any job is queued (for a job that serves one partition)."""
+    return "elsewhere" if control_of(r).llen(QUEUE_KEY) else None
 
 
 def _workers(r: Client) -> int:
@@ -355,11 +375,12 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
     next_adopt = now if adopt else float("inf")
     drained = False
     busy = now  # when a step last applied something: lingering counts from there
+    share = len(held)
     try:
         while True:
             if now >= next_adopt:
                 next_adopt = now + ADOPT_EVERY_S
-                share = -(-topic.partitions // _workers(r))
+                share = -(-topic.partitions // _workers(r))  # this job's fair share
                 for q in range(topic.partitions):
                     if len(held) >= share:
                         break
@@ -384,8 +405,11 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
             if n:
                 busy = now
             all_drained = all(h.applier.drained for h in held.values())
+            if now - renewed >= renew_every:  # also while lingering, which loops from below
+                _renew(r, scripts, topic, held, owner, settings)
+                renewed = now
             if now >= deadline:
-                if not adopt or _needed_elsewhere(r):
+                if not adopt or _queued_work(r, topic.name, False) == "elsewhere":
                     drained = all_drained
                     break
                 # nobody else waits for this worker: keep serving (no hand-over gap)
@@ -398,24 +422,27 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 # new entries a publisher's write-through applied (nothing left to do) do
                 # not extend it: a job that only wakes for those retires after the linger
                 linger = settings.linger_ms if linger_ms is None else linger_ms
-                wait_ms = min(linger - int((now - busy) * 1000), int((deadline - now) * 1000))
+                linger_left = linger - int((now - busy) * 1000)
+                budget_left = int((deadline - now) * 1000)
                 logs = {keys.log(topic.name, h.p): h.applier.cursor for h in held.values()}
-                needed: Callable[[], bool] | None = None
+                needed: Callable[[], str | None] | None = None
                 if linger_ms is None:  # a worker's job: give way to a job that needs a worker
-                    needed = (lambda: _needed_elsewhere(r)) if adopt else (
-                        lambda: bool(control_of(r).llen(QUEUE_KEY)))
-                if None in logs.values() or not _linger(r, logs, wait_ms, needed):
+                    if adopt:  # free partitions of its topic: adopt them, up to its share
+                        needed = functools.partial(_queued_work, r, topic.name,
+                                                   len(held) < share)
+                    else:
+                        needed = functools.partial(_queue_waits, r)
+                why = None if None in logs.values() else _linger(
+                    r, logs, min(linger_left, budget_left), needed)
+                if why is None and budget_left < linger_left:
+                    why = "budget"  # the budget ran out first: decided at the top
+                if why is None or why == "elsewhere":
                     drained = True
                     break
+                if why == "adopt":  # free partitions of this topic wait: take them now
+                    next_adopt = time.monotonic()
                 now = time.monotonic()
                 continue
-            if now - renewed >= renew_every:
-                for h in held.values():
-                    if scripts.lease_acquire(keys.lease(topic.name, h.p),
-                                             keys.state(topic.name, h.p), owner,
-                                             settings.lease_ms) != h.fence:
-                        raise FencedError(f"lost the lease of {topic.name}[{h.p}]")
-                renewed = now
         for h in held.values():
             h.done += h.applier.finish()
             _trim(r, topic, h.p, settings)
@@ -431,6 +458,24 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                     _active.discard((topic.name, h.p))
                 _release(scripts, keys.lease(topic.name, h.p), owner)
     return {q: (h.done, drained) for q, h in held.items()}
+
+
+def _renew(r: Client, scripts: Scripts, topic: TopicConfig, held: Mapping[int, _Held],
+           owner: str, settings: Settings) -> None:
+    """Extend the leases of the ``held`` partitions, and their job markers: a publisher
+    enqueues no job for a partition a job serves, however long it serves it.
+
+    Raises:
+        FencedError: a lease was taken over.
+    """
+    for h in held.values():
+        if scripts.lease_acquire(keys.lease(topic.name, h.p), keys.state(topic.name, h.p),
+                                 owner, settings.lease_ms) != h.fence:
+            raise FencedError(f"lost the lease of {topic.name}[{h.p}]")
+    pipe = r.pipeline(transaction=False)
+    for h in held.values():
+        pipe.set(keys.job_marker(topic.name, h.p), OWNER, px=settings.marker_ttl_ms)
+    pipe.execute()
 
 
 def _release(scripts: Scripts, lease_key: str, owner: str) -> None:
