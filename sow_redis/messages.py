@@ -139,9 +139,37 @@ def loads(data: bytes) -> Any:
     scan = data.translate(_SCAN)
     if len(data) > 2 * MAX_DEPTH and scan.count(b"[") > MAX_DEPTH:
         _depth_check(obj)  # before the integer check: the stdlib parser recurses
-    if _LONG_DIGITS in scan:
+    if _LONG_DIGITS in scan and _may_hold_long_integer(obj, len(data)):
         _exact_integer_check(data)
     return obj
+
+
+_FLOAT_FROM_LONG = float(2 ** 63)
+"""orjson turns an integer literal outside the 64-bit range into a float of at least this
+magnitude; an integer inside it stays an int."""
+
+_WALK_MAX_BYTES = 65_536
+"""Texts up to this size are walked for such floats (faster than parsing again); longer ones
+with a long digit run are parsed again at once."""
+
+
+def _may_hold_long_integer(obj: Any, size: int) -> bool:
+    """Whether decoded ``obj`` may come from an integer literal outside the 64-bit range: it
+    holds a float of magnitude ≥ 2^63 (or the text is too long to walk). A 19-digit integer
+    inside the range (a nanosecond timestamp) thus costs a walk of the object, not a second
+    parse (scripts/bench_decode.py)."""
+    if size > _WALK_MAX_BYTES:
+        return True
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, float) and not -_FLOAT_FROM_LONG < v < _FLOAT_FROM_LONG:
+            return True
+    return False
 
 
 def decode(data: bytes, topic: TopicConfig) -> dict[str, Any]:

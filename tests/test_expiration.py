@@ -228,6 +228,26 @@ def test_idle_topic_removed(sow, topic_name):
     assert ids(sow, busy) == [1]
 
 
+def test_publishers_record_use_at_most_every_tenth_of_idle_expiration(sow, topic_name):
+    """A publish records the topic's use (LAST_USED) only for a topic with idle_expiration,
+    and at most every min(1 s, idle_expiration / 10) per client: a steady publisher does not
+    pay a round trip per publish for it."""
+    quiet = topic_name + "q"
+    sow.apply_config(cfg(topic_name, 'idle_expiration = "2s"') + cfg(quiet))
+    sow.r.hdel(keys.LAST_USED, topic_name, quiet)  # config apply records it too
+    sow.publish(quiet, {"id": 1})
+    assert sow.r.hget(keys.LAST_USED, quiet) is None
+    sow.publish(topic_name, {"id": 1})
+    first = sow.r.hget(keys.LAST_USED, topic_name)
+    assert first is not None
+    time.sleep(0.01)
+    sow.publish(topic_name, {"id": 2})  # within 200 ms of the first: not recorded again
+    assert sow.r.hget(keys.LAST_USED, topic_name) == first
+    time.sleep(0.25)
+    sow.publish(topic_name, {"id": 3})
+    assert int(sow.r.hget(keys.LAST_USED, topic_name)) >= int(first) + 250
+
+
 def test_idle_expiration_must_be_positive():
     from sow_redis.config import parse_topics
     from sow_redis.errors import ConfigError
