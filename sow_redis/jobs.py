@@ -343,8 +343,10 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
     latency per hand-over; docs/benchmarks.md, "Subscriber latency").
 
     Returns:
-        partition → ``(entries consumed, drained)``; ``{p: (0, False)}`` when ``p``'s lease
-        belongs to another worker. ``drained`` is False when the budget ran out.
+        partition → ``(entries consumed, drained)`` of each partition served (with ``adopt``
+        ``p`` may be left out: another worker holds it, and the job served free ones);
+        ``{p: (0, False)}`` when ``p``'s lease belongs to another worker and (``adopt``) no
+        partition of the topic was free. ``drained`` is False when the budget ran out.
 
     Raises:
         FencedError: a held lease was taken over (the others are released).
@@ -366,7 +368,10 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                                                fence=fence))
         return True
 
-    if not take(p):
+    # a job whose own partition another job holds still serves its topic: it adopts free
+    # partitions (below) rather than ending, so a worker that starts while the queue holds
+    # jobs of partitions already taken finds its share at once, not after one rq job each
+    if not take(p) and not adopt:
         return {p: (0, False)}
     now = time.monotonic()
     deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
@@ -387,6 +392,8 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                     if q not in held and take(q):
                         # the marker says "served": a publisher enqueues no job for q now
                         r.set(keys.job_marker(topic.name, q), OWNER, px=settings.marker_ttl_ms)
+                if not held:  # its partition is another job's, and no other one is free
+                    return {p: (0, False)}
             n = 0
             # the held partitions' apply_log.lua calls go together: one round trip, and on a
             # cluster every node holding some of them works at the same time
