@@ -391,7 +391,7 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                         break
                     if q not in held and take(q):
                         # the marker says "served": a publisher enqueues no job for q now
-                        r.set(keys.job_marker(topic.name, q), OWNER, px=settings.marker_ttl_ms)
+                        _mark_served(r, topic, [q], settings)
                 if not held:  # its partition is another job's, and no other one is free
                     return {p: (0, False)}
             n = 0
@@ -479,9 +479,16 @@ def _renew(r: Client, scripts: Scripts, topic: TopicConfig, held: Mapping[int, _
         if scripts.lease_acquire(keys.lease(topic.name, h.p), keys.state(topic.name, h.p),
                                  owner, settings.lease_ms) != h.fence:
             raise FencedError(f"lost the lease of {topic.name}[{h.p}]")
+    _mark_served(r, topic, list(held), settings)
+
+
+def _mark_served(r: Client, topic: TopicConfig, partitions: list[int],
+                 settings: Settings) -> None:
+    """Set the job markers of ``partitions`` (lifetime ``marker_ttl_ms``): a job serves them,
+    so a publisher enqueues none."""
     pipe = r.pipeline(transaction=False)
-    for h in held.values():
-        pipe.set(keys.job_marker(topic.name, h.p), OWNER, px=settings.marker_ttl_ms)
+    for q in partitions:
+        pipe.set(keys.job_marker(topic.name, q), OWNER, px=settings.marker_ttl_ms)
     pipe.execute()
 
 
