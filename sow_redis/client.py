@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from redis.exceptions import ResponseError
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
@@ -36,6 +37,7 @@ from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
 from .jobs import drain_partition, ensure_jobs
 from .publisher import (
+    NOT_READ,
     PublishResult,
     append,
     append_delete_all_partitions,
@@ -59,6 +61,12 @@ def _to_bytes(msg: Any) -> bytes:
     if isinstance(msg, str):  # lone surrogates (undecodable argv bytes) reach the decoder,
         return msg.encode("utf-8", "surrogateescape")  # which rejects them: not UTF-8
     return orjson.dumps(msg)
+
+
+TOPIC_KEEP_S = 0.05
+"""Seconds a publisher uses a topic definition without reading the registry, counted from
+the last publish whose write found the registry version unchanged (see
+:meth:`Sow._publish_topic`)."""
 
 
 class Sow:
@@ -111,6 +119,10 @@ class Sow:
                              "a redis:// server with 'sow-redis worker'")
         self._inline = bool(inline)
         self.retry_s = retry_s
+        # topics this client publishes to, valid for one registry version (_publish_topic)
+        self._topics: dict[str, TopicConfig] = {}
+        self._topics_version: object = NOT_READ
+        self._topics_until = 0.0  # time.monotonic() until which they may be used unread
         self.durable = durable
         if client is not None:
             self.r = client
@@ -159,6 +171,7 @@ class Sow:
             apply_with_migration(self.r, topics, self.settings, where)
         else:
             apply_topics(self.r, topics, where)
+        self._topics.clear()
         return topics
 
     def topic(self, name: str) -> TopicConfig:
@@ -166,15 +179,64 @@ class Sow:
         return get_topic(self.r, name)
 
     # publishing ----------------------------------------------------------------------
+    def _publish_topic(self, name: str) -> TopicConfig:
+        """A topic's definition for a publish: from this client's cache while it is known
+        current, else read from the registry.
+
+        Each publish reads the registry version in the same write as its first chunk
+        (``append(registry_check=True)``). When the version is the one the cache was filled
+        under, the definitions stay usable for :data:`TOPIC_KEEP_S` seconds from that
+        publish; when it moved (another client changed the registry), the cache is dropped.
+        So a steady publisher spares the lookup round trip of each publish, and a definition
+        changed elsewhere is used for at most :data:`TOPIC_KEEP_S` seconds after the change
+        by a publisher that kept publishing (a change through this client drops the cache at
+        once). Topics with ``idle_expiration`` are always read (the expirer may remove them
+        between two publishes: the publish must fail with UnknownTopicError, not log to a
+        removed topic).
+
+        Raises:
+            UnknownTopicError.
+        """
+        t = self._topics.get(name)
+        if t is not None and time.monotonic() < self._topics_until:
+            return t
+        started = time.monotonic()
+        try:
+            version: object = self.r.get(keys.REGISTRY_VERSION)  # before the definition
+        except ResponseError:  # not allowed to read it: no caching
+            version = NOT_READ
+        t = self.topic(name)
+        if version is not NOT_READ and not t.idle_ms:
+            if version != self._topics_version or started >= self._topics_until:
+                self._topics.clear()
+                self._topics_version = version
+                self._topics_until = started + TOPIC_KEEP_S
+            self._topics[name] = t
+        return t
+
+    def _published(self, result: PublishResult, started: float) -> None:
+        """After a publish begun at ``started`` (``time.monotonic()``): keep the cached
+        definitions :data:`TOPIC_KEEP_S` seconds more when ``result`` read the version they
+        were read under, else drop them."""
+        if result.registry_version is not NOT_READ \
+                and result.registry_version == self._topics_version:
+            self._topics_until = max(self._topics_until, started + TOPIC_KEEP_S)
+        else:
+            self._topics.clear()
+            self._topics_version = NOT_READ
+            self._topics_until = 0.0
+
     def _publish(self, cmd: str, topic: str, messages: Any, sow_key: str | None, wait: bool,
                  timeout: float, expiration: float | None,
                  separator: str | None = None) -> PublishResult:
         if self.retry_s > 0:  # ride out an outage (sow_redis.outage): every step may repeat
             from .outage import append_through_outage, call_through_outage
 
-            t = call_through_outage(lambda: self.topic(topic), self.retry_s)
+            started = time.monotonic()
+            t = call_through_outage(lambda: self._publish_topic(topic), self.retry_s)
         else:
-            t = self.topic(topic)
+            started = time.monotonic()
+            t = self._publish_topic(topic)
         if isinstance(messages, (dict, bytes, str)):
             messages = [messages]
         sep = None
@@ -186,12 +248,15 @@ class Sow:
         items = ((cmd, m, sow_key, expiration) for m in messages)
         if self.retry_s > 0:
             result = append_through_outage(self.r, t, items, self.retry_s, fix_separator=sep,
-                                           jobs=self.job_settings, durable=self.durable)
+                                           jobs=self.job_settings, durable=self.durable,
+                                           registry_check=True)
+            self._published(result, started)
             call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout,
                                                      jobs_started=True), self.retry_s)
             return result
         result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings,
-                        durable=self.durable)
+                        durable=self.durable, registry_check=True)
+        self._published(result, started)
         self.handoff(t, result.last_ids, wait, timeout, jobs_started=True)
         return result
 

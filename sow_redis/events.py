@@ -18,7 +18,9 @@ in-process ``memory://`` backend, whose Lua has no MessagePack)::
 * ``first`` … ``last``: the partition's change sequence numbers (``seq``) of the block's
   changes. Every change moves its partition's ``seq`` by one, so a partition's consecutive
   blocks have ``first`` = previous ``last`` + 1: a reader that sees a larger ``first`` missed a
-  block and reads it from the change feed. ``ms``: server time of the call (ms since epoch).
+  block and reads it from the change feed. ``ms``: time of the change in ms since the epoch
+  on the Redis server clock (the log time of the entries a write-through applied; else the
+  server time of the call).
 * ``op``: ``publish`` | ``delta_publish`` (``data`` is the merged record) | ``sow_delete`` (a
   removal; ``reason`` ``deleted`` by a sow_delete, or ``expired``; ``data`` is the removed
   record); ``reason`` is ``""`` for the others. ``id``: the log entry that caused the change
@@ -28,7 +30,8 @@ in-process ``memory://`` backend, whose Lua has no MessagePack)::
 :func:`parse_block` decodes either encoding into a :class:`ChangeBlock` of
 :class:`ChangeEvent` dicts (``data`` decoded). The change feed keeps blocks for the topic's
 ``change_retention`` (age and count per partition, defaults 1 h and 100,000 changes): the
-oldest blocks are trimmed as new ones come. A block's time is also indexed in
+oldest blocks are trimmed as new ones come (by count at every block, by age each time the
+partition's sequence crosses a multiple of 64). A block's time is also indexed in
 ``{sow:<topic>:<p>}:changes:t`` (ZSET first seq → ms).
 
 The expirer publishes one more message when it removes an idle topic (``idle_expiration``):

@@ -47,6 +47,10 @@ class Rejected:
     detail: str
 
 
+NOT_READ = object()
+""":attr:`PublishResult.registry_version` when the version was not read."""
+
+
 @dataclass
 class PublishResult:
     """Outcome of a publish call: ``read == published + skipped + len(rejected)``.
@@ -58,6 +62,10 @@ class PublishResult:
             messages by default); not errors, not in the log.
         rejected: messages refused before reaching the log, with reasons.
         last_ids: partition → last stream id appended (the consistency token for ``wait``).
+        registry_version: with ``append(registry_check=True)``: the registry version
+            (:data:`keys.REGISTRY_VERSION`, as stored: bytes, or None when unset) read in the
+            same write as the first chunk's entries, after them; :data:`NOT_READ` when
+            nothing was sent or the read failed.
     """
 
     published: int = 0
@@ -65,6 +73,7 @@ class PublishResult:
     last_ids: dict[int, str] = field(default_factory=dict)
     skipped: int = 0
     read: int = 0
+    registry_version: object = field(default=NOT_READ, repr=False)
 
     def merge(self, other: PublishResult) -> None:
         self.read += other.read
@@ -72,6 +81,8 @@ class PublishResult:
         self.skipped += other.skipped
         self.rejected += other.rejected
         self.last_ids.update(other.last_ids)
+        if other.registry_version is not NOT_READ:
+            self.registry_version = other.registry_version
 
 
 Item = tuple[str, Any, "str | None"] | tuple[str, Any, "str | None", "float | None"]
@@ -200,7 +211,8 @@ def _read_failed(r: Client, topic: TopicConfig, start: int, result: PublishResul
 def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
            fix_separator: bytes | None = None,
-           jobs: Settings | None = None, durable: bool = False) -> PublishResult:
+           jobs: Settings | None = None, durable: bool = False,
+           registry_check: bool = False) -> PublishResult:
     """Validate and append messages to the log.
 
     Every item is either appended or rejected with its reason, whatever the other items do:
@@ -230,6 +242,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         durable: after each chunk, wait until at least one replica of every primary written
             to has it (``WAIT 1``, at most :data:`DURABLE_WAIT_MS`): an acknowledged message
             survives the loss of its primary (replication is asynchronous otherwise).
+        registry_check: read the registry version in the first chunk's write, after its
+            entries (:attr:`PublishResult.registry_version`): a caller that keeps ``topic``
+            cached learns in the same round trip whether it was still current (see
+            :meth:`sow_redis.client.Sow.publish`).
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -241,13 +257,16 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         time (its messages are in the log of the primary, not acknowledged).
     """
     if durable or is_cluster(r):
-        return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs, durable)
+        return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs, durable,
+                               registry_check)
     result = PublishResult()
     batch = XaddBatch(r)
     through = _write_through(r) if jobs is not None and jobs.write_through else None
     parts: list[int] = []
     handled = 0
-    inflight: deque[tuple[list[int], int]] = deque()  # (partitions, items handled), sent
+    # (partitions, items handled, registry version read after them), sent
+    inflight: deque[tuple[list[int], int, bool]] = deque()
+    check = registry_check
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
     skip = frozenset(topic.skip_msg_types)
@@ -256,8 +275,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         """Read the replies of the oldest chunk in flight."""
         if not inflight:
             return
-        sent, n_handled = inflight.popleft()
+        sent, n_handled, checked = inflight.popleft()
         replies = batch.collect(tolerate_from=len(sent))
+        if checked:
+            version = replies.pop()
+            result.registry_version = NOT_READ if isinstance(version, Exception) else version
         for p, sid in zip(sent, replies):
             result.last_ids[p] = sid.decode()
         result.published += len(sent)
@@ -269,7 +291,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     def flush(last: bool = False) -> None:
         """Send the chunk validated so far; Redis appends it while the next chunks are
         validated here (at most :data:`IN_FLIGHT` chunks wait for their replies)."""
-        nonlocal parts, handled
+        nonlocal parts, handled, check
         if len(inflight) >= IN_FLIGHT:
             settle()
         if parts:
@@ -283,8 +305,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
                 for p in sorted(set(parts)):
                     batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
                                      jobs.marker_ttl_ms)
+            if check:
+                batch.add_packed(_GET_REGISTRY_VERSION)
             batch.send()
-            inflight.append((parts, handled))
+            inflight.append((parts, handled, check))
+            check = False
         elif on_chunk and handled:
             on_chunk(handled)
         parts, handled = [], 0
@@ -376,16 +401,19 @@ def _send_chunk(r: Client, commands: list[tuple[str, tuple[Any, ...], dict[str, 
 def _raise_first(commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
                  replies: list[Any]) -> list[Any]:
     """``replies``, after raising the first error reply of a command other than EVALSHA
-    (the write-through calls, whose errors :class:`WriteThrough` takes)."""
+    (the write-through calls, whose errors :class:`WriteThrough` takes) and the registry
+    version read of ``registry_check`` (an error there only means "not read")."""
     for (_m, args, _k), reply in zip(commands, replies):
-        if isinstance(reply, Exception) and not (args and args[0] == "EVALSHA"):
+        if isinstance(reply, Exception) and not (
+                args and args[0] in ("EVALSHA", keys.REGISTRY_VERSION)):
             raise reply
     return replies
 
 
 def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start: int,
                     on_chunk: Callable[[int], None] | None, fix_separator: bytes | None,
-                    jobs: Settings | None, durable: bool = False) -> PublishResult:
+                    jobs: Settings | None, durable: bool = False,
+                    registry_check: bool = False) -> PublishResult:
     """:func:`append` on a Redis Cluster, or with ``durable`` (same arguments, result and
     errors): each chunk of :data:`CHUNK` messages goes as one redis-py pipeline (on a
     cluster one round trip per node holding its partitions; the XADDs of one partition stay
@@ -401,7 +429,7 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
     through = _write_through(r) if jobs is not None and jobs.write_through else None
 
     def flush() -> None:
-        nonlocal chunk, handled
+        nonlocal chunk, handled, registry_check
         if chunk:
             commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
                 ("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
@@ -415,7 +443,14 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
 
                 commands += [("set", (keys.job_marker(topic.name, p), OWNER),
                               {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
+            if registry_check:
+                commands.append(("get", (keys.REGISTRY_VERSION,), {}))
             replies = _send_chunk(r, commands, durable)
+            if registry_check:
+                version = replies.pop()
+                result.registry_version = (NOT_READ if isinstance(version, Exception)
+                                           else version)
+                registry_check = False
             for (p, _e), sid in zip(chunk, replies):
                 result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
             result.published += len(chunk)
@@ -450,6 +485,9 @@ def resp(args: Sequence[Any], header: bool = True) -> bytes:
         v = a if isinstance(a, bytes) else str(a).encode()
         out += b"$%d\r\n%s\r\n" % (len(v), v)
     return bytes(out)
+
+
+_GET_REGISTRY_VERSION = resp(("GET", keys.REGISTRY_VERSION))
 
 
 class XaddBatch:

@@ -5,13 +5,14 @@ refused SOW keys, and what `sow-redis publish` prints and returns (issues 7.2, 7
 from __future__ import annotations
 
 import re
+import time
 
 import orjson
 import pytest
 from conftest import client, run_cli
 
 from sow_redis import keys, messages, sowkey
-from sow_redis.client import Sow
+from sow_redis.client import TOPIC_KEEP_S, Sow
 from sow_redis.errors import MessageError
 
 BIG1 = 123456789012345678901234567890
@@ -289,3 +290,47 @@ def test_an_input_that_fails_midway_keeps_what_was_appended_and_says_so(tmp_path
     assert info.value.__notes__ == ["sow_redis: reading item 5 failed; the 3 earlier "
                                     "message(s) were appended to the log, 1 rejected"]
     assert sum(sow.r.xlen(keys.log("t", p)) for p in range(2)) == 3
+
+
+def test_a_publisher_keeps_its_topic_definition_and_sees_a_change_at_the_next_publish(
+        sow, topic_name, monkeypatch):
+    """``Sow.publish`` keeps the definition of the topics it publishes to (no registry round
+    trip per publish); the registry version read in each publish's write tells it when another
+    client changed the registry. A publish within TOPIC_KEEP_S of the change may still use the
+    old definition, the next one reads the new one; after TOPIC_KEEP_S without a publish, or
+    for a change made through the same client, the first publish uses the new one."""
+    sow.apply_config(cfg(topic_name))
+    reads: list[str] = []
+    real = Sow.topic
+    monkeypatch.setattr(Sow, "topic", lambda self, name: reads.append(name) or real(self, name))
+    big = {"k": "a", "pad": "x" * 300}
+    for _ in range(5):
+        assert sow.publish(topic_name, big).published == 1
+    assert reads == [topic_name]
+    other = Sow(client=sow.r, inline=sow.inline, settings=sow.settings)
+    other.apply_config(cfg(topic_name, "max_message_bytes = 200"))
+    under_way = sow.publish(topic_name, big)  # the old limit, unless TOPIC_KEEP_S passed
+    assert under_way.published + len(under_way.rejected) == 1
+    after = sow.publish(topic_name, big)
+    assert [x.reason for x in after.rejected] == ["too_large"] and after.published == 0
+    assert reads == [topic_name] * 2
+    other.apply_config(cfg(topic_name))
+    time.sleep(2 * TOPIC_KEEP_S)  # a publisher idle for longer reads the registry again
+    assert sow.publish(topic_name, big).published == 1
+    assert reads == [topic_name] * 3
+    sow.apply_config(cfg(topic_name, "max_message_bytes = 200"))  # through this client
+    assert [x.reason for x in sow.publish(topic_name, big).rejected] == ["too_large"]
+    assert reads == [topic_name] * 4
+
+
+def test_a_topic_with_idle_expiration_is_read_at_every_publish(sow, topic_name, monkeypatch):
+    """The expirer may remove an idle topic between two publishes: its definition is never
+    kept, so the next publish fails with UnknownTopicError instead of logging to a removed
+    topic."""
+    sow.apply_config(cfg(topic_name, 'idle_expiration = "1h"'))
+    reads: list[str] = []
+    real = Sow.topic
+    monkeypatch.setattr(Sow, "topic", lambda self, name: reads.append(name) or real(self, name))
+    for i in range(3):
+        assert sow.publish(topic_name, {"k": str(i)}).published == 1
+    assert reads == [topic_name] * 3

@@ -131,8 +131,13 @@ def test_bookmarks_sort_and_bad_or_trimmed_bookmarks_are_one_line_errors(url, to
     with pytest.raises(BookmarkError, match="oldest retained change is seq"):
         sow.subscribe(t.name, bookmark=str(Bookmark((1,))))
     retained = len(sow.r.xrange(keys.changes(t.name, 0)))
-    print(f"100 changes, count retention 20: {retained} blocks retained")
+    times = [int(x) for x in sow.r.zrange(keys.change_times(t.name, 0), 0, -1)]
+    print(f"100 changes, count retention 20: {retained} blocks retained, "
+          f"{len(times)} in the time index")
     assert retained <= 40
+    # the time index follows the count trim every 64 changes (FEED_UPKEEP_EVERY in
+    # remove_record.lua): at seq 64 it dropped the blocks below 64 - 20 + 1
+    assert max(times) == 100 and 45 <= min(times) <= 81 and len(times) == len(set(times))
     out = run_cli(url, "subscribe", "-t", t.name, "--bookmark", "000000000001", check=False)
     assert out.returncode == 1 and out.stderr.count(b"\n") == 1, out.stderr
     assert b"older than the change feed" in out.stderr
@@ -488,3 +493,22 @@ def test_a_feed_left_ahead_of_the_partition_sequence_is_started_anew(url, topic_
     assert sorted(r.obj()["k"] for r in sow.sow(t.name)) == [1, 2]
     ids = [sid for sid, _f in sow.r.xrange(keys.changes(t.name, 0))]
     assert ids == [b"1-0"] and sow.errors(t.name) == []
+
+
+def test_the_change_feed_is_trimmed_by_age(url, topic_name):
+    """``change_retention`` as a duration: blocks older than it leave the feed and its time
+    index (checked every 64 changes of a partition: FEED_UPKEEP_EVERY in remove_record.lua)."""
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, 'change_retention = "1s"\n', partitions=1)
+    for i in range(60):
+        sow.publish(t.name, {"k": i % 7, "v": i})
+    time.sleep(1.2)
+    for i in range(60, 130):  # crosses seq 64 and 128
+        sow.publish(t.name, {"k": i % 7, "v": i})
+    blocks = sow.r.xrange(keys.changes(t.name, 0))
+    times = [int(x) for x in sow.r.zrange(keys.change_times(t.name, 0), 0, -1)]
+    print(f"130 changes, age retention 1 s: feed from seq {blocks[0][0]!r}, "
+          f"time index from {min(times)}")
+    assert blocks[0][0] == b"61-0" and min(times) == 61 and max(times) == 130
+    with pytest.raises(BookmarkError, match="oldest retained change is seq"):
+        sow.subscribe(t.name, bookmark=str(Bookmark((10,))))

@@ -29,6 +29,11 @@ SPECIAL = ("EPOCH", "NOW", "RECENT")
 _POSITION = re.compile(r"[0-9a-fA-F]{1,16}")
 
 
+def position_text(seq: int) -> str:
+    """One partition's position as it prints in a bookmark (:data:`WIDTH` hex digits)."""
+    return f"{seq:0{WIDTH}x}"
+
+
 @dataclass(frozen=True)
 class Bookmark:
     """Per-partition positions (``seqs[p]``: last seq seen in partition ``p``; 0 = none)."""
@@ -36,7 +41,7 @@ class Bookmark:
     seqs: tuple[int, ...]
 
     def __str__(self) -> str:
-        return ",".join(f"{s:0{WIDTH}x}" for s in self.seqs)
+        return ",".join(map(position_text, self.seqs))
 
     @classmethod
     def epoch(cls, partitions: int) -> Bookmark:

@@ -55,7 +55,7 @@ from ..errors import FilterEvalError
 from ..events import ChangeBlock, ChangeEvent, parse_block
 from ..logs import fields
 from ..records import decode as decode_record
-from .bookmark import Bookmark
+from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,9 @@ class Subscriber:
         self._pubsub: Any = None
         # per partition, the keys of the records seen matching (kept with oof only)
         self._view: list[set[str]] = [set() for _ in range(topic.partitions)]
+        # the bookmark's text per partition, and the seq it was made for (bookmark())
+        self._texts = [""] * topic.partitions
+        self._text_seqs = [-1] * topic.partitions
         self.on_close: list[Callable[[], object]] = []
         """Called by :meth:`close` after the last message is processed (e.g. a bookmark
         store's flush)."""
@@ -260,6 +263,10 @@ class Subscriber:
 
     def _events(self, block: ChangeBlock, upto: int | None = None) -> None:
         p = block["partition"]
+        # the bookmark around partition p's position: the other partitions stay put here
+        self.bookmark  # noqa: B018 (brings self._texts up to date)
+        head = "".join(t + "," for t in self._texts[:p])
+        tail = "".join("," + t for t in self._texts[p + 1:])
         for ev in block["events"]:
             if ev["seq"] <= self.pos[p] or (upto is not None and ev["seq"] > upto):
                 continue
@@ -269,7 +276,7 @@ class Subscriber:
                 if self.tracker is not None:
                     self.tracker.skip(p, ev["seq"])
                 continue
-            msg["bookmark"] = self.bookmark
+            msg["bookmark"] = head + position_text(ev["seq"]) + tail
             if self.tracker is not None:
                 self.tracker.received(p, ev["seq"])
             self._ready.append(msg)
@@ -350,8 +357,15 @@ class Subscriber:
     # -- the API -------------------------------------------------------------------------
     @property
     def bookmark(self) -> str:
-        """The bookmark of everything accounted for so far."""
-        return str(Bookmark(tuple(self.pos)))
+        """The bookmark of everything accounted for so far (as ``str(Bookmark(…))``; each
+        partition's text is made again only when its position moved: every message carries
+        the bookmark)."""
+        texts, seqs = self._texts, self._text_seqs
+        for p, seq in enumerate(self.pos):
+            if seqs[p] != seq:
+                seqs[p] = seq
+                texts[p] = position_text(seq)
+        return ",".join(texts)
 
     def get(self, timeout: float = 1.0) -> Message | None:
         """The next message, or None after ``timeout`` seconds without one."""

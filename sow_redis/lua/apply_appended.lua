@@ -52,10 +52,8 @@ local P = partition_context(chan, topic, partition, nidx)
 local marker = KEYS[13 + nidx]
 
 -- entries left after the cursor: make sure a worker comes (SET NX: one job at a time)
-local function hand_over(cursor)
-  local newest = redis.call("XREVRANGE", P.log, "+", "-", "COUNT", 1)[1]
-  if newest and newest[1] ~= cursor
-      and redis.call("SET", marker, ARGV[12], "NX", "PX", ARGV[11]) then
+local function hand_over(left)
+  if left and redis.call("SET", marker, ARGV[12], "NX", "PX", ARGV[11]) then
     return 1
   end
   return 0
@@ -67,8 +65,11 @@ if owner and string.sub(owner, 1, 8) == "migrate:" then
 end
 local meta = redis.call("HMGET", P.state, "cursor", "seq")
 local cursor = meta[1] or "0-0"
-local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
+-- one entry more than this script may apply tells whether the log holds more after them
+local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count + 1)
 if #entries == 0 then return {0, cursor, 0} end
+local more = #entries > count
+if more then entries[#entries] = nil end
 local S = batch_state(P, tonumber(meta[2] or "0"), expiring, dead_letter, ARGV[9], ARGV[10])
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
 if not expiring then S.deferred = {} end
@@ -76,6 +77,7 @@ if not expiring then S.deferred = {} end
 local applied, last = apply_prepared(P, S, entries, ttl, nidx)
 if applied > 0 then
   cursor = last
+  S.now = id_ms(cursor)  -- appended in this same write: its log time is the change's time
   finish_prepared(P, S, cursor)
 end
-return {applied, cursor, hand_over(cursor)}
+return {applied, cursor, hand_over(more or applied < #entries)}

@@ -43,6 +43,7 @@ end
 local due = redis.call("ZRANGEBYSCORE", P.exp, "-inf", horizon, "LIMIT", 0, limit)
 local S = batch_state(P, tonumber(redis.call("HGET", P.state, "seq") or "0"), true,
   dead_letter, ARGV[7], ARGV[8])
+S.now = now
 local n = 0
 for _, key in ipairs(due) do
   local stored = redis.call("HGET", P.rec, key)

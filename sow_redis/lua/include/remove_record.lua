@@ -14,7 +14,8 @@
   change), S.changes (the fields of the batch's changes, in order; include event), S.expiring (the topic's
   expiration is enabled), S.dead_letter (the topic has a dead_letter topic), S.has_expiry
   (the expiry set is not empty), S.keep_count / S.keep_ms (change feed retention: changes per
-  partition, and milliseconds; keep_count 0 = no feed), S.deferred (see write_deferred).
+  partition, and milliseconds; keep_count 0 = no feed), S.deferred (see write_deferred),
+  S.now (set by the caller: the block time in ms; nil: publish_changes reads TIME).
 ]]
 local function partition_context(chan, topic, partition, nidx)
   local idx = {}
@@ -52,14 +53,24 @@ local function emit(S, op, key, id, expiry_ms, data, reason)
   add_change(S.changes, op, key, S.seq, id, expiry_ms, data, reason)
 end
 
+-- The change feed's time index is trimmed (by age, and after the feed's count trim) when a
+-- block crosses a multiple of this many changes of the partition: amortised over small blocks
+-- (a write-through applies one publish per block), at every block of a worker's large batches.
+local FEED_UPKEEP_EVERY = 64
+
 -- Publish the batch's change block on the topic's channel, whether or not anyone listens,
 -- and append it to the partition's change feed (stream id "<first seq>-0", so a reader finds
--- the block holding any seq), trimmed to the retention by count and by age.
+-- the block holding any seq), trimmed to the retention by count (every block) and by age
+-- (see FEED_UPKEEP_EVERY). The block's time is S.now (ms) when the caller set it (the log
+-- time of the entries it applied in this call), else the server's TIME.
 local function publish_changes(P, S)
   if #S.changes == 0 then return end
   count_changes(P, S)
-  local t = redis.call("TIME")
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = S.now
+  if not now then
+    local t = redis.call("TIME")
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
   local block = encode_block(P.topic, P.partition, S.first, S.seq, now, S.changes)
   redis.call("PUBLISH", P.chan, block)
   if S.keep_count > 0 then
@@ -80,22 +91,24 @@ local function publish_changes(P, S)
       redis.call("XADD", P.changes, id, "block", block)
     end
     redis.call("ZADD", P.change_times, now, string.format("%d", S.first))
-    if S.keep_ms > 0 then
-      local cutoff = now - S.keep_ms
-      local oldest = redis.call("ZRANGE", P.change_times, 0, 0, "WITHSCORES")
-      if oldest[2] and tonumber(oldest[2]) < cutoff then
-        local keep = redis.call("ZRANGEBYSCORE", P.change_times, cutoff, "+inf", "LIMIT", 0, 1)
-        if keep[1] then
-          redis.call("XTRIM", P.changes, "MINID", keep[1] .. "-0")
-          redis.call("ZREMRANGEBYSCORE", P.change_times, "-inf", "(" .. cutoff)
+    if math.floor(S.seq / FEED_UPKEEP_EVERY) ~= math.floor((S.first - 1) / FEED_UPKEEP_EVERY) then
+      if S.keep_ms > 0 then
+        local cutoff = now - S.keep_ms
+        local oldest = redis.call("ZRANGE", P.change_times, 0, 0, "WITHSCORES")
+        if oldest[2] and tonumber(oldest[2]) < cutoff then
+          local keep = redis.call("ZRANGEBYSCORE", P.change_times, cutoff, "+inf", "LIMIT", 0, 1)
+          if keep[1] then
+            redis.call("XTRIM", P.changes, "MINID", keep[1] .. "-0")
+            redis.call("ZREMRANGEBYSCORE", P.change_times, "-inf", "(" .. cutoff)
+          end
         end
       end
-    end
-    -- the time index follows the count trim (amortised: each block leaves it once)
-    for _ = 1, 100 do
-      local o = redis.call("ZRANGE", P.change_times, 0, 0)
-      if not o[1] or tonumber(o[1]) >= min_seq then break end
-      redis.call("ZREM", P.change_times, o[1])
+      -- the time index follows the count trim: its oldest entries (lowest times, lowest
+      -- seqs) whose block lies below the feed's first kept seq
+      local o = redis.call("ZRANGE", P.change_times, 0, 4 * FEED_UPKEEP_EVERY - 1)
+      local n = 0
+      while o[n + 1] and tonumber(o[n + 1]) < min_seq do n = n + 1 end
+      if n > 0 then redis.call("ZREMRANGEBYRANK", P.change_times, 0, n - 1) end
     end
   end
   S.changes = {}
