@@ -149,3 +149,56 @@ def test_applied_log_entries_are_trimmed_past_log_max_len(url, r, topic_name):
     append(r, t, [("publish", b'{"id": "late"}', None)])
     drain_partition(r, t, 0, settings, budget_s=60, linger_ms=0)
     assert {"id": "late"} in [x.obj() for x in sow.sow(topic_name, '/id = "late"')]
+
+
+def _leases_taken(r, topic: str, partitions: int) -> int:
+    """Leases taken on the topic's partitions so far: the sum of their fencing tokens (each
+    acquisition of a partition's lease increments its token)."""
+    return sum(int(r.hget(keys.state(topic, p), "fence") or 0) for p in range(partitions))
+
+
+def test_a_steady_publisher_is_served_without_job_churn(lonely_url, topic_name):
+    """The job loop under a steady flow of deltas (the worker path) across many job budgets:
+    the jobs that took the partitions keep serving them (adopting, renewing leases and job
+    markers while they linger), so no stale jobs pile up in the queue and hand-overs stay rare
+    (docs/benchmarks.md, "The worker-hop regression": before the fix a job quit at the end of
+    every budget and 27-64 stale jobs waited in the queue)."""
+    url, partitions, seconds = lonely_url, 4, 3.0
+    sow = make_topic(url, topic_name, partitions)
+    ctl = control(url)
+    budget = {"SOW_JOB_BUDGET_S": "0.25"}
+    workers = [start_worker(url, **budget) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while ctl.scard("rq:workers:sow") < 2:
+            assert time.monotonic() < deadline, "the workers did not register"
+            time.sleep(0.05)
+        queued: list[int] = []
+        sent = 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:  # ~1,000 deltas/s: 10 every 10 ms
+            sow.delta_publish(topic_name, [{"id": (sent + j) % 50, "n": sent + j}
+                                           for j in range(10)])
+            sent += 10
+            queued.append(ctl.llen("rq:queue:sow"))
+            time.sleep(0.01)
+        res = sow.delta_publish(topic_name, {"id": 0, "n": -1}, wait=True, timeout=30)
+        assert res.published == 1
+        taken = _leases_taken(sow.r, topic_name, partitions)
+        last = {i % 50: i for i in range(sent)}
+        last[0] = -1
+        got = {x.obj()["id"]: x.obj()["n"] for x in sow.sow(topic_name)}
+        budgets = seconds / 0.25
+        print(f"\n{sent} deltas in {seconds:g} s ({budgets:g} job budgets): {taken} leases "
+              f"taken by 2 workers on {partitions} partitions, rq queue length max "
+              f"{max(queued)}, mean {sum(queued) / len(queued):.2f}")
+        assert got == last
+        assert max(queued) <= partitions, queued  # at most one job per partition waits
+        # the partitions are taken once and kept (a hand-over per partition per budget
+        # would take ~48)
+        assert taken <= 2 * partitions, taken
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(timeout=30)
