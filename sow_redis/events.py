@@ -18,9 +18,7 @@ in-process ``memory://`` backend, whose Lua has no MessagePack)::
 * ``first`` … ``last``: the partition's change sequence numbers (``seq``) of the block's
   changes. Every change moves its partition's ``seq`` by one, so a partition's consecutive
   blocks have ``first`` = previous ``last`` + 1: a reader that sees a larger ``first`` missed a
-  block and reads it from the change feed. ``ms``: time of the change in ms since the epoch
-  on the Redis server clock (the log time of the entries a write-through applied; else the
-  server time of the call).
+  block and reads it from the change feed. ``ms``: server time of the call (ms since epoch).
 * ``op``: ``publish`` | ``delta_publish`` (``data`` is the merged record) | ``sow_delete`` (a
   removal; ``reason`` ``deleted`` by a sow_delete, or ``expired``; ``data`` is the removed
   record); ``reason`` is ``""`` for the others. ``id``: the log entry that caused the change

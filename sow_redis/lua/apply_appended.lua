@@ -77,7 +77,6 @@ if not expiring then S.deferred = {} end
 local applied, last = apply_prepared(P, S, entries, ttl, nidx)
 if applied > 0 then
   cursor = last
-  S.now = id_ms(cursor)  -- appended in this same write: its log time is the change's time
   finish_prepared(P, S, cursor)
 end
 return {applied, cursor, hand_over(more or applied < #entries)}

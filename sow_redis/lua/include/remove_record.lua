@@ -61,8 +61,8 @@ local FEED_UPKEEP_EVERY = 64
 -- Publish the batch's change block on the topic's channel, whether or not anyone listens,
 -- and append it to the partition's change feed (stream id "<first seq>-0", so a reader finds
 -- the block holding any seq), trimmed to the retention by count (every block) and by age
--- (see FEED_UPKEEP_EVERY). The block's time is S.now (ms) when the caller set it (the log
--- time of the entries it applied in this call), else the server's TIME.
+-- (see FEED_UPKEEP_EVERY). The block's time is S.now (ms) when the caller set it (the
+-- expirer's TIME, read already), else the server's TIME.
 local function publish_changes(P, S)
   if #S.changes == 0 then return end
   count_changes(P, S)
