@@ -42,6 +42,7 @@ import datetime as dt
 import multiprocessing as mp
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -261,6 +262,37 @@ class Nats:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rate and variant over the rounds: the median p50 and p99 (ms), the ratio of the
+    median p99 to raw pub/sub's median p99 in the same rounds, and the rounds' own ratios."""
+    out = []
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        at = [r for r in rows if r["rate"] == rate and "p99_ms" in r]
+        raw = [r["p99_ms"] for r in at if r["variant"] == "raw pub/sub"]
+        for name in dict.fromkeys(r["variant"] for r in at):
+            mine = [r for r in at if r["variant"] == name]
+            row = {"variant": name, "rate": rate, "rounds": len(mine),
+                   "p50_ms": statistics.median(r["p50_ms"] for r in mine),
+                   "p99_ms": statistics.median(r["p99_ms"] for r in mine),
+                   "p99_vs_raw_rounds": [r["p99_vs_raw"] for r in mine if "p99_vs_raw" in r]}
+            if raw:
+                row["p99_vs_raw"] = row["p99_ms"] / statistics.median(raw)
+            out.append(row)
+    return out
+
+
+def median_table(meds: list[dict[str, Any]], rounds: int) -> Table:
+    table = Table(title=f"medians over {rounds} interleaved rounds (ms)")
+    for col in ("variant", "msg/s", "p50", "p99", "p99 ÷ raw", "per round"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for m in meds:
+        per = m["p99_vs_raw_rounds"]
+        table.add_row(m["variant"], f"{m['rate']:,}", f"{m['p50_ms']:.2f}", f"{m['p99_ms']:.2f}",
+                      f"{m['p99_vs_raw']:.1f}×" if "p99_vs_raw" in m else "-",
+                      f"{min(per):.1f}–{max(per):.1f}×" if per else "-")
+    return table
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -274,6 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variants", default="",
                     help="variant names to run, separated by ';' (default: all); raw pub/sub "
                          "always runs first, for the ratio")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="interleaved rounds of the variants per rate; with more than one, "
+                         "also the medians and the ratio of the median p99s")
     ap.add_argument("--json", default="bench-results/bench_latency.json")
     a = ap.parse_args(argv)
     a.rate_list = [int(x) for x in a.rates.split(",") if x.strip()]
@@ -313,16 +348,17 @@ def main(argv: list[str] | None = None) -> int:
                     if args.variants:
                         wanted = {"raw pub/sub", *(v.strip() for v in args.variants.split(";"))}
                         variants = [(n, f) for n, f in variants if n in wanted]
-                    raw_p99 = None
-                    for name, run in variants:
-                        res = run()
-                        if name == "raw pub/sub":
-                            raw_p99 = res.get("p99_ms")
-                        row = {"variant": name, "rate": rate, **res}
-                        if raw_p99 and res.get("p99_ms") is not None:
-                            row["p99_vs_raw"] = res["p99_ms"] / raw_p99
-                        rows.append(row)
-                        console.print(f"{rate:,}/s {name}: {res}")
+                    for round_ in range(1, args.repeat + 1):  # interleaved rounds
+                        raw_p99 = None
+                        for name, run in variants:
+                            res = run()
+                            if name == "raw pub/sub":
+                                raw_p99 = res.get("p99_ms")
+                            row = {"variant": name, "rate": rate, "round": round_, **res}
+                            if raw_p99 and res.get("p99_ms") is not None:
+                                row["p99_vs_raw"] = res["p99_ms"] / raw_p99
+                            rows.append(row)
+                            console.print(f"{rate:,}/s {name} (round {round_}): {res}")
                 if args.replay_n:
                     result["replay"] = run_replay(server.url, args)
                     console.print(f"replay: {result['replay']}")
@@ -335,14 +371,19 @@ def main(argv: list[str] | None = None) -> int:
         if nats_server is not None:
             nats_server.stop()
     table = Table(title="publish → subscriber latency (ms; after the warm-up)")
-    for col in ("variant", "msg/s", "received", "p50", "p99", "p99.9", "max", "p99 ÷ raw"):
+    for col in ("variant", "msg/s", "round", "received", "p50", "p99", "p99.9", "max",
+                "p99 ÷ raw"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for row in rows:
-        table.add_row(row["variant"], f"{row['rate']:,}", f"{row.get('received', 0):,}",
+        table.add_row(row["variant"], f"{row['rate']:,}", str(row["round"]),
+                      f"{row.get('received', 0):,}",
                       *(f"{row[k]:.2f}" if k in row else "-" for k in
                         ("p50_ms", "p99_ms", "p999_ms", "max_ms")),
                       f"{row['p99_vs_raw']:.1f}×" if "p99_vs_raw" in row else "-")
     console.print(table)
+    if args.repeat > 1:
+        result["medians"] = medians(rows)
+        console.print(median_table(result["medians"], args.repeat))
     if "replay" in result:
         rp = result["replay"]
         console.print(f"bookmark replay from EPOCH: {rp['events']:,} events in "

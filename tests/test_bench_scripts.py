@@ -61,6 +61,25 @@ def test_bench_latency_measures_every_variant_and_the_replay(tmp_path: Path) -> 
     assert "p99 ÷ raw" in proc.stdout.decode()
 
 
+def test_bench_latency_repeats_in_interleaved_rounds_and_reports_medians(tmp_path: Path) -> None:
+    out = tmp_path / "lat.json"
+    proc = _run("bench_latency.py", "--rates", "500", "--seconds", "1", "--warmup", "0.2",
+                "--replay-n", "0", "--no-nats", "--variants", "subscribe", "--repeat", "2",
+                "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [(r["variant"], r["round"]) for r in data["rows"]] == [
+        ("raw pub/sub", 1), ("subscribe", 1), ("raw pub/sub", 2), ("subscribe", 2)]
+    med = {m["variant"]: m for m in data["medians"]}
+    sub = [r for r in data["rows"] if r["variant"] == "subscribe"]
+    raw = [r for r in data["rows"] if r["variant"] == "raw pub/sub"]
+    assert med["subscribe"]["p99_ms"] == (sub[0]["p99_ms"] + sub[1]["p99_ms"]) / 2
+    assert med["subscribe"]["p99_vs_raw"] == med["subscribe"]["p99_ms"] / (
+        (raw[0]["p99_ms"] + raw[1]["p99_ms"]) / 2)
+    assert len(med["subscribe"]["p99_vs_raw_rounds"]) == 2
+    assert "medians over 2 interleaved rounds" in proc.stdout.decode()
+
+
 def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None:
     import shutil
 
