@@ -1340,7 +1340,8 @@ def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: st
     click.echo(f"rebuilt {topic}: restored {res.restored} record(s) from {snapshot}, replayed "
                f"{res.archived} archived and {res.live} live log entr"
                f"{'y' if res.live == 1 else 'ies'} ({res.applied} applied); {res.records} "
-               "record(s) now")
+               "record(s) now" + (f", {res.chain_ids} chain identifier(s) restored"
+                                  if t.chaining else ""))
 
 
 @spark.command("sql")

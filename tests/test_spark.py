@@ -390,6 +390,45 @@ def test_export_archive_wipe_rebuild_gives_the_same_sow(spark, url, topic_name, 
                                                                       "/colour = 'green'")
 
 
+def test_rebuild_of_a_chaining_topic_restores_its_chain_tables(spark, url, topic_name,
+                                                               tmp_path):
+    """export a chaining topic → replacements naming documents of the snapshot → archive
+    --trim → wipe → rebuild: the chain tables come back from the export (read with the
+    records), so the replacements in the log chain to the same heads: the same SOW keys, one
+    record per chain, the same chain tables."""
+    from sow_redis.spark.archive import archive, rebuild
+    from sow_redis.spark.snapshot import export
+
+    sow = Sow(url, inline=True)
+    sow.apply_config(_chaining_cfg(topic_name))
+    sow.publish(topic_name, [{"Doc": f"d{i}", "g": i % 2, "v": 0} for i in range(100)])
+    sow.publish(topic_name, [{"Doc": f"e{i}", "Parent": f"d{i}", "g": i % 2, "v": 1}
+                             for i in range(100)])
+    snap, arch = str(tmp_path / "snap"), str(tmp_path / "arch")
+    assert export(spark, url, sow.topic(topic_name), snap) == 100
+    exported = spark.read.json(f"{snap}/_sow_chains")
+    assert exported.count() == 200
+    # after the snapshot: replacements naming e<i>, which only the chain table ties to d<i>
+    # (without it, f<i> would head a chain of its own: a second record)
+    sow.publish(topic_name, [{"Doc": f"f{i}", "Parent": f"e{i}", "g": i % 2, "v": 2}
+                             for i in range(0, 100, 3)])
+    archive(spark, url, sow.topic(topic_name), arch, trim=True)
+    records, chains = _records(sow, topic_name), _chain_tables(sow, topic_name, 2)
+    exact = _exact_state(sow, topic_name, 2, 0)
+    assert len(records) == 100 and sum(len(t) for t in chains.values()) == 234
+    sow.r.delete(*keys.all_partition_keys(topic_name, 2, 0))
+    assert sow.sow(topic_name) == [] and not any(_chain_tables(sow, topic_name, 2).values())
+    got = rebuild(spark, url, sow.topic(topic_name), snap, arch)
+    print(f"rebuild: {got}")
+    assert got.restored == 100 and got.chain_ids == 200 and got.records == 100
+    assert _records(sow, topic_name) == records
+    assert _chain_tables(sow, topic_name, 2) == chains
+    after = _exact_state(sow, topic_name, 2, 0)
+    used = [p for p in exact if exact[p]["seq"] is not None]  # a partition may hold nothing
+    assert used and all(after[p] == exact[p] for p in used)
+    assert sorted(r.obj()["v"] for r in sow.sow(topic_name, "/v = 2")) == [2] * 34
+
+
 def test_cli_resolve_chains_on_a_plain_topic_is_one_line(url, topic_name, tmp_path):
     from conftest import run_cli
 

@@ -36,15 +36,21 @@ partition's lease (the workers' fencing token) throughout:
 3. the state gets the snapshot's ``seq`` and ``cursor``; the workers' apply path
    (:func:`sow_redis.apply.apply_batch` under the held token) applies the log from there.
 
-The result equals the SOW the original went through, records, expiries, indexes and change
-sequences included, as long as nothing but the log changed it after the snapshot (the
-expirer's removals are not in the log: a record that expired in between is restored and
-then expires again at once, with its own change sequence). The change feed and the chain
-table (chaining topics) are left as they are.
+For a chaining topic, step 1 also replaces each partition's chain table by the export's
+(``OUT/_sow_chains``, read with the records), so the log entries after the snapshot chain to
+the same heads as they did (a modification naming an order of the snapshot keeps its SOW
+key). An export made before chain tables were exported has none: the chain table is then
+left as it is, with a warning.
+
+The result equals the SOW the original went through, records, expiries, indexes, chain tables
+and change sequences included, as long as nothing but the log changed it after the snapshot
+(the expirer's removals are not in the log: a record that expired in between is restored and
+then expires again at once, with its own change sequence). The change feed is left as it is.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -53,7 +59,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import TopicConfig
-from .snapshot import PARTITIONS_DIR
+from .snapshot import CHAINS_DIR, PARTITIONS_DIR
+
+_log = logging.getLogger(__name__)
 
 READ_CHUNK = 10_000
 """Log or change-feed entries per XRANGE while archiving."""
@@ -81,13 +89,14 @@ class ArchiveResult:
 class RebuildResult:
     """What a rebuild did: records restored from the snapshot, log entries after the
     snapshot taken from the archive and from the live log, entries the apply path consumed,
-    records the topic holds afterwards."""
+    records the topic holds afterwards, chain identifiers restored (chaining topics)."""
 
     restored: int = 0
     archived: int = 0
     live: int = 0
     applied: int = 0
     records: int = 0
+    chain_ids: int = 0
 
 
 def _text(v: bytes | None) -> str | None:
@@ -229,12 +238,16 @@ def _take_lease(scripts: Any, topic: str, p: int, owner: str, lease_ms: int,
 
 
 def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str],
-                      rows: Iterable[tuple[str, Any]]) -> Iterator[dict[str, int]]:
+                      rows: Iterable[tuple[str, Any]],
+                      chains: bool = False) -> Iterator[dict[str, int]]:
     """Executor side of a rebuild of partition ``p`` (steps 1–3 of the module docstring).
 
     Args:
         state: ``(seq, cursor)`` the snapshot is consistent with.
-        rows: ``("s", snapshot row)`` and ``("l", archived log row)`` items.
+        rows: ``("s", snapshot row)``, ``("l", archived log row)`` and ``("c", chain table
+            row)`` items.
+        chains: replace the partition's chain table by the ``("c", …)`` rows (the export
+            has chain tables).
 
     Yields one count dict.
     """
@@ -255,18 +268,26 @@ def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str
     owner = f"rebuild:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     fence = _take_lease(scripts, name, p, owner, settings.lease_ms,
                         2 * settings.lease_ms / 1000 + 2 * settings.job_budget_s + 1)
-    out = {"restored": 0, "archived": 0, "live": 0, "applied": 0}
+    out = {"restored": 0, "archived": 0, "live": 0, "applied": 0, "chain_ids": 0}
     try:
-        snap, archived = [], {}
+        snap, archived, chain = [], {}, {}
         for kind, row in rows:
             if kind == "s":
                 snap.append(row)
+            elif kind == "c":
+                chain[row["id"]] = row["head"]
             elif not reached(cursor, row["id"]):
                 archived[row["id"]] = {k: bytes(v) for k, v in row["fields"].items()}
         n_idx = len(topic.hash_index)
         pipe = r.pipeline(transaction=True)
         pipe.delete(keys.records(name, p), keys.expiry(name, p), keys.index_members(name, p),
                     keys.acks(name, p), *(keys.index(name, p, j) for j in range(n_idx)))
+        if chains:
+            pipe.delete(keys.chain(name, p))
+            items = list(chain.items())
+            for i in range(0, len(items), WRITE_CHUNK):
+                pipe.hset(keys.chain(name, p), mapping=dict(items[i:i + WRITE_CHUNK]))
+            out["chain_ids"] = len(items)
         for i, row in enumerate(snap):
             key, data = row["_sow_key"], row["_sow_data"].encode()
             exp = int(row["_sow_expiry_ms"] or 0)
@@ -344,11 +365,20 @@ def rebuild(spark: Any, url: str, topic: TopicConfig, snapshot: str,
         archived = spark.read.parquet(f"{log.rstrip('/')}/log").select("partition", "id",
                                                                       "fields")
         items = items.union(archived.rdd.map(lambda row: (int(row["partition"]), ("l", row))))
+    chains = topic.chaining and bool(meta) and all(
+        m.asDict().get("chains") is not None for m in meta)
+    if chains:
+        table = spark.read.schema("partition long, id string, head string").json(
+            f"{snap_base}/{CHAINS_DIR}")
+        items = items.union(table.rdd.map(lambda row: (int(row["partition"]), ("c", row))))
+    elif topic.chaining:
+        _log.warning("topic %s: the export %s holds no chain tables (made before they were "
+                     "exported): the chain tables are left as they are", topic.name, snapshot)
     topic_json, parts = topic.to_json(), topic.partitions
     keyed = items.partitionBy(parts, lambda p: p)
 
     def task(p: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
-        return rebuild_partition(url, topic_json, p, states[p], (v for _p, v in it))
+        return rebuild_partition(url, topic_json, p, states[p], (v for _p, v in it), chains)
 
     counts = keyed.mapPartitionsWithIndex(task).collect()
     r: Any = connect(url)
@@ -356,4 +386,5 @@ def rebuild(spark: Any, url: str, topic: TopicConfig, snapshot: str,
     return RebuildResult(restored=sum(c["restored"] for c in counts),
                          archived=sum(c["archived"] for c in counts),
                          live=sum(c["live"] for c in counts),
-                         applied=sum(c["applied"] for c in counts), records=records)
+                         applied=sum(c["applied"] for c in counts), records=records,
+                         chain_ids=sum(c["chain_ids"] for c in counts))

@@ -12,7 +12,10 @@ snapshot holds), and what ``sow-redis spark rebuild`` needs to restore each reco
 log entry that last changed it) and ``_sow_data`` (the stored message text).
 
 An export also writes ``OUT/_sow_partitions`` (JSON rows ``partition, seq, cursor, records``,
-for every partition, empty ones too; Spark skips ``_`` paths when reading OUT as Parquet).
+for every partition, empty ones too; Spark skips ``_`` paths when reading OUT as Parquet) and,
+for a topic with the chaining key generator, ``OUT/_sow_chains``: the partitions' chain tables
+(JSON rows ``partition, id, head``: chain identifier → its chain's head, seeds/003) read in the
+same MULTI/EXEC as the records, and ``chains`` (the identifiers) in ``_sow_partitions``.
 """
 
 from __future__ import annotations
@@ -29,9 +32,14 @@ META = ("_sow_key", "_sow_expiry_ms", "_sow_partition", "_sow_seq", "_sow_cursor
 PARTITIONS_DIR = "_sow_partitions"
 """Sub-folder of an export (and of an archive) with one JSON row per topic partition."""
 
+CHAINS_DIR = "_sow_chains"
+"""Sub-folder of an export of a chaining topic: its chain tables, one JSON row per identifier."""
 
-def read_state(url: str, topic: str, p: int) -> tuple[int, str, dict[bytes, bytes]]:
-    """Executor side: ``(seq, cursor, raw records)`` of partition ``p`` in one MULTI/EXEC."""
+
+def read_state(url: str, topic: str, p: int, chains: bool = False
+               ) -> tuple[int, str, dict[bytes, bytes], dict[bytes, bytes] | None]:
+    """Executor side: ``(seq, cursor, raw records, chain table or None)`` of partition ``p``
+    in one MULTI/EXEC (the chain table only with ``chains``)."""
     from .. import keys
     from ..connection import connect
 
@@ -39,22 +47,33 @@ def read_state(url: str, topic: str, p: int) -> tuple[int, str, dict[bytes, byte
     pipe = r.pipeline(transaction=True)
     pipe.hmget(keys.state(topic, p), ["seq", "cursor"])
     pipe.hgetall(keys.records(topic, p))
-    (seq, cursor), raw = pipe.execute()
-    return int(seq or 0), (cursor or b"0-0").decode(), raw
+    if chains:
+        pipe.hgetall(keys.chain(topic, p))
+    (seq, cursor), raw, *chain = pipe.execute()
+    return int(seq or 0), (cursor or b"0-0").decode(), raw, chain[0] if chains else None
 
 
-def read_partition(url: str, topic: str, p: int, exact: bool = True) -> Iterator[str]:
+def read_partition(url: str, topic: str, p: int, exact: bool = True,
+                   chains: bool = False) -> Iterator[str]:
     """Executor side: partition ``p``'s records as JSON rows with the meta columns (without
-    ``_sow_data``, ``_sow_record_seq`` and ``_sow_stream_id`` when not ``exact``); an empty
-    partition yields one row ``{"_sow_partition": p, "_sow_seq": …, "_sow_cursor": …}`` with
-    ``_sow_key`` null (dropped by :func:`snapshot`)."""
+    ``_sow_data``, ``_sow_record_seq`` and ``_sow_stream_id`` when not ``exact``); first one
+    row ``{"_sow_partition": p, "_sow_seq": …, "_sow_cursor": …, "_sow_records": n}`` with
+    ``_sow_key`` null (dropped by :func:`snapshot`), and with ``chains`` one row
+    ``{"_sow_partition": p, "_sow_chain": [identifier, head]}`` per chain table entry (also
+    without ``_sow_key``)."""
     import orjson
 
     from ..records import decode
 
-    seq_n, cursor, raw = read_state(url, topic, p)
-    yield orjson.dumps({"_sow_partition": p, "_sow_seq": seq_n, "_sow_cursor": cursor,
-                        "_sow_records": len(raw)}).decode()
+    seq_n, cursor, raw, chain = read_state(url, topic, p, chains)
+    head_row: dict[str, object] = {"_sow_partition": p, "_sow_seq": seq_n,
+                                   "_sow_cursor": cursor, "_sow_records": len(raw)}
+    if chain is not None:
+        head_row["_sow_chains"] = len(chain)
+        for ident, head in chain.items():
+            yield orjson.dumps({"_sow_partition": p,
+                                "_sow_chain": [ident.decode(), head.decode()]}).decode()
+    yield orjson.dumps(head_row).decode()
     for k, v in raw.items():
         rec = decode(k, v)
         meta: dict[str, object] = {"_sow_key": rec.sow_key, "_sow_expiry_ms": rec.expiry_ms,
@@ -68,39 +87,55 @@ def read_partition(url: str, topic: str, p: int, exact: bool = True) -> Iterator
         yield (head[:-1] + (b"," + body[1:] if body != b"{}" else b"}")).decode()
 
 
-def _rows(spark: Any, url: str, topic: TopicConfig, exact: bool) -> Any:
+def _rows(spark: Any, url: str, topic: TopicConfig, exact: bool, chains: bool = False) -> Any:
     name, parts = topic.name, topic.partitions
     rows = spark.sparkContext.parallelize(range(parts), parts).flatMap(
-        lambda p: read_partition(url, name, p, exact))
+        lambda p: read_partition(url, name, p, exact, chains))
     return spark.read.json(rows)
+
+
+def _records_only(df: Any) -> Any:
+    """The record rows of :func:`_rows` (an empty DataFrame for an empty topic)."""
+    if "_sow_key" not in df.columns:  # an empty topic
+        return df.limit(0)
+    return df.filter("_sow_key IS NOT NULL").drop(
+        *(c for c in ("_sow_records", "_sow_chains", "_sow_chain") if c in df.columns))
 
 
 def snapshot(spark: Any, url: str, topic: TopicConfig, exact: bool = False) -> Any:
     """A DataFrame of the topic's records (see the module docstring; the exact-restore
     columns only with ``exact``)."""
-    df = _rows(spark, url, topic, exact)
-    if "_sow_key" not in df.columns:  # an empty topic
-        return df.limit(0)
-    return df.filter("_sow_key IS NOT NULL").drop("_sow_records")
+    return _records_only(_rows(spark, url, topic, exact))
 
 
 def export(spark: Any, url: str, topic: TopicConfig, out: str) -> int:
-    """Write the topic's snapshot to Parquet at ``out`` (replaced) and the partitions' state
-    to ``out/_sow_partitions``; returns the rows written."""
+    """Write the topic's snapshot to Parquet at ``out`` (replaced), the partitions' state to
+    ``out/_sow_partitions`` and, for a chaining topic, its chain tables to
+    ``out/_sow_chains``; returns the record rows written."""
     from pyspark.sql import functions as F
 
-    df = _rows(spark, url, topic, True).cache()
+    df = _rows(spark, url, topic, True, topic.chaining).cache()
     try:
-        parts = df.filter("_sow_records IS NOT NULL").select(
-            F.col("_sow_partition").alias("partition"), F.col("_sow_seq").alias("seq"),
-            F.col("_sow_cursor").alias("cursor"), F.col("_sow_records").alias("records"))
-        if "_sow_key" in df.columns:
-            recs = df.filter("_sow_key IS NOT NULL").drop("_sow_records")
-        else:
-            recs = df.limit(0)
+        cols = [F.col("_sow_partition").alias("partition"), F.col("_sow_seq").alias("seq"),
+                F.col("_sow_cursor").alias("cursor"), F.col("_sow_records").alias("records")]
+        if topic.chaining:
+            cols.append(F.col("_sow_chains").alias("chains"))
+        parts = df.filter("_sow_records IS NOT NULL").select(*cols)
+        recs = _records_only(df)
         n = recs.count()
         recs.write.mode("overwrite").parquet(out)
-        parts.coalesce(1).write.mode("overwrite").json(f"{out.rstrip('/')}/{PARTITIONS_DIR}")
+        base = out.rstrip("/")
+        parts.coalesce(1).write.mode("overwrite").json(f"{base}/{PARTITIONS_DIR}")
+        if topic.chaining:
+            chain = df.filter("_sow_chain IS NOT NULL") if "_sow_chain" in df.columns else None
+            if chain is None:  # no identifier in any partition
+                spark.createDataFrame([], "partition long, id string, head string") \
+                    .write.mode("overwrite").json(f"{base}/{CHAINS_DIR}")
+            else:
+                chain.select(F.col("_sow_partition").alias("partition"),
+                             F.col("_sow_chain")[0].alias("id"),
+                             F.col("_sow_chain")[1].alias("head")) \
+                    .write.mode("overwrite").json(f"{base}/{CHAINS_DIR}")
     finally:
         df.unpersist()
     return n
