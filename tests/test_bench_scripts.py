@@ -121,3 +121,21 @@ def test_bench_scale_runs_on_a_server_and_a_cluster(tmp_path: Path) -> None:
                                  "expected_records": 500, "expected_seq_sum": 2000}
         assert run["applied_per_s"] > 0
     assert res["check"]["ok"] is True and res["check"]["target"] == 0
+
+
+def test_split_daily_writes_each_day_in_order_with_increasing_times(tmp_path: Path) -> None:
+    src = tmp_path / "flights.jsonl"
+    rows = [{"year": 2013, "month": 1, "day": 2, "i": 0}, {"year": 2013, "month": 1, "day": 1,
+                                                           "i": 1},
+            {"year": 2013, "month": 1, "day": 2, "i": 2}, {"year": 2013, "month": 2, "day": 1,
+                                                           "i": 3}]
+    src.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows) + b'{"i": 4}\n')
+    out = tmp_path / "daily"
+    proc = _run("split_daily.py", str(src), str(out))
+    assert proc.returncode == 1 and b":5: no year/month/day" in proc.stderr, proc.stderr
+    files = sorted(out.iterdir())
+    assert [f.name for f in files] == ["2013-01-01.jsonl", "2013-01-02.jsonl", "2013-02-01.jsonl"]
+    assert [[json.loads(x)["i"] for x in f.read_text().splitlines()] for f in files] == [
+        [1], [0, 2], [3]]
+    times = [f.stat().st_mtime for f in files]
+    assert times == sorted(times) and len(set(times)) == 3  # Spark takes them in this order
