@@ -229,13 +229,12 @@ class Sow:
     def _publish(self, cmd: str, topic: str, messages: Any, sow_key: str | None, wait: bool,
                  timeout: float, expiration: float | None,
                  separator: str | None = None) -> PublishResult:
+        started = time.monotonic()
         if self.retry_s > 0:  # ride out an outage (sow_redis.outage): every step may repeat
             from .outage import append_through_outage, call_through_outage
 
-            started = time.monotonic()
             t = call_through_outage(lambda: self._publish_topic(topic), self.retry_s)
         else:
-            started = time.monotonic()
             t = self._publish_topic(topic)
         if isinstance(messages, (dict, bytes, str)):
             messages = [messages]

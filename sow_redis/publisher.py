@@ -278,8 +278,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         sent, n_handled, checked = inflight.popleft()
         replies = batch.collect(tolerate_from=len(sent))
         if checked:
-            version = replies.pop()
-            result.registry_version = NOT_READ if isinstance(version, Exception) else version
+            result.registry_version = _registry_version(replies.pop())
         for p, sid in zip(sent, replies):
             result.last_ids[p] = sid.decode()
         result.published += len(sent)
@@ -447,9 +446,7 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 commands.append(("get", (keys.REGISTRY_VERSION,), {}))
             replies = _send_chunk(r, commands, durable)
             if registry_check:
-                version = replies.pop()
-                result.registry_version = (NOT_READ if isinstance(version, Exception)
-                                           else version)
+                result.registry_version = _registry_version(replies.pop())
                 registry_check = False
             for (p, _e), sid in zip(chunk, replies):
                 result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
@@ -488,6 +485,12 @@ def resp(args: Sequence[Any], header: bool = True) -> bytes:
 
 
 _GET_REGISTRY_VERSION = resp(("GET", keys.REGISTRY_VERSION))
+
+
+def _registry_version(reply: Any) -> object:
+    """:attr:`PublishResult.registry_version` from the reply of ``registry_check``'s GET
+    (:data:`NOT_READ` for an error reply, e.g. an ACL without ``+get``)."""
+    return NOT_READ if isinstance(reply, Exception) else reply
 
 
 class XaddBatch:

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import TopicConfig
-from .snapshot import CHAINS_DIR, PARTITIONS_DIR
+from .snapshot import CHAINS_DIR, CHAINS_SCHEMA, PARTITIONS_DIR
 
 _log = logging.getLogger(__name__)
 
@@ -368,8 +368,7 @@ def rebuild(spark: Any, url: str, topic: TopicConfig, snapshot: str,
     chains = topic.chaining and bool(meta) and all(
         m.asDict().get("chains") is not None for m in meta)
     if chains:
-        table = spark.read.schema("partition long, id string, head string").json(
-            f"{snap_base}/{CHAINS_DIR}")
+        table = spark.read.schema(CHAINS_SCHEMA).json(f"{snap_base}/{CHAINS_DIR}")
         items = items.union(table.rdd.map(lambda row: (int(row["partition"]), ("c", row))))
     elif topic.chaining:
         _log.warning("topic %s: the export %s holds no chain tables (made before they were "

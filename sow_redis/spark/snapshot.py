@@ -35,6 +35,9 @@ PARTITIONS_DIR = "_sow_partitions"
 CHAINS_DIR = "_sow_chains"
 """Sub-folder of an export of a chaining topic: its chain tables, one JSON row per identifier."""
 
+CHAINS_SCHEMA = "partition long, id string, head string"
+"""Spark schema of the :data:`CHAINS_DIR` rows (identifier → its chain's head)."""
+
 
 def read_state(url: str, topic: str, p: int, chains: bool = False
                ) -> tuple[int, str, dict[bytes, bytes], dict[bytes, bytes] | None]:
@@ -127,15 +130,13 @@ def export(spark: Any, url: str, topic: TopicConfig, out: str) -> int:
         base = out.rstrip("/")
         parts.coalesce(1).write.mode("overwrite").json(f"{base}/{PARTITIONS_DIR}")
         if topic.chaining:
-            chain = df.filter("_sow_chain IS NOT NULL") if "_sow_chain" in df.columns else None
-            if chain is None:  # no identifier in any partition
-                spark.createDataFrame([], "partition long, id string, head string") \
-                    .write.mode("overwrite").json(f"{base}/{CHAINS_DIR}")
-            else:
-                chain.select(F.col("_sow_partition").alias("partition"),
-                             F.col("_sow_chain")[0].alias("id"),
-                             F.col("_sow_chain")[1].alias("head")) \
-                    .write.mode("overwrite").json(f"{base}/{CHAINS_DIR}")
+            if "_sow_chain" in df.columns:
+                chain = df.filter("_sow_chain IS NOT NULL").select(
+                    F.col("_sow_partition").alias("partition"),
+                    F.col("_sow_chain")[0].alias("id"), F.col("_sow_chain")[1].alias("head"))
+            else:  # no identifier in any partition
+                chain = spark.createDataFrame([], CHAINS_SCHEMA)
+            chain.write.mode("overwrite").json(f"{base}/{CHAINS_DIR}")
     finally:
         df.unpersist()
     return n
