@@ -193,7 +193,10 @@ def test_a_steady_publisher_is_served_without_job_churn(lonely_url, topic_name):
               f"taken by 2 workers on {partitions} partitions, rq queue length max "
               f"{max(queued)}, mean {sum(queued) / len(queued):.2f}")
         assert got == last
-        assert max(queued) <= partitions, queued  # at most one job per partition waits
+        # a job per partition may wait, and on a busy machine a sweep may add one more per
+        # partition whose marker lapsed (CI on the cluster once saw 5); the job loop
+        # before 74794d3 kept 16 queued
+        assert max(queued) <= 2 * partitions, queued
         # the partitions are taken once and kept (a hand-over per partition per budget
         # would take ~48)
         assert taken <= 2 * partitions, taken
