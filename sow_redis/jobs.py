@@ -39,7 +39,7 @@ from .config import TopicCache, TopicConfig
 from .connection import Client, control_of, data_of, is_cluster
 from .errors import FencedError, UnknownTopicError
 from .logs import fields
-from .partition_state import read_cursor
+from .partition_state import count_pending, read_cursor
 from .scripts import LogApplied, Scripts, attached
 from .settings import QUEUE_NAME, Settings
 from .streamids import ZERO, parse
@@ -78,19 +78,28 @@ def get_many(r: Client, names: list[str]) -> list[bytes | None]:
     return cast("list[bytes | None]", pipe.execute())
 
 
+BEHIND_COUNT_MAX = 1_000
+"""Unapplied log entries counted for a job's description at most (shown as ``1,000+``)."""
+
+
 def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None) -> None:
     """Enqueue an ingest job of partition ``p`` on the control Redis of data client ``r``
     (:func:`sow_redis.connection.control_of`; the caller set its job marker). Its
-    description, shown by rq-dashboard, is ``ingest <topic>[<p>]``, with ``(N entries behind)``
-    when the caller knows the backlog (``behind``: log entries not applied yet, at least)."""
+    description, shown by rq-dashboard, is ``ingest <topic>[<p>] (N entries behind)``:
+    ``behind`` when the caller knows the backlog (log entries not applied yet, at least),
+    else counted here (at most :data:`BEHIND_COUNT_MAX`, then ``1,000+``)."""
     from rq import Queue
 
     from .safejob import SERIALIZER
 
+    if behind is None:
+        behind = count_pending(r, topic, p, BEHIND_COUNT_MAX)
+        shown = f"{behind:,}" + ("+" if behind >= BEHIND_COUNT_MAX else "")
+    else:
+        shown = f"{behind:,}"
     Queue(QUEUE_NAME, connection=control_of(r), serializer=SERIALIZER).enqueue(
         JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
-        description=f"ingest {topic}[{p}]" + (
-            f" ({behind:,} entr{'y' if behind == 1 else 'ies'} behind)" if behind else ""),
+        description=f"ingest {topic}[{p}] ({shown} entr{'y' if behind == 1 else 'ies'} behind)",
     )
 
 
@@ -268,7 +277,7 @@ def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
 QUEUE_PEEK = 100
 """Queued jobs looked at to decide whether a worker is needed elsewhere."""
 
-_DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+ entr(?:y|ies) behind\))?$")
+_DESCRIPTION = re.compile(rb"^ingest (.+)\[(\d+)\](?: \([\d,]+\+? entr(?:y|ies) behind\))?$")
 
 
 def _queued_work(r: Client, topic: str, can_adopt: bool) -> str | None:

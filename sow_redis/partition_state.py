@@ -66,6 +66,13 @@ def read_cursors(r: Client, topic: str, partitions: Iterable[int]) -> dict[int, 
     return {p: c.decode() if c else ZERO for p, c in zip(parts, pipe.execute())}
 
 
+def count_pending(r: Client, topic: str, p: int, cap: int) -> int:
+    """Log entries of partition ``p`` after its applied cursor, counted up to ``cap`` (two
+    round trips; reads at most ``cap`` entries)."""
+    cursor = read_cursor(r, topic, p)
+    return len(r.xrange(keys.log(topic, p), min="(" + cursor, count=cap))
+
+
 def read_seq(r: Client, topic: str, p: int) -> int:
     """Partition ``p``'s change sequence number: the ``seq`` of its latest change event
     (publish, delete or expiry), ``0`` before any."""

@@ -106,7 +106,7 @@ def test_dashboard_in_chromium_lists_workers_and_a_partition_job(tmp_path, topic
         assert len(names) == 2 and names[0].startswith("sow-0-") and \
             names[1].startswith("sow-1-")
         # a partition job, as rq-dashboard shows it: "ingest <topic>[<p>] (N entries behind)"
-        described = re.compile(rf"ingest {topic_name}\[([01])\] \(\d+ entr(y|ies) behind\)")
+        described = re.compile(rf"ingest {topic_name}\[([01])\] \([\d,]+\+? entr(y|ies) behind\)")
         driver.get(f"http://127.0.0.1:{port}/0/view/workers")
         deadline = time.monotonic() + 30
         text = ""

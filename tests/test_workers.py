@@ -205,3 +205,30 @@ def test_a_steady_publisher_is_served_without_job_churn(lonely_url, topic_name):
             w.send_signal(signal.SIGTERM)
         for w in workers:
             w.wait(timeout=30)
+
+
+def test_every_partition_job_names_its_backlog(url, topic_name):
+    """rq-dashboard shows a partition job as ``ingest <topic>[<p>] (N entries behind)``,
+    whoever enqueued it: the publisher (it knows what it appended), a sweep or a job handing
+    its partition over (counted from the log, at most 1,000)."""
+    from sow_redis.jobs import QUEUE_KEY, ensure_jobs
+
+    sow = make_topic(url, topic_name, partitions=1)
+    ctl = control(url)
+
+    def described():
+        return [ctl.hget(b"rq:job:" + j, "description").decode()
+                for j in ctl.lrange(QUEUE_KEY, 0, -1)]
+
+    sow.delta_publish(topic_name, [{"id": i} for i in range(3)])  # deltas wait for a worker
+    assert described() == [f"ingest {topic_name}[0] (3 entries behind)"]
+    # the marker lapsed and the job is gone: a sweep enqueues a new one, counting the backlog
+    ctl.delete(QUEUE_KEY)
+    sow.r.delete(keys.job_marker(topic_name, 0))
+    assert ensure_jobs(sow.r, topic_name, [0], sow.settings) == 1
+    assert described() == [f"ingest {topic_name}[0] (3 entries behind)"]
+    sow.delta_publish(topic_name, [{"id": i} for i in range(1_000)])
+    ctl.delete(QUEUE_KEY)
+    sow.r.delete(keys.job_marker(topic_name, 0))
+    ensure_jobs(sow.r, topic_name, [0], sow.settings)
+    assert described() == [f"ingest {topic_name}[0] (1,000+ entries behind)"]
