@@ -70,7 +70,7 @@ def count_pending(r: Client, topic: str, p: int, cap: int) -> int:
     """Log entries of partition ``p`` after its applied cursor, counted up to ``cap`` (two
     round trips; reads at most ``cap`` entries)."""
     cursor = read_cursor(r, topic, p)
-    return len(r.xrange(keys.log(topic, p), min="(" + cursor, count=cap))
+    return len(cast("list[object]", r.xrange(keys.log(topic, p), min="(" + cursor, count=cap)))
 
 
 def read_seq(r: Client, topic: str, p: int) -> int:
