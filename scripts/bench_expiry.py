@@ -179,9 +179,10 @@ def _resp_command(*parts: bytes) -> bytes:
     return b"".join(out)
 
 
-def subscriber_main(port: int, channel: str, kind: str, ready: Any, stop: Any, count: Any,
-                    out_path: str) -> None:
-    """Subscribe to ``channel``; for every expired event note (key, receive time).
+def subscriber_main(port: int, channels: list[str], kind: str, ready: Any, stop: Any,
+                    count: Any, out_path: str) -> None:
+    """Subscribe to ``channels`` (``sow``: the partitions' sharded channels, SSUBSCRIBE;
+    ``redis``: SUBSCRIBE); for every expired event note (key, receive time).
 
     A raw socket with the hiredis parser: every message of one ``recv`` gets the time that
     ``recv`` returned. ``kind`` ``sow``: JSON events, keep ``sow_delete`` with reason
@@ -196,13 +197,15 @@ def subscriber_main(port: int, channel: str, kind: str, ready: Any, stop: Any, c
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    sock.sendall(_resp_command(b"SUBSCRIBE", channel.encode()))
+    verb = b"SSUBSCRIBE" if kind == "sow" else b"SUBSCRIBE"
+    for ch in channels:
+        sock.sendall(_resp_command(verb, ch.encode()))
     reader = hiredis.Reader()
-    while True:  # the subscribe confirmation
+    confirmed = 0
+    while confirmed < len(channels):  # the subscribe confirmations
         reader.feed(sock.recv(65536))
-        m = reader.gets()
-        if m is not False:
-            break
+        while reader.gets() is not False:
+            confirmed += 1
     ready.set()
     out_keys: list[str] = []
     out_times: list[float] = []
@@ -244,13 +247,13 @@ def subscriber_main(port: int, channel: str, kind: str, ready: Any, stop: Any, c
 
 
 class Subscriber:
-    def __init__(self, port: int, channel: str, kind: str, tmp: Path):
+    def __init__(self, port: int, channels: list[str], kind: str, tmp: Path):
         ctx = mp.get_context("spawn")
         self.ready, self.stop_evt = ctx.Event(), ctx.Event()
         self.count = ctx.Value("q", 0, lock=False)
         self.out = tmp / f"events-{uuid.uuid4().hex[:6]}.json"
         self.proc = ctx.Process(target=subscriber_main, daemon=True,
-                                args=(port, channel, kind, self.ready, self.stop_evt,
+                                args=(port, channels, kind, self.ready, self.stop_evt,
                                       self.count, str(self.out)))
         self.proc.start()
         if not self.ready.wait(60):
@@ -495,7 +498,8 @@ def run_sow(server: RedisServer, r: Redis, n: int, args: argparse.Namespace,
         if first_due - loaded_ms < STARTUP_S * 1000 * 0.5:
             raise LateLoad(time.perf_counter() - t_start)
 
-        sub = Subscriber(server.port, keys.channel(t.name), "sow", tmp)
+        sub = Subscriber(server.port, [keys.partition_channel(t.name, p)
+                                       for p in range(t.partitions)], "sow", tmp)
         calls0 = evalsha_calls(r)
         exp = Expirer(server.url, tmp)
         exp.wait_running(r, calls0, 2 * args.partitions)
@@ -562,7 +566,7 @@ def run_baseline(server: RedisServer, r: Redis, n: int, hz: int, args: argparse.
                            "redis_config": {k: v for k, v in r.config_get("*").items()
                                             if k in ("hz", "dynamic-hz", "active-expire-effort",
                                                      "notify-keyspace-events")}}
-    sub = Subscriber(server.port, "__keyevent@0__:expired", "redis", tmp)
+    sub = Subscriber(server.port, ["__keyevent@0__:expired"], "redis", tmp)
     try:
         t_start = time.perf_counter()
         first = server_ms(r) + int(lead_s * 1000)

@@ -2,8 +2,9 @@
 formats (the Lua side: ``sow_redis/lua/include/event.lua``).
 
 Every atomic Lua call that changes records of a partition (a batch of the log applied by a
-worker, an expirer pass) publishes its changes as one **change block** on the topic's pub/sub
-channel ``sow:<topic>`` (:func:`sow_redis.keys.channel`), whether or not anyone listens, and,
+worker, an expirer pass) publishes its changes as one **change block** on the partition's sharded
+pub/sub channel ``{sow:<topic>:<p>}:live`` (``SPUBLISH``; :func:`sow_redis.keys.partition_channel`),
+whether or not anyone listens, and,
 unless the topic sets ``change_retention = 0``, appends the same bytes to the partition's
 **change feed**, the stream ``{sow:<topic>:<p>}:changes`` (:func:`sow_redis.keys.changes`),
 under the stream id ``<first>-0``, field ``block``.

@@ -28,7 +28,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import events, keys
 from .client import Sow
 from .config import TopicCache, TopicConfig
-from .connection import Client, StreamEntry, connect_pair, is_cluster, server_ms
+from .connection import Client, StreamEntry, connect_pair, server_ms
+from .feed.live import shard_subscribers
 from .logs import fields
 from .outage import reporter
 from .scripts import Scripts
@@ -132,13 +133,11 @@ def idle_topics(r: Client, topics: dict[str, TopicConfig]) -> list[str]:
         return []
     now = server_ms(r)
     last = r.hmget(keys.LAST_USED, [t.name for t in candidates])
-    channels = [keys.channel(t.name) for t in candidates]
-    # on a cluster a subscriber is counted by the node it is connected to: sum every node's
-    subs = dict(r.pubsub_numsub(*channels, target_nodes="all") if is_cluster(r)
-                else r.pubsub_numsub(*channels))
+    # a subscriber listens to every partition's channel: those of partition 0 count them
+    subs = shard_subscribers(r, [keys.partition_channel(t.name, 0) for t in candidates])
     out = []
     for t, used in zip(candidates, last):
-        if subs.get(keys.channel(t.name).encode(), 0) > 0:
+        if subs.get(keys.partition_channel(t.name, 0), 0) > 0:
             r.hset(keys.LAST_USED, t.name, now)
             continue
         if used is None:

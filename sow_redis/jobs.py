@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys
@@ -87,23 +87,28 @@ def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None) -> Non
     (:func:`sow_redis.connection.control_of`; the caller set its job marker). Its
     description, shown by rq-dashboard, is ``ingest <topic>[<p>] (N entries behind)``:
     ``behind`` when the caller knows the backlog (log entries not applied yet, at least),
-    else counted here (at most :data:`BEHIND_COUNT_MAX`, then ``1,000+``)."""
+    else counted here (at most :data:`BEHIND_COUNT_MAX`, then ``1,000+``; no count when
+    the ACL user may not read the log)."""
     from rq import Queue
 
     from .safejob import SERIALIZER
 
+    shown = f"{behind:,}" if behind is not None else None
     if behind is None:
-        behind = count_pending(r, topic, p, BEHIND_COUNT_MAX)
-        shown = f"{behind:,}" + ("+" if behind >= BEHIND_COUNT_MAX else "")
-    else:
-        shown = f"{behind:,}"
+        try:
+            behind = count_pending(r, topic, p, BEHIND_COUNT_MAX)
+            shown = f"{behind:,}" + ("+" if behind >= BEHIND_COUNT_MAX else "")
+        except NoPermissionError:  # a publisher's ACL user may not read the log
+            pass
     Queue(QUEUE_NAME, connection=control_of(r), serializer=SERIALIZER).enqueue(
         JOB_FUNC, topic, p, result_ttl=0, failure_ttl=86400, job_timeout=JOB_TIMEOUT_S,
-        description=f"ingest {topic}[{p}] ({shown} entr{'y' if behind == 1 else 'ies'} behind)",
+        description=f"ingest {topic}[{p}]" + (
+            "" if shown is None else f" ({shown} entr{'y' if behind == 1 else 'ies'} behind)"),
     )
 
 
-def ensure_jobs(r: Client, topic: str, partitions: list[int], settings: Settings) -> int:
+def ensure_jobs(r: Client, topic: str, partitions: list[int], settings: Settings,
+                behind: Mapping[int, int] | None = None) -> int:
     """Enqueue an ingest job for each partition that has none outstanding.
 
     Returns:
@@ -115,7 +120,7 @@ def ensure_jobs(r: Client, topic: str, partitions: list[int], settings: Settings
     n = 0
     for p, ok in zip(partitions, pipe.execute()):
         if ok:
-            enqueue_job(r, topic, p)
+            enqueue_job(r, topic, p, behind=behind.get(p) if behind else None)
             n += 1
     return n
 

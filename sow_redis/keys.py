@@ -129,8 +129,16 @@ def topic_stats(topic: str) -> str:
 
 
 def channel(topic: str) -> str:
-    """Pub/sub channel of the topic's live change events."""
+    """Plain pub/sub channel of topic-level notices (``topic_removed``); the change blocks
+    go on the partitions' sharded channels (:func:`partition_channel`)."""
     return "sow:%s" % topic
+
+
+def partition_channel(topic: str, p: int) -> str:
+    """Sharded pub/sub channel (SPUBLISH / SSUBSCRIBE) of partition ``p``'s change blocks: in
+    the partition's hash slot, so on a Redis Cluster only the node that holds the partition
+    carries them."""
+    return _tag(topic, p) + ":live"
 
 
 def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:

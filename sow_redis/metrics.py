@@ -9,8 +9,11 @@ Two sources, neither on the data path:
   ``sow_change_feed_blocks``, and the counters ``sow_inserts_total``, ``sow_updates_total``,
   ``sow_deletes_total``, ``sow_expiries_total``, ``sow_queries_total`` (kept by the Lua scripts
   in the same atomic calls as the changes);
-* the topics' change blocks, received on pub/sub (``PSUBSCRIBE sow:*``; see
-  :mod:`sow_redis.events`), from which the histograms come:
+* the topics' change blocks, read from their change feeds (polled every
+  :data:`FEED_POLL_S` seconds; see :mod:`sow_redis.events`), from which the histograms come
+  (a topic with ``change_retention = 0`` has no feed, so no histograms; the endpoint does not
+  subscribe, so it is neither counted as a subscriber nor keeps a topic with
+  ``idle_expiration`` in use):
 
   - ``sow_publish_to_applied_seconds``: per change, the block's server time minus the time of
     the log entry that caused it (publish → visible in the SOW);
@@ -27,8 +30,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -51,7 +54,7 @@ GAUGES = {
     "errors": ("sow_errors", "Entries in the topic's error streams."),
     "with_expiry": ("sow_records_with_expiry", "Records with an expiry."),
     "chain_ids": ("sow_chain_ids", "Identifiers in the chain tables (chaining topics)."),
-    "subscribers": ("sow_subscribers", "Subscribers of the topic's pub/sub channel."),
+    "subscribers": ("sow_subscribers", "Subscribers of the topic's change blocks."),
     "change_feed_blocks": ("sow_change_feed_blocks", "Change blocks held by the change feed."),
 }
 
@@ -133,45 +136,76 @@ class ChangeObserver:
         if oldest is not None:
             self.batch.labels(topic).observe(max(0.0, (at - oldest) / 1000))
 
-    def feed(self, messages: Iterable[dict[str, Any]]) -> None:
-        """Observe the blocks among pub/sub messages (others are ignored)."""
-        for msg in messages:
-            if msg.get("type") != "pmessage":
-                continue
-            try:
-                self.observe(parse_block(msg["data"]))
-            except (ValueError, KeyError, TypeError):
-                continue
+
+
+FEED_POLL_S = 0.5
+"""Seconds between two reads of the change feeds (the histograms use the blocks' own times,
+so the poll interval does not change what they show)."""
+
+TOPICS_EVERY_S = 5.0
+"""Seconds between two reads of the topic registry (new topics are followed from then)."""
+
+FEED_READ_COUNT = 1000
+"""Blocks read per partition and poll at most."""
+
+
+class FeedFollower:
+    """Reads the blocks appended to every topic's change feed since it began following it."""
+
+    def __init__(self, r: Client):
+        self.r = r
+        self._after: dict[str, bytes] = {}  # feed stream → id of the last block read
+        self._streams: list[str] = []
+        self._loaded = float("-inf")
+
+    def poll(self) -> list[ChangeBlock]:
+        """The blocks appended since the last poll (each feed's first poll only notes where
+        it ends)."""
+        if time.monotonic() - self._loaded >= TOPICS_EVERY_S:
+            self._streams = [keys.changes(t.name, p) for t in load_topics(self.r).values()
+                             if t.change_retention_count > 0 for p in range(t.partitions)]
+            self._loaded = time.monotonic()
+        new = [s for s in self._streams if s not in self._after]
+        if new:
+            pipe = self.r.pipeline(transaction=False)
+            for s in new:
+                pipe.xrevrange(s, count=1)
+            for s, last in zip(new, pipe.execute()):
+                self._after[s] = last[0][0] if last else b"0-0"
+        pipe = self.r.pipeline(transaction=False)
+        for s in self._streams:
+            pipe.xread({s: self._after[s]}, count=FEED_READ_COUNT)
+        out: list[ChangeBlock] = []
+        for s, reply in zip(self._streams, pipe.execute()):
+            for _name, entries in reply or []:
+                for sid, f in entries:
+                    self._after[s] = sid
+                    try:
+                        out.append(parse_block(f[b"block"]))
+                    except (ValueError, KeyError, TypeError):
+                        continue
+        return out
 
 
 def serve(r: Client, port: int, bind: str = "127.0.0.1",
           stop: threading.Event | None = None) -> None:
     """Serve the metrics on ``http://bind:port/metrics`` until ``stop`` is set (or forever),
-    listening to every topic's change blocks; reconnects after a lost connection."""
-    import time
+    following every topic's change feed."""
 
     registry = CollectorRegistry()
     registry.register(StatsCollector(r))
     observer = ChangeObserver(registry)
     server, thread = start_http_server(port, addr=bind, registry=registry)
     stop = stop or threading.Event()
+    follower = FeedFollower(r)
     try:
         while not stop.is_set():
-            ps = r.pubsub()
             try:
-                ps.psubscribe(keys.channel("*"))
-                while not stop.is_set():
-                    msg = ps.get_message(timeout=0.5)
-                    if msg is not None:
-                        observer.feed([msg])
-            except Exception as exc:
-                log.warning("metrics: pub/sub failed (%s); reconnecting", exc)
-                time.sleep(1.0)
-            finally:
-                try:
-                    ps.close()
-                except Exception as exc:  # closing a dead connection
-                    log.debug("metrics: closing pub/sub: %s", exc)
+                for block in follower.poll():
+                    observer.observe(block)
+            except Exception as exc:  # Redis unreachable: the endpoint stays up, tries again
+                log.warning("metrics: reading the change feeds failed (%s); retrying", exc)
+            stop.wait(FEED_POLL_S)
     finally:
         server.shutdown()
         thread.join(timeout=5)

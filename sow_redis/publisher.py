@@ -146,7 +146,8 @@ def _start_jobs(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThr
     if through is not None:  # the write-through calls set the markers
         marks, failed = through.settle(topic, marks)
         if failed:
-            ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs)
+            ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs,
+                        behind={touched[i]: sent.count(touched[i]) for i in failed})
     for p, set_now in zip(touched, marks):
         if isinstance(set_now, ResponseError):
             raise set_now

@@ -145,7 +145,7 @@ class Scripts:
         n_idx = len(topic.hash_index)
         applied, cursor, more = self.call(
             "apply_log", keys.partition_keys(topic.name, p, n_idx),
-            [fence, keys.channel(topic.name), topic.name, n_idx,
+            [fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
              "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
              count, expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
         return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
@@ -162,7 +162,7 @@ class Scripts:
         return (self._scripts["apply_appended"].sha,
                 keys.partition_keys(topic.name, p, n_idx)
                 + [keys.lease(topic.name, p), keys.job_marker(topic.name, p)],
-                [keys.channel(topic.name), topic.name, n_idx,
+                [keys.partition_channel(topic.name, p), topic.name, n_idx,
                  "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
                  count, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
                  marker_ttl_ms, owner])
@@ -181,7 +181,7 @@ class Scripts:
         for p, fence in calls:
             n_idx = len(topic.hash_index)
             self.queue(pipe, "apply_log", keys.partition_keys(topic.name, p, n_idx),
-                       [fence, keys.channel(topic.name), topic.name, n_idx,
+                       [fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
                         "1" if topic.dead_letter else "0",
                         "1" if topic.expiration_enabled else "0", count,
                         expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
@@ -222,7 +222,7 @@ class Scripts:
         now ms, dead-letter outbox length]``."""
         n_idx = len(topic.hash_index)
         self.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
-                   [keys.channel(topic.name), topic.name, n_idx,
+                   [keys.partition_channel(topic.name, p), topic.name, n_idx,
                     "1" if topic.dead_letter else "0", limit, p, *retention_args(topic)])
 
     def load_batch(self, topic: str, p: int, marker: str, entries: Sequence[Fields],
@@ -311,7 +311,7 @@ def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
         fields += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
     for op in ops:
         fields += _pack_op(op)
-    argv: list[Any] = [fence, keys.channel(topic.name), topic.name, first, last,
+    argv: list[Any] = [fence, keys.partition_channel(topic.name, p), topic.name, first, last,
                        len(topic.hash_index), "1" if topic.dead_letter else "0",
                        "1" if topic.expiration_enabled else "0", p, len(rejects),
                        *retention_args(topic), packing]

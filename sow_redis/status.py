@@ -9,7 +9,8 @@ from typing import Any
 
 from . import keys
 from .config import TopicConfig
-from .connection import Client, is_cluster
+from .connection import Client
+from .feed.live import shard_subscribers
 from .partition_state import read_partitions
 
 
@@ -82,7 +83,7 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         applied, counted up to 100,000 per partition), ``lag_age_ms`` (age of the oldest of
         them, ms; 0 when none), ``errors``, ``with_expiry``, ``next_due_ms`` (earliest expiry,
         ms since the epoch on the Redis server clock; None when none), ``chain_ids``
-        (identifiers in chain tables), ``subscribers`` (on the topic's channel),
+        (identifiers in chain tables), ``subscribers`` (of the topic's sharded channels),
         ``change_feed_blocks`` (blocks the change feed holds), ``counters`` (``inserts``,
         ``updates``, ``deletes``, ``expiries``, ``queries`` since the topic was created) and
         ``time_ms`` (server clock of the reading).
@@ -98,13 +99,10 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         pipe.zrange(keys.expiry(topic.name, st.partition), 0, 0, withscores=True)
         pipe.xlen(keys.changes(topic.name, st.partition))
     pipe.hget(keys.topic_stats(topic.name), "n_query")
-    if is_cluster(r):
-        res = pipe.execute()
-        # every node counts the subscribers connected to it: the sum of all nodes
-        res.append(r.pubsub_numsub(keys.channel(topic.name), target_nodes="all"))
-    else:
-        pipe.pubsub_numsub(keys.channel(topic.name))
-        res = pipe.execute()
+    res = pipe.execute()
+    # a subscriber listens to every partition's channel: those of partition 0 count them
+    live0 = keys.partition_channel(topic.name, 0)
+    res.append(shard_subscribers(r, [live0])[live0])
     now = server_ms(r)
     counters = dict.fromkeys(COUNTERS, 0)
     oldest: list[int] = []
@@ -132,7 +130,7 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         "with_expiry": with_expiry,
         "next_due_ms": min(dues) if dues else None,
         "chain_ids": sum(s.chain_ids for s in states),
-        "subscribers": int(res[-1][0][1]) if res[-1] else 0,
+        "subscribers": res[-1],
         "change_feed_blocks": blocks,
         "counters": counters,
         "time_ms": now,

@@ -158,8 +158,9 @@ EXPECTED: dict[str, dict[str, str]] = {
 }
 """What each role may do with each key sow_redis builds (deploy/acl/README.md says why)."""
 
-CHANNELS = {"publisher": set(), "reader": {"channel", "REGISTRY_CHANNEL"},
-            "worker": {"channel", "REGISTRY_CHANNEL"}, "operator": {"channel", "REGISTRY_CHANNEL"}}
+CHANNELS = {"publisher": set(), "reader": {"channel", "live", "REGISTRY_CHANNEL"},
+            "worker": {"channel", "live", "REGISTRY_CHANNEL"},
+            "operator": {"channel", "live", "REGISTRY_CHANNEL"}}
 """Pub/sub channels each role may use (the registry channel carries only a version number)."""
 
 
@@ -226,7 +227,7 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
     builders = {name for name, fn in inspect.getmembers(keys, inspect.isfunction)
                 if fn.__module__ == keys.__name__ and not name.startswith("_")}
     lists = {"partition_keys", "all_partition_keys", "error_streams"}
-    channels = {"channel"}
+    channels = {"channel", "partition_channel"}
     assert builders - lists - channels == {k for k in KEY_BUILDERS if not k.isupper()}
     consts = {name for name, v in vars(keys).items() if name.isupper() and isinstance(v, str)}
     assert consts - {"REGISTRY_CHANNEL"} == {k for k in KEY_BUILDERS if k.isupper()}
@@ -260,7 +261,8 @@ def test_acl_key_patterns_give_each_role_exactly_its_rights_on_what_keys_py_buil
 def test_acl_channel_patterns_follow_keys_py():
     from sow_redis import keys
 
-    names = {"channel": keys.channel(TOPIC), "REGISTRY_CHANNEL": keys.REGISTRY_CHANNEL}
+    names = {"channel": keys.channel(TOPIC), "live": keys.partition_channel(TOPIC, 3),
+             "REGISTRY_CHANNEL": keys.REGISTRY_CHANNEL}
     for role, words in _acl_rules().items():
         pats = [w[1:] for w in words if w.startswith("&")]
         allowed = {n for n, ch in names.items()
@@ -287,7 +289,9 @@ def test_the_server_agrees_with_the_table(acl_server):
                    ("ZRANGEBYLEX", keys.index(t, p, 0), "-", "+"),
                    ("XRANGE", keys.changes(t, p), "-", "+"), ("HGETALL", keys.REGISTRY),
                    ("HINCRBY", keys.topic_stats(t), "n_query", "1"),
-                   ("HSET", keys.LAST_USED, t, "1"), ("SUBSCRIBE", keys.channel(t))],
+                   ("HSET", keys.LAST_USED, t, "1"), ("SUBSCRIBE", keys.channel(t)),
+                   ("SSUBSCRIBE", keys.partition_channel(t, p)),
+                   ("PUBSUB", "SHARDNUMSUB", keys.partition_channel(t, p))],
         "worker": [("XREAD", "STREAMS", keys.log(t, p), "0"),
                    ("SET", keys.lease(t, p), "w", "NX", "PX", "1000"),
                    ("HDEL", keys.REGISTRY, t), ("DEL", keys.records(t, p)),
@@ -297,10 +301,12 @@ def test_the_server_agrees_with_the_table(acl_server):
         "publisher": [("HGETALL", keys.records(t, p)), ("XRANGE", keys.log(t, p), "-", "+"),
                       ("DEL", keys.records(t, p)), ("HSET", keys.REGISTRY, t, "{}"),
                       ("HSET", keys.state(t, p), "cursor", "9-9"),
-                      ("SUBSCRIBE", keys.channel(t)), ("FLUSHALL",), ("KEYS", "*")],
+                      ("SUBSCRIBE", keys.channel(t)),
+                      ("SSUBSCRIBE", keys.partition_channel(t, p)), ("FLUSHALL",), ("KEYS", "*")],
         "reader": [("XADD", keys.log(t, p), "*", "a", "b"), ("DEL", keys.records(t, p)),
                    ("HSET", keys.records(t, p), "k", "v"), ("HSET", keys.REGISTRY, t, "{}"),
-                   ("PUBLISH", keys.channel(t), "x"), ("KEYS", "*"), ("FLUSHALL",)],
+                   ("PUBLISH", keys.channel(t), "x"),
+                   ("SPUBLISH", keys.partition_channel(t, p), "x"), ("KEYS", "*"), ("FLUSHALL",)],
         "worker": [("FLUSHALL",), ("CONFIG", "SET", "appendonly", "no"), ("KEYS", "*"),
                    ("SHUTDOWN",), ("GET", "other:key"), ("ACL", "LIST")],
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from sow_redis.feed.live import ShardListener
 from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.entries import make_entry
@@ -83,9 +84,8 @@ def _state(r, t):
 
 def _events(pubsub):
     out = []
-    while (m := pubsub.get_message(timeout=0.2)) is not None:
-        if m["type"] == "message":
-            out += events_of(m["data"])
+    while (data := pubsub.get(timeout=0.2)) is not None:
+        out += events_of(data)
     return out
 
 
@@ -106,9 +106,7 @@ def test_in_redis_apply_writes_what_the_planned_path_writes(backend_url, topic_n
         return res
 
     monkeypatch.setattr(Scripts, "apply_log", spy)
-    pubsub = r.pubsub()
-    pubsub.subscribe(keys.channel(t.name))
-    pubsub.get_message(timeout=0.2)
+    pubsub = ShardListener(r, [keys.partition_channel(t.name, 0)])
     states, events = [], []
     for prepared in (True, False):
         r.delete(*keys.all_partition_keys(t.name, 1, len(t.hash_index)))

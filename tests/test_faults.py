@@ -36,6 +36,7 @@ from conftest import FAST, wait_until
 from redis import Redis
 from redis.exceptions import RedisError
 
+from sow_redis.feed.live import ShardListener, shard_subscribers
 from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.events import parse_block
@@ -570,7 +571,8 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
                                    stdout=open(tmp_path / "pub.out", "wb"),
                                    stderr=open(tmp_path / "pub.err", "wb"))
             procs.append(pub)
-            wait_until(lambda: r.pubsub_numsub(keys.channel(name))[0][1] >= 1, 30,
+            wait_until(lambda: shard_subscribers(r, [keys.partition_channel(name, 0)])[
+                keys.partition_channel(name, 0)] >= 1, 30,
                        "the subscriber listens")
             model = Model()
             counts = {"lines": 0}
@@ -758,13 +760,13 @@ def test_expirer_and_workers_race_for_60s(redis_server, topic_name):
     queries = {"run": 0, "records": 0, "stale": 0, "due": 0}
 
     def listen() -> None:
-        ps = Redis.from_url(redis_server).pubsub(ignore_subscribe_messages=True)
-        ps.subscribe(keys.channel(t.name))
+        ps = ShardListener(Redis.from_url(redis_server),
+                           [keys.partition_channel(t.name, p) for p in range(t.partitions)])
         ready.set()
         while not stop.is_set():
-            msg = ps.get_message(timeout=0.2)
-            if msg:
-                for ev in events_of(msg["data"]):
+            data = ps.get(timeout=0.2)
+            if data is not None:
+                for ev in events_of(data):
                     events.append(ev)
                     if ev["op"] == "sow_delete":
                         removed[ev["sow_key"]] = max(ev["seq"], removed.get(ev["sow_key"], 0))

@@ -12,6 +12,7 @@ import pytest
 from conftest import run_cli
 from redis import Redis
 
+from sow_redis.feed.live import ShardListener
 from sow_redis import keys, streamids
 from sow_redis.client import Sow
 from sow_redis.connection import check_url, connect
@@ -82,14 +83,11 @@ def test_write_through_applies_plain_publishes_and_leaves_the_rest_to_workers(lo
     assert sow.settings.write_through and not sow.inline
     sow.apply_config(cfg(topic_name, "").replace("partitions = 2", "partitions = 1"))
     r = sow.r
-    sub = r.pubsub()
-    sub.subscribe(keys.channel(topic_name))
-    assert sub.get_message(timeout=1)["type"] == "subscribe"
+    sub = ShardListener(r, [keys.partition_channel(topic_name, 0)])
     res = sow.publish(topic_name, [{"k": i, "v": 0} for i in range(5)], wait=True, timeout=2)
     assert records(r, topic_name, 1) == 5
     assert read_cursor(r, topic_name, 0) == res.last_ids[0]
-    block = sub.get_message(timeout=1)
-    assert block is not None and block["type"] == "message"  # the change block, published
+    assert sub.get(timeout=1) is not None  # the change block, published
     assert job_markers(r, topic_name, 1) == 0  # nothing left: no worker is woken
     queued = r.llen(f"rq:queue:{QUEUE_NAME}")
     sow.delta_publish(topic_name, {"k": 1, "w": 1})

@@ -34,19 +34,22 @@ def test_a_scrape_has_the_figures_and_the_histograms_filled(url, topic_name):
     th = threading.Thread(target=serve, args=(sow.r, port, "127.0.0.1", stop), daemon=True)
     th.start()
     try:
-        time.sleep(0.5)  # listening
+        time.sleep(0.7)  # following the feeds (they are noted at the first poll)
         sow.publish(topic_name, [{"k": i} for i in range(20)])
         sow.publish(topic_name, [{"k": 100 + i} for i in range(5)], expiration=0.05)
         time.sleep(0.1)
         Expirer(sow.r, topics=[topic_name]).loop()
         sow.sow(topic_name)
-        time.sleep(0.3)
-        m = _scrape(port)
+        lab = (("topic", topic_name),)
+        deadline = time.monotonic() + 10  # the feeds are read every FEED_POLL_S
+        while True:
+            got = {k[0]: v for k, v in _scrape(port).items() if k[1] == lab}
+            if got.get("sow_expiry_lag_seconds_count") == 5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
     finally:
         stop.set()
         th.join(timeout=5)
-    lab = (("topic", topic_name),)
-    got = {k[0]: v for k, v in m.items() if k[1] == lab}
     print({k: v for k, v in got.items() if not k.endswith("_bucket")})
     assert got["sow_records"] == 20 and got["sow_inserts_total"] == 25
     assert got["sow_expiries_total"] == 5 and got["sow_queries_total"] == 1

@@ -22,6 +22,7 @@ from sow_redis.errors import BookmarkError
 from sow_redis.feed.bookmark import Bookmark
 from sow_redis.feed.bookmark_store import STORE_TOPIC, list_bookmarks
 from sow_redis.feed.changes import current_seqs
+from sow_redis.feed.live import ShardListener, shard_subscribers
 
 
 def _topic(sow, name, extra="", partitions=2):
@@ -179,17 +180,21 @@ def test_a_lost_block_is_read_from_the_change_feed(url, topic_name):
     with sow.subscribe(t.name, report=reports.append) as sub:
         sow.publish(t.name, {"k": 1, "v": 1})
         assert sub.get(2)["data"] == {"k": 1, "v": 1}
-        sub._pubsub.unsubscribe()  # lose what is published now
+        sub._live.close()  # lose what is published now
         sow.publish(t.name, [{"k": 2, "v": 1}, {"k": 3, "v": 1}])
-        time.sleep(0.1)  # on a cluster the blocks reach the subscriber's node over the bus
-        sub._pubsub.subscribe(keys.channel(t.name))
-        time.sleep(0.1)
+        sub._live = ShardListener(sow.r, [keys.partition_channel(t.name, 0)])
         sow.publish(t.name, {"k": 4, "v": 1})
         got = _drain(sub)
     assert [(m["kind"], m.get("data", {}).get("k")) for m in got] == [
         ("publish", 2), ("publish", 3), ("recovery", None), ("publish", 4)]
     assert (got[2]["after"], got[2]["to"]) == (1, 3)
     assert reports and reports[0]["how"] == "feed" and reports[0]["cause"] == "gap"
+
+
+def _subscribers(r, t):
+    """Subscribers of the topic's partition 0 (a subscriber listens to every partition)."""
+    ch = keys.partition_channel(t.name, 0)
+    return shard_subscribers(r, [ch])[ch]
 
 
 SUBSCRIBER = textwrap.dedent("""
@@ -227,13 +232,13 @@ def test_a_subscriber_dropped_for_its_output_buffer_recovers(lonely_url, tmp_pat
         n = 0
         # publish until Redis drops the paused subscriber (the socket buffers of the kernel
         # take several MB first), then some more
-        while r.pubsub_numsub(keys.channel(t.name), **every)[0][1] and n < 100_000:
+        while _subscribers(r, t) and n < 100_000:
             batch = [{"k": (n + i) % 300, "v": n + i, "pad": "x" * 1000} for i in range(200)]
             sow.publish(t.name, batch)
             n += 200
         sow.publish(t.name, [{"k": i, "v": -1} for i in range(10)])
         n += 10
-        subs = r.pubsub_numsub(keys.channel(t.name), **every)[0][1]
+        subs = _subscribers(r, t)
         proc.send_signal(signal.SIGCONT)
         out_, err = proc.communicate(timeout=60)
     finally:

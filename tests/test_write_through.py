@@ -12,6 +12,7 @@ import time
 import pytest
 from conftest import start_worker
 
+from sow_redis.feed.live import ShardListener
 from sow_redis import keys
 from sow_redis.apply import apply_batch
 from sow_redis.client import Sow
@@ -68,15 +69,14 @@ def test_write_through_and_workers_apply_a_mixed_stream_exactly_once(url, topic_
     sow.apply_config(cfg(topic_name, parts))
     r = sow.r
     events: dict[tuple[int, str], int] = {}
-    sub = r.pubsub()
-    sub.subscribe(keys.channel(topic_name))
+    sub = ShardListener(r, [keys.partition_channel(topic_name, p) for p in range(parts)])
     stop = threading.Event()
 
     def listen() -> None:
         while not stop.is_set():
-            m = sub.get_message(timeout=0.2)
-            if m and m["type"] == "message":
-                for ev in events_of(m["data"]):
+            data = sub.get(timeout=0.2)
+            if data is not None:
+                for ev in events_of(data):
                     key = (ev["partition"], ev["id"])
                     events[key] = events.get(key, 0) + 1
 

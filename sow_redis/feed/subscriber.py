@@ -3,8 +3,8 @@ notices, that never lose a change silently (AMPS User Guide: "Atomic Query and S
 "Out-of-Focus messages", "Replaying Messages with Bookmark Subscription"; seeds/000, 004;
 ARCHITECTURE §6).
 
-A :class:`Subscriber` listens to the topic's change blocks on pub/sub (:mod:`sow_redis.events`)
-and keeps, per partition, the ``seq`` of the last change it has accounted for. A block that
+A :class:`Subscriber` listens to the topic's change blocks on sharded pub/sub, one channel per
+partition (:mod:`sow_redis.events`, :mod:`sow_redis.feed.live`), and keeps, per partition, the ``seq`` of the last change it has accounted for. A block that
 starts after that position means blocks were lost (Redis drops a subscriber whose output
 buffer overflows, and whatever is published while one reconnects): the subscriber reads them
 from the change feed; when the feed no longer holds them it re-reads the partition's records
@@ -57,6 +57,7 @@ from ..logs import fields
 from ..records import decode as decode_record
 from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
+from .live import ShardListener, refresh_topology
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class Subscriber:
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
         self._ready: deque[Message] = deque()
         self._last: Message | None = None
-        self._pubsub: Any = None
+        self._live: ShardListener | None = None
         # per partition, the keys of the records seen matching (kept with oof only)
         self._view: list[set[str]] = [set() for _ in range(topic.partitions)]
         # the bookmark's text per partition, and the seq it was made for (bookmark())
@@ -146,27 +147,19 @@ class Subscriber:
 
     # -- pub/sub -------------------------------------------------------------------------
     def _subscribe(self) -> None:
-        """Subscribe on a connection of its own and wait for the confirmation, so every
-        block published from now on reaches this subscriber (or leaves a gap it detects)."""
-        ps = self.r.pubsub()
-        ps.subscribe(keys.channel(self.topic.name))
-        deadline = time.monotonic() + 10
-        while True:
-            msg = ps.get_message(timeout=1.0)
-            if msg is not None and msg.get("type") == "subscribe":
-                break
-            if time.monotonic() > deadline:
-                raise RedisTimeoutError("no subscribe confirmation from Redis in 10 s")
-        self._pubsub = ps
+        """Subscribe to the partitions' sharded channels on connections of its own and wait
+        for the confirmations, so every block published from now on reaches this subscriber
+        (or leaves a gap it detects)."""
+        self._live = ShardListener(self.r, [keys.partition_channel(self.topic.name, p)
+                                            for p in range(self.topic.partitions)])
 
     def _reconnect(self) -> None:
-        """After the connection was lost (or Redis dropped this subscriber): subscribe again,
-        then recover every partition from the change feed (or by re-reading its records)."""
-        try:
-            self._pubsub.close()
-        except Exception:  # the connection is gone already
-            pass
-        self._pubsub = None
+        """After the connection was lost (or Redis dropped this subscriber, or a partition's
+        slot moved): subscribe again, then recover every partition from the change feed (or
+        by re-reading its records)."""
+        if self._live is not None:
+            self._live.close()
+        self._live = None
         pause = 0.05
         warned = False
         while True:
@@ -181,6 +174,7 @@ class Subscriber:
                     warned = True
                 time.sleep(pause)
                 pause = min(1.0, pause * 2)
+                refresh_topology(self.r)
         for p, seq in enumerate(cur):
             if seq > self.pos[p]:
                 self._recover(p, seq, "reconnect")
@@ -376,16 +370,18 @@ class Subscriber:
             if left <= 0:
                 return None
             try:
-                msg = self._pubsub.get_message(timeout=min(left, 1.0))
+                if self._live is None:
+                    raise RedisConnectionError("not subscribed")
+                data = self._live.get(timeout=min(left, 1.0))
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 self._reconnect()
                 continue
-            if msg is None or msg.get("type") != "message":
+            if data is None:
                 continue
             try:
-                block = parse_block(msg["data"])
+                block = parse_block(data)
             except ValueError:
-                continue  # topic_removed and other channel messages
+                continue  # not a change block
             self._block(block)
         out = self._ready.popleft()
         self._last = out
@@ -429,12 +425,9 @@ class Subscriber:
         hooks, self.on_close = self.on_close, []
         for hook in hooks:
             hook()
-        if self._pubsub is not None:
-            try:
-                self._pubsub.close()
-            except Exception as exc:  # closing a dead connection
-                log.debug("closing pub/sub: %s", exc)
-            self._pubsub = None
+        if self._live is not None:
+            self._live.close()
+            self._live = None
 
     def __enter__(self) -> Subscriber:
         return self

@@ -6,7 +6,7 @@
   expected record versions (compare-and-set for delta merges done by the worker), writes the
   batch's rejected entries to the partition's error stream, then upserts / deletes records,
   keeps expiry scores and hash-index members, moves the cursor, counts sow_delete results and
-  publishes the batch's changes as one change block on the topic's channel and in the
+  publishes the batch's changes as one change block on the partition's channel and in the
   partition's change feed (include remove_record publish_changes).
 
   Every entry sees the SOW as of its own log time (ARCHITECTURE §5; issue "deltas race
@@ -17,7 +17,7 @@
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
           dead, chain, errors, log, changes, change times, hash indexes)
-    ARGV[1] fencing token          ARGV[2] pub/sub channel     ARGV[3] topic name
+    ARGV[1] fencing token          ARGV[2] partition channel   ARGV[3] topic name
     ARGV[4] first stream id of the batch   ARGV[5] last stream id of the batch
     ARGV[6] n (number of hash indexes)     ARGV[7] "1" when the topic has a dead_letter topic
     ARGV[8] "1" when the topic's expiration is enabled     ARGV[9] partition number

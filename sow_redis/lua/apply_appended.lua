@@ -25,7 +25,7 @@
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
           dead, chain, errors, log, changes, change times, hash indexes), then the
           partition's lease, then its job marker
-    ARGV[1] pub/sub channel     ARGV[2] topic name     ARGV[3] n (number of hash indexes)
+    ARGV[1] partition channel   ARGV[2] topic name     ARGV[3] n (number of hash indexes)
     ARGV[4] "1" when the topic has a dead_letter topic
     ARGV[5] "1" when the topic's expiration is enabled     ARGV[6] count (entries read at most)
     ARGV[7] the topic's expiry of a message without its own expiration: "" (none), "now"

@@ -19,7 +19,7 @@
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
           dead, chain, errors, log, changes, change times, hash indexes)
-    ARGV[1] fencing token          ARGV[2] pub/sub channel     ARGV[3] topic name
+    ARGV[1] fencing token          ARGV[2] partition channel   ARGV[3] topic name
     ARGV[4] n (number of hash indexes)     ARGV[5] "1" when the topic has a dead_letter topic
     ARGV[6] "1" when the topic's expiration is enabled     ARGV[7] count (entries read at most)
     ARGV[8] the topic's expiry of a message without its own expiration: "" (none), "now"

@@ -15,7 +15,7 @@
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
           dead, chain, errors, log, changes, change times, hash indexes)
-    ARGV[1] pub/sub channel   ARGV[2] topic name   ARGV[3] n (hash indexes)
+    ARGV[1] partition channel ARGV[2] topic name   ARGV[3] n (hash indexes)
     ARGV[4] "1" when the topic has a dead_letter topic   ARGV[5] most records to expire
     ARGV[6] partition number
     ARGV[7] change feed retention: changes kept per partition (0: no feed, pub/sub only)

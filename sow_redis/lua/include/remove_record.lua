@@ -58,7 +58,8 @@ end
 -- (a write-through applies one publish per block), at every block of a worker's large batches.
 local FEED_UPKEEP_EVERY = 64
 
--- Publish the batch's change block on the topic's channel, whether or not anyone listens,
+-- Publish the batch's change block on the partition's sharded channel (SPUBLISH: it stays on
+-- the partition's node of a cluster), whether or not anyone listens,
 -- and append it to the partition's change feed (stream id "<first seq>-0", so a reader finds
 -- the block holding any seq), trimmed to the retention by count (every block) and by age
 -- (see FEED_UPKEEP_EVERY). The block's time is S.now (ms) when the caller set it (the
@@ -72,7 +73,7 @@ local function publish_changes(P, S)
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   local block = encode_block(P.topic, P.partition, S.first, S.seq, now, S.changes)
-  redis.call("PUBLISH", P.chan, block)
+  redis.call("SPUBLISH", P.chan, block)
   if S.keep_count > 0 then
     local id = string.format("%d", S.first) .. "-0"
     local min_seq = S.seq - S.keep_count + 1

@@ -1,0 +1,162 @@
+"""Listening to sharded pub/sub channels (``SSUBSCRIBE``) on one server or across the nodes of
+a Redis Cluster: the live change blocks of a topic's partitions
+(:func:`sow_redis.keys.partition_channel`, published by the Lua scripts with ``SPUBLISH``).
+
+Why sharded: a plain ``PUBLISH`` on a Redis Cluster is sent to every node over the cluster
+bus, whether or not anyone listens there, so each node pays for every other node's change
+blocks; ``SPUBLISH`` stays on the node (and replicas) of the channel's hash slot, which is the
+partition's slot (Redis docs, "Sharded Pub/Sub"; measured in docs/benchmarks.md, scale-out).
+
+A :class:`ShardListener` holds one pub/sub connection per node that serves some of its
+channels and waits on all of them at once (``select`` on their sockets), so a block from any
+node is read as soon as it arrives (redis-py's ``ClusterPubSub.get_sharded_message`` waits on
+one node at a time).
+"""
+
+from __future__ import annotations
+
+import itertools
+import select
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..connection import Client, is_cluster
+
+SELECT_SLICE_S = 0.1
+"""Longest single wait on the sockets; the connections are polled again after it (a TLS
+connection may hold decrypted bytes that ``select`` does not see)."""
+
+
+class ChannelMoved(RedisConnectionError):
+    """The server unsubscribed this listener from a channel it did not leave: the channel's
+    hash slot moved to another node (resharding or a failover). Subscribe again."""
+
+
+def _by_node(r: Client, channels: Sequence[str]) -> list[tuple[Any, list[str]]]:
+    """``(client of one node, its channels)``: the primary serving each channel's hash slot
+    on a cluster, the server itself otherwise."""
+    if not is_cluster(r):
+        return [(r, list(channels))]
+    groups: dict[str, tuple[Any, list[str]]] = {}
+    for ch in channels:
+        node = r.get_node_from_key(ch)  # type: ignore[attr-defined]
+        if node.name not in groups:
+            groups[node.name] = (r.get_redis_connection(node), [])  # type: ignore[attr-defined]
+        groups[node.name][1].append(ch)
+    return list(groups.values())
+
+
+class ShardListener:
+    """Subscribed to ``channels`` (sharded) once constructed: each node has confirmed its
+    subscriptions, so every message published on them from now on is read by :meth:`get`
+    unless the connection is lost (which :meth:`get` raises).
+
+    Raises:
+        redis.exceptions.RedisError: a node is unreachable, or did not confirm within
+            ``confirm_timeout_s`` seconds (``TimeoutError``).
+    """
+
+    def __init__(self, r: Client, channels: Sequence[str], confirm_timeout_s: float = 10.0):
+        self._subs: list[Any] = []
+        try:
+            for client, chans in _by_node(r, channels):
+                ps = client.pubsub()
+                self._subs.append(ps)
+                for ch in chans:  # one command per channel: a cluster node refuses channels
+                    ps.ssubscribe(ch)  # of several slots in one SSUBSCRIBE (CROSSSLOT)
+            deadline = time.monotonic() + confirm_timeout_s
+            for ps in self._subs:
+                want = len(ps.shard_channels)
+                while want:
+                    msg = ps.get_message(timeout=1.0)
+                    if msg is not None and msg.get("type") == "ssubscribe":
+                        want -= 1
+                    elif time.monotonic() > deadline:
+                        raise RedisTimeoutError(
+                            f"no ssubscribe confirmation from Redis in {confirm_timeout_s:g} s")
+        except BaseException:
+            self.close()
+            raise
+        self._order = itertools.cycle(range(len(self._subs)))
+
+    def get(self, timeout: float) -> bytes | None:
+        """The payload of the next message on any channel, or None after ``timeout``
+        seconds.
+
+        Raises:
+            ChannelMoved: the server unsubscribed a channel (its slot moved).
+            redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError: a
+                connection was lost.
+        """
+        subs = self._subs
+        deadline = time.monotonic() + timeout
+        if len(subs) == 1:
+            while True:
+                msg = subs[0].get_message(timeout=max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    return None
+                payload = self._payload(msg)
+                if payload is not None:
+                    return payload
+        while True:
+            first = next(self._order)
+            for i in range(len(subs)):  # polled in turn, starting one further each call
+                payload = self._payload(subs[(first + i) % len(subs)].get_message(timeout=0.0))
+                if payload is not None:
+                    return payload
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            socks = [ps.connection._sock for ps in subs if ps.connection is not None]
+            if len(socks) < len(subs) or any(s is None for s in socks):
+                raise RedisConnectionError("a pub/sub connection is closed")
+            select.select(socks, [], [], min(left, SELECT_SLICE_S))
+
+    @staticmethod
+    def _payload(msg: dict[str, Any] | None) -> bytes | None:
+        if msg is None:
+            return None
+        kind = msg.get("type")
+        if kind == "smessage":
+            return msg["data"]
+        if kind == "sunsubscribe":
+            raise ChannelMoved(f"Redis unsubscribed this listener from {msg.get('channel')!r}")
+        return None
+
+    def close(self) -> None:
+        """Close every connection (those already lost too)."""
+        subs, self._subs = self._subs, []
+        for ps in subs:
+            try:
+                ps.close()
+            except Exception:
+                pass
+
+
+def refresh_topology(r: Client) -> None:
+    """On a cluster client, read the slot map again (after a node was lost, its replica may
+    serve its slots now); nothing on a single server. Errors are left for the next attempt."""
+    if is_cluster(r):
+        try:
+            r.nodes_manager.initialize()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+
+def shard_subscribers(r: Client, channels: Sequence[str]) -> dict[str, int]:
+    """channel → its subscribers (``PUBSUB SHARDNUMSUB``, asked of the node of each channel's
+    slot on a cluster, one command per channel as a node refuses channels of several slots
+    in one; one round trip per node)."""
+    out: dict[str, int] = {}
+    for client, chans in _by_node(r, channels):
+        pipe = client.pipeline(transaction=False)
+        for ch in chans:
+            pipe.pubsub_shardnumsub(ch)
+        for reply in pipe.execute():
+            for name, n in reply:
+                out[name.decode() if isinstance(name, bytes) else name] = int(n)
+    return out
