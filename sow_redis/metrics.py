@@ -165,6 +165,9 @@ class FeedFollower:
             self._streams = [keys.changes(t.name, p) for t in load_topics(self.r).values()
                              if t.change_retention_count > 0 for p in range(t.partitions)]
             self._loaded = time.monotonic()
+            # forget removed topics (one created again under the name starts its feed anew)
+            followed = set(self._streams)
+            self._after = {k: v for k, v in self._after.items() if k in followed}
         new = [s for s in self._streams if s not in self._after]
         if new:
             pipe = self.r.pipeline(transaction=False)

@@ -519,3 +519,18 @@ def test_the_change_feed_is_trimmed_by_age(url, topic_name):
     assert blocks[0][0] == b"61-0" and min(times) == 61 and max(times) == 130
     with pytest.raises(BookmarkError, match="oldest retained change is seq"):
         sow.subscribe(t.name, bookmark=str(Bookmark((10,))))
+
+
+def test_a_channel_the_server_unsubscribed_counts_as_a_lost_connection():
+    """When a partition's slot moves (failover, resharding) Redis unsubscribes the listeners
+    of its sharded channel (an ``sunsubscribe`` they did not ask for): the listener raises a
+    connection error, so the subscriber subscribes again and recovers from the change feed."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from sow_redis.feed.live import ChannelMoved
+
+    assert issubclass(ChannelMoved, RedisConnectionError)
+    with pytest.raises(ChannelMoved, match="unsubscribed"):
+        ShardListener._payload({"type": "sunsubscribe", "channel": b"{sow:t:0}:live", "data": 0})
+    assert ShardListener._payload({"type": "smessage", "channel": b"c", "data": b"x"}) == b"x"
+    assert ShardListener._payload({"type": "ssubscribe", "channel": b"c", "data": 1}) is None

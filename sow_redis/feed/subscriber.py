@@ -4,8 +4,9 @@ notices, that never lose a change silently (AMPS User Guide: "Atomic Query and S
 ARCHITECTURE §6).
 
 A :class:`Subscriber` listens to the topic's change blocks on sharded pub/sub, one channel per
-partition (:mod:`sow_redis.events`, :mod:`sow_redis.feed.live`), and keeps, per partition, the ``seq`` of the last change it has accounted for. A block that
-starts after that position means blocks were lost (Redis drops a subscriber whose output
+partition (:mod:`sow_redis.events`, :mod:`sow_redis.feed.live`), and keeps, per partition,
+the ``seq`` of the last change it has accounted for. A block that starts after that position
+means blocks were lost (Redis drops a subscriber whose output
 buffer overflows, and whatever is published while one reconnects): the subscriber reads them
 from the change feed; when the feed no longer holds them it re-reads the partition's records
 and emits what brings its view up to date. Every recovery is reported as a ``recovery``
