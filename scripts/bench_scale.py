@@ -59,8 +59,12 @@ from sow_redis.publisher import append, wait_applied
 from sow_redis.server import LocalCluster, free_port, spawn_cluster, spawn_redis
 from sow_redis.settings import Settings
 
-POLL_S = 0.005
-"""Seconds between two looks at the applied cursors."""
+POLL_S = 0.02
+"""Seconds between two looks at the applied cursors. One look (48 partitions) costs this
+process 0.43 ms of CPU on a server and 1.04 ms on the 3-primary cluster (redis-py's cluster
+pipeline): every 5 ms, as before 2026-11-25, that took ~20 % of a core from the cluster's
+primaries on a 2-core machine (the single server, bound to one core, did not feel it); every
+20 ms it is ~5 %, and the end of a run is seen at most 20 ms late (< 1 % of a 2 s run)."""
 
 
 class Plane:

@@ -918,6 +918,29 @@ def chains(ctx: click.Context, topic: str, ident: str | None) -> None:
     click.echo(orjson.dumps(report).decode())
 
 
+@main.command("keys")
+@click.option("-t", "--topic", required=True, help="A topic.")
+@click.pass_context
+@_friendly
+def keys_cmd(ctx: click.Context, topic: str) -> None:
+    """A topic's partitions: one JSON line each with its hash slot, hash tag, transaction log
+    (the stream any Redis client may XADD to) and live channel (SSUBSCRIBE). Every key of a
+    partition is <tag>:<name> (README, "How it works").
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 keys -t orders
+    """
+    from . import keys
+
+    t = _sow(ctx).topic(topic)
+    for p in range(t.partitions):
+        click.echo(orjson.dumps({
+            "partition": p, "slot": keys.partition_slot(t.name, p),
+            "tag": keys.partition_tag(t.name, p), "log": keys.log(t.name, p),
+            "live": keys.partition_channel(t.name, p)}).decode())
+
+
 # -- processes --------------------------------------------------------------------------
 @main.command()
 @click.option("--burst", is_flag=True,

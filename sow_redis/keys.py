@@ -1,10 +1,26 @@
 """Every Redis key and channel name sow_redis uses, built here and nowhere else.
 
-All keys of one partition share the hash tag ``{sow:<topic>:<p>}`` so one Lua call can
-touch them on a Redis Cluster (ARCHITECTURE §2). Lua scripts never build key names.
+All keys of one partition share the hash tag ``{sow:<topic>:<p>:<salt>}`` (:func:`partition_tag`)
+so one Lua call can touch them on a Redis Cluster (ARCHITECTURE §2). Lua scripts never build
+key names.
+
+The salt (4 characters of ``0-9a-v``) places a topic's partitions evenly over the 16,384 hash
+slots, so a cluster's primaries, which own contiguous slot ranges, get even shares of the
+partitions: partition ``p`` goes to slot ``(CRC16(topic) + floor(p × 16384 × 0.618…)) mod
+16384`` (a golden-ratio sequence: evenly spread for any partition count, and the same slot
+for a partition whatever the count). Without it a partition's slot is a hash of its name: 48
+partitions fell 16–26 on the busiest of 3 primaries, which bounds a cluster's throughput;
+with it, 16–18 (docs/benchmarks.md, scale-out). The salt is found, not stored: CRC16 (XMODEM,
+Redis's key hash) is linear, so ``CRC16(prefix + salt) = CRC16(prefix + 4 zero bytes) XOR
+CRC16(salt)``, and a table of the 4-character salts by their CRC16's low 14 bits gives the
+salt for any wanted slot. Any client can compute it the same way (or ask ``sow-redis keys``).
 """
 
 from __future__ import annotations
+
+import binascii
+import functools
+import itertools
 
 REGISTRY = "sow:registry"
 """HASH topic name → topic definition (JSON), written by ``config apply``."""
@@ -20,8 +36,42 @@ LAST_USED = "sow:last_used"
 ``idle_expiration``."""
 
 
-def _tag(topic: str, p: int) -> str:
-    return "{sow:%s:%d}" % (topic, p)
+SLOTS = 16384
+"""Hash slots of a Redis Cluster."""
+
+_SALT_ALPHABET = b"0123456789abcdefghijklmnopqrstuv"
+_SALT_LEN = 4
+_GOLDEN = 0.6180339887498949
+
+
+@functools.lru_cache(maxsize=1)
+def _salts() -> dict[int, str]:
+    """CRC16 of a salt, low 14 bits → the first salt (in alphabet order) with it (all 16,384
+    are reached; built in ~25 ms, once per process)."""
+    table: dict[int, str] = {}
+    for combo in itertools.product(_SALT_ALPHABET, repeat=_SALT_LEN):
+        salt = bytes(combo)
+        table.setdefault(binascii.crc_hqx(salt, 0) & (SLOTS - 1), salt.decode())
+        if len(table) == SLOTS:
+            break
+    return table
+
+
+def partition_slot(topic: str, p: int) -> int:
+    """The hash slot of partition ``p`` of ``topic`` (see the module's docstring)."""
+    return (binascii.crc_hqx(topic.encode(), 0) + int(p * SLOTS * _GOLDEN)) % SLOTS
+
+
+@functools.lru_cache(maxsize=65536)
+def partition_tag(topic: str, p: int) -> str:
+    """The hash tag of every key of partition ``p`` of ``topic``: ``{sow:<topic>:<p>:<salt>}``,
+    in slot :func:`partition_slot`."""
+    prefix = "sow:%s:%d:" % (topic, p)
+    zeros = binascii.crc_hqx(prefix.encode() + b"\0" * _SALT_LEN, 0)
+    return "{" + prefix + _salts()[(zeros ^ partition_slot(topic, p)) & (SLOTS - 1)] + "}"
+
+
+_tag = partition_tag
 
 
 def log(topic: str, p: int) -> str:

@@ -13,6 +13,7 @@ from conftest import FAST, ROOT
 from redis import Redis
 from redis.exceptions import NoPermissionError
 
+from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.server import free_port
 
@@ -89,14 +90,14 @@ def test_each_role_does_its_job_and_nothing_else(acl_server, topic_name):
             assert oof["kind"] == "oof" and oof["reason"] == "expired"
         refused = {
             "publisher reads records": lambda: Redis.from_url(_url(port, "publisher")).hgetall(
-                f"{{sow:{topic_name}:0}}:rec"),
+                keys.records(topic_name, 0)),
             "publisher deletes records": lambda: Redis.from_url(_url(port, "publisher")).delete(
-                f"{{sow:{topic_name}:0}}:rec"),
+                keys.records(topic_name, 0)),
             "publisher defines topics": lambda: Sow(_url(port, "publisher")).apply_config(
                 '[[topic]]\nname = "evil"\nkey = ["/k"]\n'),
             "reader publishes": lambda: reader.publish(topic_name, {"k": 1}),
             "reader deletes": lambda: Redis.from_url(_url(port, "reader")).delete(
-                f"{{sow:{topic_name}:0}}:rec"),
+                keys.records(topic_name, 0)),
             "worker flushes": lambda: Redis.from_url(_url(port, "worker")).flushall(),
             "worker reconfigures": lambda: Redis.from_url(_url(port, "worker")).config_set(
                 "maxmemory-policy", "allkeys-lru"),
@@ -228,7 +229,8 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
                 if fn.__module__ == keys.__name__ and not name.startswith("_")}
     lists = {"partition_keys", "all_partition_keys", "error_streams"}
     channels = {"channel", "partition_channel"}
-    assert builders - lists - channels == {k for k in KEY_BUILDERS if not k.isupper()}
+    placement = {"partition_tag", "partition_slot"}  # the tag itself, not a key
+    assert builders - lists - channels - placement == {k for k in KEY_BUILDERS if not k.isupper()}
     consts = {name for name, v in vars(keys).items() if name.isupper() and isinstance(v, str)}
     assert consts - {"REGISTRY_CHANNEL"} == {k for k in KEY_BUILDERS if k.isupper()}
     # the list builders return only keys of the single templates

@@ -170,3 +170,24 @@ def test_every_command_is_documented_in_readme():
     missing = [n for n in names if f"sow-redis {n}" not in readme and f"sow-redis … {n}" not in readme]
     assert not missing, f"commands not in README: {missing}"
     assert Path(ROOT / ".ci" / "run").read_text().count("scripts/test.sh") == 1
+
+
+def test_keys_prints_each_partitions_log_key_for_any_redis_client(url, r, topic):
+    """``sow-redis keys``: one line per partition with its slot, tag, log and live channel;
+    an entry XADDed by a plain Redis client to the printed log is applied."""
+    from redis.crc import key_slot
+
+    from sow_redis.messages import parse
+    from sow_redis.publisher import wait_applied
+    from sow_redis.client import Sow
+
+    got = lines(run_cli(url, "keys", "-t", topic))
+    assert [x["partition"] for x in got] == [0, 1, 2, 3]
+    for x in got:
+        assert x["log"] == x["tag"] + ":log" and x["live"] == x["tag"] + ":live"
+        assert key_slot(x["log"].encode()) == x["slot"]
+    sow = Sow(url)
+    p = parse(b'{"orderId": 77}', sow.topic(topic)).partition
+    sid = r.xadd(got[p]["log"], {"cmd": "publish", "data": '{"orderId": 77}'})
+    wait_applied(r, sow.topic(topic), {p: sid.decode()}, timeout_s=30)
+    assert [x.obj() for x in sow.sow(topic, "/orderId = 77")] == [{"orderId": 77}]
