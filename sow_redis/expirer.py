@@ -29,7 +29,7 @@ from . import events, keys
 from .client import Sow
 from .config import TopicCache, TopicConfig
 from .connection import Client, StreamEntry, connect_pair, server_ms
-from .feed.live import shard_subscribers
+from .feed.live import topic_subscribers
 from .logs import fields
 from .outage import reporter
 from .scripts import Scripts
@@ -133,11 +133,10 @@ def idle_topics(r: Client, topics: dict[str, TopicConfig]) -> list[str]:
         return []
     now = server_ms(r)
     last = r.hmget(keys.LAST_USED, [t.name for t in candidates])
-    # a subscriber listens to every partition's channel: those of partition 0 count them
-    subs = shard_subscribers(r, [keys.partition_channel(t.name, 0) for t in candidates])
+    subs = topic_subscribers(r, [t.name for t in candidates])
     out = []
     for t, used in zip(candidates, last):
-        if subs.get(keys.partition_channel(t.name, 0), 0) > 0:
+        if subs[t.name] > 0:
             r.hset(keys.LAST_USED, t.name, now)
             continue
         if used is None:

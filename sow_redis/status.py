@@ -10,7 +10,7 @@ from typing import Any
 from . import keys
 from .config import TopicConfig
 from .connection import Client
-from .feed.live import shard_subscribers
+from .feed.live import topic_subscribers
 from .partition_state import read_partitions
 
 
@@ -100,9 +100,7 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         pipe.xlen(keys.changes(topic.name, st.partition))
     pipe.hget(keys.topic_stats(topic.name), "n_query")
     res = pipe.execute()
-    # a subscriber listens to every partition's channel: those of partition 0 count them
-    live0 = keys.partition_channel(topic.name, 0)
-    res.append(shard_subscribers(r, [live0])[live0])
+    subscribers = topic_subscribers(r, [topic.name])[topic.name]
     now = server_ms(r)
     counters = dict.fromkeys(COUNTERS, 0)
     oldest: list[int] = []
@@ -118,7 +116,7 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         if head:
             dues.append(int(head[0][1]))
         blocks += n_blocks
-    counters["queries"] = int(res[-2] or 0)
+    counters["queries"] = int(res[-1] or 0)
     return {
         "topic": topic.name,
         "partitions": topic.partitions,
@@ -130,7 +128,7 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         "with_expiry": with_expiry,
         "next_due_ms": min(dues) if dues else None,
         "chain_ids": sum(s.chain_ids for s in states),
-        "subscribers": res[-1],
+        "subscribers": subscribers,
         "change_feed_blocks": blocks,
         "counters": counters,
         "time_ms": now,

@@ -36,10 +36,10 @@ from conftest import FAST, wait_until
 from redis import Redis
 from redis.exceptions import RedisError
 
-from sow_redis.feed.live import ShardListener, shard_subscribers
 from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.events import parse_block
+from sow_redis.feed.live import ShardListener, topic_subscribers
 from sow_redis.publisher import append, append_delete_all_partitions
 from sow_redis.server import free_port, spawn_redis, stop_processes
 from sow_redis.settings import Settings
@@ -571,8 +571,7 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
                                    stdout=open(tmp_path / "pub.out", "wb"),
                                    stderr=open(tmp_path / "pub.err", "wb"))
             procs.append(pub)
-            wait_until(lambda: shard_subscribers(r, [keys.partition_channel(name, 0)])[
-                keys.partition_channel(name, 0)] >= 1, 30,
+            wait_until(lambda: topic_subscribers(r, [name])[name] >= 1, 30,
                        "the subscriber listens")
             model = Model()
             counts = {"lines": 0}

@@ -22,7 +22,7 @@ from sow_redis.errors import BookmarkError
 from sow_redis.feed.bookmark import Bookmark
 from sow_redis.feed.bookmark_store import STORE_TOPIC, list_bookmarks
 from sow_redis.feed.changes import current_seqs
-from sow_redis.feed.live import ShardListener, shard_subscribers
+from sow_redis.feed.live import ShardListener, topic_subscribers
 
 
 def _topic(sow, name, extra="", partitions=2):
@@ -192,9 +192,7 @@ def test_a_lost_block_is_read_from_the_change_feed(url, topic_name):
 
 
 def _subscribers(r, t):
-    """Subscribers of the topic's partition 0 (a subscriber listens to every partition)."""
-    ch = keys.partition_channel(t.name, 0)
-    return shard_subscribers(r, [ch])[ch]
+    return topic_subscribers(r, [t.name])[t.name]
 
 
 SUBSCRIBER = textwrap.dedent("""

@@ -160,3 +160,12 @@ def shard_subscribers(r: Client, channels: Sequence[str]) -> dict[str, int]:
             for name, n in reply:
                 out[name.decode() if isinstance(name, bytes) else name] = int(n)
     return out
+
+
+def topic_subscribers(r: Client, topics: Sequence[str]) -> dict[str, int]:
+    """topic → its subscribers: those of its partition 0's channel (a subscriber listens to
+    every partition's channel, a topic has a partition 0)."""
+    from .. import keys
+
+    counts = shard_subscribers(r, [keys.partition_channel(t, 0) for t in topics])
+    return {t: counts.get(keys.partition_channel(t, 0), 0) for t in topics}
