@@ -71,59 +71,57 @@ def partition_tag(topic: str, p: int) -> str:
     return "{" + prefix + _salts()[(zeros ^ partition_slot(topic, p)) & (SLOTS - 1)] + "}"
 
 
-_tag = partition_tag
-
 
 def log(topic: str, p: int) -> str:
     """STREAM: the partition's transaction log (publish / delta_publish / sow_delete)."""
-    return _tag(topic, p) + ":log"
+    return partition_tag(topic, p) + ":log"
 
 
 def records(topic: str, p: int) -> str:
     """HASH SOW key → ``<seq>:<expiry ms>:<stream id>\\n<message bytes>``."""
-    return _tag(topic, p) + ":rec"
+    return partition_tag(topic, p) + ":rec"
 
 
 def expiry(topic: str, p: int) -> str:
     """ZSET SOW key → expiry time (ms since epoch, Redis server clock)."""
-    return _tag(topic, p) + ":exp"
+    return partition_tag(topic, p) + ":exp"
 
 
 def state(topic: str, p: int) -> str:
     """HASH with ``cursor`` (last applied stream id), ``seq`` (change sequence), ``fence``."""
-    return _tag(topic, p) + ":state"
+    return partition_tag(topic, p) + ":state"
 
 
 def lease(topic: str, p: int) -> str:
     """STRING owner id of the partition, with a PX lifetime."""
-    return _tag(topic, p) + ":lease"
+    return partition_tag(topic, p) + ":lease"
 
 
 def job_marker(topic: str, p: int) -> str:
     """STRING set while an ingest job for the partition is queued or running."""
-    return _tag(topic, p) + ":job"
+    return partition_tag(topic, p) + ":job"
 
 
 def acks(topic: str, p: int) -> str:
     """HASH stream id of a sow_delete → number of records it removed in this partition."""
-    return _tag(topic, p) + ":acks"
+    return partition_tag(topic, p) + ":acks"
 
 
 def index_members(topic: str, p: int) -> str:
     """HASH SOW key → its current hash-index members, comma-separated, one per index."""
-    return _tag(topic, p) + ":ixm"
+    return partition_tag(topic, p) + ":ixm"
 
 
 def dead_letters(topic: str, p: int) -> str:
     """STREAM outbox of expired records waiting to be published to the dead_letter topic."""
-    return _tag(topic, p) + ":dead"
+    return partition_tag(topic, p) + ":dead"
 
 
 def chain(topic: str, p: int) -> str:
     """HASH chain identifier (canonical value of a primary or secondary field) → the chain's
     head identifier, for topics with the chaining key generator (seeds/003). The SOW key of a
     chained message is generated from its head."""
-    return _tag(topic, p) + ":chain"
+    return partition_tag(topic, p) + ":chain"
 
 
 def chain_conflicts(topic: str) -> str:
@@ -134,25 +132,25 @@ def chain_conflicts(topic: str) -> str:
 
 def index(topic: str, p: int, n: int) -> str:
     """ZSET (all scores 0) of ``<value hash>:<SOW key>`` members for hash index ``n``."""
-    return _tag(topic, p) + ":idx:%d" % n
+    return partition_tag(topic, p) + ":idx:%d" % n
 
 
 def changes(topic: str, p: int) -> str:
     """STREAM: the partition's change feed: one entry per atomic call that changed records,
     id ``<first seq>-0``, field ``block`` = the change block as published (events.py)."""
-    return _tag(topic, p) + ":changes"
+    return partition_tag(topic, p) + ":changes"
 
 
 def change_times(topic: str, p: int) -> str:
     """ZSET first seq of a change block → its server time in ms (retention by age, and
     bookmarks given as a time)."""
-    return _tag(topic, p) + ":changes:t"
+    return partition_tag(topic, p) + ":changes:t"
 
 
 def loads(topic: str, p: int) -> str:
     """HASH ``<load id>:<batch number>`` → last stream id: the bulk-load batches appended to
     partition ``p``'s log (``lua/load_batch.lua``: each exactly once)."""
-    return _tag(topic, p) + ":loads"
+    return partition_tag(topic, p) + ":loads"
 
 
 def errors(topic: str) -> str:
@@ -165,7 +163,7 @@ def partition_errors(topic: str, p: int) -> str:
     """STREAM: log entries of partition ``p`` the workers could not apply, with reason and
     original bytes; written by apply.lua in the same atomic call that moves the cursor past
     them, so each rejected entry is written exactly once."""
-    return _tag(topic, p) + ":errors"
+    return partition_tag(topic, p) + ":errors"
 
 
 def error_streams(topic: str, partitions: int) -> list[str]:
@@ -188,7 +186,7 @@ def partition_channel(topic: str, p: int) -> str:
     """Sharded pub/sub channel (SPUBLISH / SSUBSCRIBE) of partition ``p``'s change blocks: in
     the partition's hash slot, so on a Redis Cluster only the node that holds the partition
     carries them."""
-    return _tag(topic, p) + ":live"
+    return partition_tag(topic, p) + ":live"
 
 
 def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
