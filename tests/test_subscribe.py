@@ -522,13 +522,55 @@ def test_the_change_feed_is_trimmed_by_age(url, topic_name):
 def test_a_channel_the_server_unsubscribed_counts_as_a_lost_connection():
     """When a partition's slot moves (failover, resharding) Redis unsubscribes the listeners
     of its sharded channel (an ``sunsubscribe`` they did not ask for): the listener raises a
-    connection error, so the subscriber subscribes again and recovers from the change feed."""
+    connection error, so the subscriber subscribes again and recovers from the change feed.
+    Both read paths: the listener's own (replies parsed by the connection's hiredis reader)
+    and redis-py's ``get_message`` (``memory://``)."""
+    import hiredis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from sow_redis.feed.live import ChannelMoved
+    from sow_redis.feed.live import ChannelMoved, _Replies
 
     assert issubclass(ChannelMoved, RedisConnectionError)
+    replies = _Replies(hiredis.Reader(), sock=None)
+    replies.reader.feed(b"*3\r\n$10\r\nssubscribe\r\n$1\r\nc\r\n:1\r\n"
+                        b"*3\r\n$8\r\nsmessage\r\n$1\r\nc\r\n$2\r\nx1\r\n*3\r\n$8\r\nsmes")
+    assert replies.take() == b"x1"  # the confirmation skipped
+    assert replies.take() is None  # the next reply is not complete yet
+    replies.reader.feed(b"sage\r\n$1\r\nc\r\n$2\r\nx2\r\n"
+                        b"*3\r\n$12\r\nsunsubscribe\r\n$1\r\nc\r\n:0\r\n")
+    assert replies.take() == b"x2"
+    with pytest.raises(ChannelMoved, match="unsubscribed"):
+        replies.take()
     with pytest.raises(ChannelMoved, match="unsubscribed"):
         ShardListener._payload({"type": "sunsubscribe", "channel": b"{sow:t:0}:live", "data": 0})
     assert ShardListener._payload({"type": "smessage", "channel": b"c", "data": b"x"}) == b"x"
     assert ShardListener._payload({"type": "ssubscribe", "channel": b"c", "data": 1}) is None
+
+
+def test_a_listener_whose_connection_is_killed_raises_a_connection_error(url):
+    """A killed pub/sub connection (``CLIENT KILL``, a server restart) reaches the listener's
+    caller as a connection error, which the subscriber answers by subscribing again; and a
+    listener keeps its client alive (a collected client closes its pool's connections)."""
+    if url.startswith("memory://"):
+        pytest.skip("memory:// has no connections to kill")
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from sow_redis.connection import is_cluster
+
+    r = client(url)
+    chans = [keys.partition_channel("killed", p) for p in range(3)]
+    listener = ShardListener(client(url), chans)  # its client referenced by it only
+    import gc
+
+    gc.collect()
+    r.spublish(chans[1], b"one")
+    assert listener.get(timeout=5) == b"one"
+    assert listener._replies is not None  # the listener's own read path
+    nodes = [r.get_redis_connection(n) for n in r.get_primaries()] if is_cluster(r) else [r]
+    killed = sum(node.client_kill_filter(_type="pubsub") for node in nodes)
+    print(f"pub/sub connections killed: {killed}")
+    assert killed >= 1
+    with pytest.raises(RedisConnectionError):
+        for _ in range(50):
+            listener.get(timeout=0.1)
+    listener.close()

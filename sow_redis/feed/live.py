@@ -36,6 +36,72 @@ class ChannelMoved(RedisConnectionError):
     hash slot moved to another node (resharding or a failover). Subscribe again."""
 
 
+class _Replies:
+    """The replies of one subscribed pub/sub connection, read straight from its socket into
+    the connection's hiredis reader: a change block costs about 1.5 µs here against 15 µs
+    through redis-py's ``get_message``, which builds a message dict, formats the whole
+    payload for a debug log line and records metrics for each one (measured on this
+    project's 2-core machine; a subscriber receives a block per partition touched by each
+    publish). Only the replies this listener expects come on these connections:
+    ``ssubscribe`` confirmations, ``smessage`` and ``sunsubscribe``."""
+
+    __slots__ = ("_buf", "reader", "sock")
+
+    def __init__(self, reader: Any, sock: Any) -> None:
+        self.reader = reader
+        self.sock = sock
+        self._buf = bytearray(65536)
+
+    @classmethod
+    def of(cls, ps: Any) -> _Replies | None:
+        """The reader of subscribed ``ps``; None when its connection has no hiredis reader
+        on a socket (then redis-py reads it)."""
+        conn = ps.connection
+        reader = getattr(getattr(conn, "_parser", None), "_reader", None)
+        sock = getattr(conn, "_sock", None)
+        if reader is None or sock is None or not hasattr(reader, "gets") \
+                or not hasattr(sock, "recv_into"):
+            return None
+        return cls(reader, sock)
+
+    def take(self) -> bytes | None:
+        """The payload of the next message already read, None when none is buffered.
+
+        Raises:
+            ChannelMoved: an ``sunsubscribe`` this listener did not ask for.
+            redis.exceptions.ConnectionError: an error reply.
+        """
+        while True:
+            rep = self.reader.gets(False)
+            if isinstance(rep, list):  # hiredis 3.2+: a PushNotification (a list)
+                if rep[0] == b"smessage":
+                    return rep[2]  # type: ignore[no-any-return]
+                if rep[0] == b"sunsubscribe":
+                    raise ChannelMoved(f"Redis unsubscribed this listener from {rep[1]!r}")
+                continue  # a confirmation
+            if isinstance(rep, Exception):
+                raise RedisConnectionError(f"pub/sub connection: {rep}")
+            if rep is False or type(rep) is object:  # hiredis: no complete reply yet
+                return None
+
+    def pending(self) -> bool:
+        """Whether a TLS socket holds decrypted bytes (``select`` does not see them)."""
+        pending = getattr(self.sock, "pending", None)
+        return bool(pending and pending())
+
+    def fill(self) -> None:
+        """Read what the socket holds (call when it is readable).
+
+        Raises:
+            redis.exceptions.ConnectionError: the server closed the connection.
+            OSError: the connection failed.
+        """
+        n = self.sock.recv_into(self._buf)
+        if n == 0:
+            raise RedisConnectionError("the server closed the pub/sub connection")
+        self.reader.feed(self._buf, 0, n)
+
+
 def _by_node(r: Client, channels: Sequence[str]) -> list[tuple[Any, list[str]]]:
     """``(client of one node, its channels)``: the primary serving each channel's hash slot
     on a cluster, the server itself otherwise."""
@@ -61,6 +127,7 @@ class ShardListener:
     """
 
     def __init__(self, r: Client, channels: Sequence[str], confirm_timeout_s: float = 10.0):
+        self._client = r  # kept: a client that is collected closes its pool's connections
         self._subs: list[Any] = []
         try:
             for client, chans in _by_node(r, channels):
@@ -82,6 +149,9 @@ class ShardListener:
             self.close()
             raise
         self._order = itertools.cycle(range(len(self._subs)))
+        replies = [_Replies.of(ps) for ps in self._subs]
+        self._replies: list[_Replies] | None = (
+            None if any(rp is None for rp in replies) else replies)  # type: ignore[assignment]
 
     def get(self, timeout: float) -> bytes | None:
         """The payload of the next message on any channel, or None after ``timeout``
@@ -92,25 +162,47 @@ class ShardListener:
             redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError: a
                 connection was lost.
         """
-        subs = self._subs
+        if self._replies is None:
+            return self._get_via_redis_py(timeout)
+        replies = self._replies
         deadline = time.monotonic() + timeout
-        if len(subs) == 1:
-            while True:
-                msg = subs[0].get_message(timeout=max(0.0, deadline - time.monotonic()))
-                if msg is None:
-                    return None
-                payload = self._payload(msg)
+        while True:
+            first = next(self._order)
+            for i in range(len(replies)):  # taken in turn, starting one further each call
+                payload = replies[(first + i) % len(replies)].take()
                 if payload is not None:
                     return payload
+            ready = [rp for rp in replies if rp.pending()]
+            if not ready:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                try:
+                    readable, _w, _x = select.select([rp.sock for rp in replies], [], [],
+                                                     min(left, SELECT_SLICE_S))
+                except ValueError:  # a socket was closed under us (fd -1)
+                    raise RedisConnectionError("a pub/sub connection is closed") from None
+                ready = [rp for rp in replies if rp.sock in readable]
+            for rp in ready:
+                rp.fill()
+
+    def _get_via_redis_py(self, timeout: float) -> bytes | None:
+        """:meth:`get` through redis-py's ``get_message`` (connections without a hiredis
+        reader on a socket: the in-process ``memory://`` mode)."""
+        subs = self._subs
+        deadline = time.monotonic() + timeout
         while True:
             first = next(self._order)
             for i in range(len(subs)):  # polled in turn, starting one further each call
-                payload = self._payload(subs[(first + i) % len(subs)].get_message(timeout=0.0))
+                payload = self._payload(subs[(first + i) % len(subs)].get_message(
+                    timeout=0.0 if len(subs) > 1 else max(0.0, deadline - time.monotonic())))
                 if payload is not None:
                     return payload
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
+            if len(subs) == 1:
+                continue
             socks = [ps.connection._sock for ps in subs if ps.connection is not None]
             if len(socks) < len(subs) or any(s is None for s in socks):
                 raise RedisConnectionError("a pub/sub connection is closed")
