@@ -75,7 +75,7 @@ class _Replies:
             rep = self.reader.gets(False)
             if isinstance(rep, list):  # hiredis 3.2+: a PushNotification (a list)
                 if rep[0] == b"smessage":
-                    return rep[2]  # type: ignore[no-any-return]
+                    return rep[2]
                 if rep[0] == b"sunsubscribe":
                     raise ChannelMoved(f"Redis unsubscribed this listener from {rep[1]!r}")
                 continue  # a confirmation
