@@ -23,8 +23,10 @@ from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
 from .errors import MessageError, NotDurableError, WaitTimeout
 from .fix import to_message
+from .jobs import OWNER, enqueue_job, ensure_jobs
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
+from .scripts import Scripts, attached
 from .settings import Settings
 from .streamids import ms_of, reached
 
@@ -140,8 +142,6 @@ def _start_jobs(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThr
     Raises:
         ResponseError: a ``SET NX`` of a marker was refused.
     """
-    from .jobs import enqueue_job, ensure_jobs
-
     touched = sorted(set(sent))
     if through is not None:  # the write-through calls set the markers
         marks, failed = through.settle(topic, marks)
@@ -300,8 +300,6 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
                     batch.add_packed(through.packed(topic, p, parts.count(p),
                                                     jobs.marker_ttl_ms))
             elif jobs is not None:
-                from .jobs import OWNER
-
                 for p in sorted(set(parts)):
                     batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
                                      jobs.marker_ttl_ms)
@@ -439,8 +437,6 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 commands += [("execute_command", ("EVALSHA", *through.call(
                     topic, p, sent.count(p), jobs.marker_ttl_ms)), {}) for p in touched]
             elif jobs is not None:
-                from .jobs import OWNER
-
                 commands += [("set", (keys.job_marker(topic.name, p), OWNER),
                               {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
             if registry_check:
@@ -622,8 +618,6 @@ class WriteThrough:
     entries (:func:`jobs.ensure_jobs`)."""
 
     def __init__(self, r: Client) -> None:
-        from .scripts import Scripts
-
         self._scripts = Scripts(r)
         self._loaded = False
         self._warned: set[str] = set()
@@ -635,8 +629,6 @@ class WriteThrough:
         """The EVALSHA arguments (after the command name) for ``count`` entries of
         partition ``p``; the script sets the job marker (lifetime ``marker_ttl_ms``
         milliseconds) when it leaves entries to the workers."""
-        from .jobs import OWNER
-
         if not self._loaded:
             self._scripts.load("apply_appended")
             self._loaded = True
@@ -688,8 +680,6 @@ class WriteThrough:
 
 
 def _write_through(r: Client) -> WriteThrough:
-    from .scripts import attached
-
     return cast(WriteThrough, attached(r, "write_through", WriteThrough))
 
 
@@ -706,8 +696,6 @@ def _touch_used(r: Client, topic: TopicConfig, last_ids: dict[int, str]) -> None
     idle_ms = topic.idle_ms
     if not idle_ms or not last_ids:
         return
-    from .scripts import attached
-
     seen: dict[str, float] = attached(r, "touched", lambda _r: {})
     now = time.monotonic()
     if now - seen.get(topic.name, -math.inf) < min(TOUCH_EVERY_S, idle_ms / 10_000):
