@@ -87,6 +87,8 @@ class PublishResult:
             self.registry_version = other.registry_version
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
 Item = tuple[str, Any, "str | None"] | tuple[str, Any, "str | None", "float | None"]
 
 
@@ -107,13 +109,20 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
         MessageError: the message is refused, with its reason; other exceptions for inputs
             no check foresaw (:func:`append` reports them as ``bad_message``).
     """
-    cmd, data, sow_key = item[0], item[1], item[2]
+    cmd, msg, sow_key = item[0], item[1], item[2]
     expiration = item[3] if len(item) > 3 else None
-    data = encode(data).strip()
+    data = encode(msg).strip()
     if not data:
         raise MessageError("empty", "empty message")
-    data, opts = unwrap(data)
+    text = data
+    data, opts = unwrap(text)
     obj = None
+    if type(msg) is dict and data is text and topic.message_type != "fix" \
+            and all(type(v) in _SCALARS for v in msg.values()):
+        # a flat dict of JSON scalars is its own decoding: encode() accepted it (string
+        # keys, integers in range, finite floats), and its text reads back equal, so it is
+        # not parsed again (about a third of this function for such a message)
+        obj = msg
     if topic.message_type == "fix":
         sep = fix_separator or topic.field_separator.encode()
         skip = frozenset(topic.skip_msg_types) if skip_msg_types is None else skip_msg_types

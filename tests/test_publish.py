@@ -91,6 +91,41 @@ def test_decode_checks_depth_and_numbers_exactly():
     assert messages.loads(b'{"%d":"%d"}' % (BIG1, BIG2)) == {str(BIG1): str(BIG2)}
 
 
+def test_a_dict_message_gives_the_entry_its_json_text_gives():
+    """``Sow.publish`` of a dict: a flat dict of JSON scalars is not parsed again after it is
+    encoded (its own decoding), and every dict gives the same log entry, SOW key, partition
+    and hash-index members as the same message published as JSON text; values the text
+    cannot hold as they are (a tuple, an IntEnum, nesting) take the parsing path."""
+    import enum
+
+    from sow_redis.config import parse_topics
+    from sow_redis.publisher import prepare
+
+    class Side(enum.IntEnum):
+        BUY = 1
+
+    topic = parse_topics(cfg("dicts", 'partitions = 8\nhash_index = [["/s"], ["/b"]]',
+                             key='["/k", "/f"]'))[0]
+    cases = [
+        {"k": 1, "f": 1.5, "s": "x", "b": True, "n": None},
+        {"k": 2**64 - 1, "f": -2**63, "s": "ünï\u2603", "b": False, "t": time.time_ns()},
+        {"k": 0.1 + 0.2, "f": 1e300, "s": "", "b": 0},
+        {"k": "7", "f": (1, 2), "s": "tuple"},  # a tuple is written as an array
+        {"k": Side.BUY, "f": 1, "s": "enum"},  # an IntEnum is written as its integer
+        {"k": 3, "f": {"x": [1, {"y": None}]}, "s": "nested"},
+    ]
+    for msg in cases:
+        from_dict = prepare(topic, ("publish", msg, None))
+        from_text = prepare(topic, ("publish", orjson.dumps(msg), None))
+        assert from_dict == from_text, msg
+    assert prepare(topic, ("publish", cases[0], None))[1]["k"] == sowkey.generate(
+        topic.domain, ["1", "1.5"])
+    # an envelope given as a dict is unwrapped, not taken for the message
+    env = {"$sow": {}, "data": {"k": 1, "f": 1.5}}
+    assert prepare(topic, ("publish", env, None)) == prepare(
+        topic, ("publish", {"k": 1, "f": 1.5}, None))
+
+
 # -- 7.3: one bad line never stops the others -------------------------------------------------
 API_KINDS = {
     "bad_key_type": {1: "non-string key"},
