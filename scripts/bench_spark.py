@@ -18,6 +18,14 @@ keeps the first N), and measures, each into a fresh topic of the same definition
   start: first job``: starting the Python workers); both are in the JSON, and the row
   ``spark load incl. start-up`` adds them to the load time.
 
+* ``apply alone`` (the bound, ``--no-bound`` to skip): the same file appended to a third
+  topic with no worker running (``publisher.append``, no jobs), then ``--workers`` workers
+  started and the partitions handed to them; Redis's CPU while they apply is the work any path
+  that gives the same SOW (records, hash indexes, change feed) makes Redis's single thread do,
+  whoever sends it, less the log reads (``XRANGE``, from ``INFO commandstats``), which a path
+  holding the messages itself could skip. When that exceeds half the CLI path's time, no load
+  through the Lua apply path can be 2× the CLI path on this Redis.
+
 Both runs are verified: records equal record by record (SOW key → message bytes), the change
 sequences sum to the messages applied, and both error streams hold the same number of
 rejections (flights without a tailnum: ``missing_key_field``).
@@ -144,6 +152,34 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
             "stdout_tail": proc.stdout.decode()[-300:]}
 
 
+def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: Path,
+                    timeout_s: float) -> dict[str, Any]:
+    """Redis CPU seconds of applying the file's messages, appended first with no worker
+    running; the log reads (``XRANGE`` inside the apply script) are given apart."""
+    from sow_redis.jobs import ensure_jobs
+    from sow_redis.publisher import append
+
+    apply_topics(r, [t])
+    with open(path, "rb") as fh:
+        res = append(r, t, (("publish", line, None) for line in fh))
+    ws = Workers(url, workers, tmp, Settings().batch_size)
+    ws.start()
+    try:
+        ws.wait_registered(r)
+        r.config_resetstat()
+        cpu0 = redis_cpu_s(r)
+        t0 = time.perf_counter()
+        ensure_jobs(r, t.name, list(range(t.partitions)), Settings.from_env(redis_url=url))
+        wait_all_applied(r, t, timeout_s)
+        took = time.perf_counter() - t0
+        cpu = redis_cpu_s(r) - cpu0
+        xrange = r.info("commandstats").get("cmdstat_xrange", {}).get("usec", 0) / 1e6
+    finally:
+        ws.stop()
+    return {"appended": res.published, "seconds": took, "redis_cpu_s": cpu,
+            "log_read_cpu_s": xrange, "apply_cpu_s": cpu - xrange}
+
+
 def run_spark(url: str, r: Redis, t: TopicConfig, path: Path, master: str,
               batch_size: int) -> dict[str, Any]:
     t0 = time.perf_counter()
@@ -182,6 +218,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=5000,
                     help="Log entries per load_batch call of the Spark load.")
     ap.add_argument("--timeout", type=float, default=1800, help="Seconds per path, at most.")
+    ap.add_argument("--no-bound", action="store_true",
+                    help="Skip the apply-alone measurement (Redis CPU of the apply).")
     ap.add_argument("--json", default=str(ROOT / "bench-results" / "bench_spark.json"))
     return ap.parse_args(argv)
 
@@ -249,7 +287,20 @@ def main(argv: list[str] | None = None) -> int:
             console.print(table)
             console.print(f"Spark start-up: session {sp['session_s']:.1f} s, first job "
                           f"{sp['first_job_s']:.1f} s; verified: {verify['ok']} "
-                          f"({len(a):,} records on both paths)")
+                          f"({len(a):,} records on both paths); Redis CPU: cli path "
+                          f"{cli['redis_cpu_s']:.1f} s, spark load {sp['redis_cpu_s']:.1f} s")
+            bound = None
+            if not args.no_bound:
+                bound = run_apply_bound(server.url, r, topic_config(f"bound_{tag}",
+                                                                    args.partitions),
+                                        path, args.workers, server.workdir, args.timeout)
+                half = cli["seconds"] / 2
+                console.print(
+                    f"apply alone: {bound['redis_cpu_s']:.1f} s of Redis CPU, of which log reads "
+                    f"{bound['log_read_cpu_s']:.1f} s: {bound['apply_cpu_s']:.1f} s of work on "
+                    f"Redis's single thread for any path giving this SOW, against "
+                    f"{half:.1f} s for 2× the cli path "
+                    f"({'within' if bound['apply_cpu_s'] <= half else 'over'} it)")
             result = {
                 "benchmark": "bench_spark",
                 "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -257,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 "options": {"rows": n, "partitions": args.partitions, "workers": args.workers,
                             "master": args.master, "batch_size": args.batch_size,
                             "input": str(path), "input_bytes": size},
-                "cli": cli, "spark": sp,
+                "cli": cli, "spark": sp, "apply_bound": bound,
                 "spark_start": {"session_s": sp["session_s"], "first_job_s": sp["first_job_s"]},
                 "summary": rows, "verify": verify, "verified": verify["ok"],
             }

@@ -106,6 +106,11 @@ def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None
     assert [r["path"] for r in res["summary"]] == [
         "cli publish + 1 workers", "spark load", "spark load incl. start-up"]
     assert res["spark_start"]["session_s"] > 0 and res["spark_start"]["first_job_s"] > 0
+    bound = res["apply_bound"]  # the same 2,999 messages applied again, by the workers
+    print(bound)
+    assert bound["appended"] == 2999 and bound["redis_cpu_s"] > 0
+    assert 0 < bound["log_read_cpu_s"] < bound["redis_cpu_s"]
+    assert bound["apply_cpu_s"] == pytest.approx(bound["redis_cpu_s"] - bound["log_read_cpu_s"])
 
 
 def test_bench_scale_runs_on_a_server_and_a_cluster(tmp_path: Path) -> None:
