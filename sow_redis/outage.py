@@ -49,7 +49,7 @@ RETRY_CHUNK = 10_000
 """Items :func:`append_through_outage` hands to one :func:`~sow_redis.publisher.append` call
 (the unit sent again after a failure). Each call ends by waiting for the replies of its last
 chunks, so a block of one chunk (1,000) left Redis idle while the next one was validated:
-`sow-redis publish` of 100,000 flights took 6.9-7.4 s against 3.3-4.7 s with ``--retry-s 0``;
+``sow-redis publish`` of 100,000 flights took 6.9-7.4 s against 3.3-4.7 s with ``--retry-s 0``;
 ten chunks a block gave 3.0-4.6 s (the same within this machine's noise). The price: after an
 outage, up to this many messages of the block in flight are appended again."""
 
