@@ -71,7 +71,6 @@ def partition_tag(topic: str, p: int) -> str:
     return "{" + prefix + _salts()[(zeros ^ partition_slot(topic, p)) & (SLOTS - 1)] + "}"
 
 
-
 def log(topic: str, p: int) -> str:
     """STREAM: the partition's transaction log (publish / delta_publish / sow_delete)."""
     return partition_tag(topic, p) + ":log"
