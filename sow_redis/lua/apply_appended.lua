@@ -72,7 +72,7 @@ local more = #entries > count
 if more then entries[#entries] = nil end
 local S = batch_state(P, tonumber(meta[2] or "0"), expiring, dead_letter, ARGV[9], ARGV[10])
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
-if not expiring then S.deferred = {} end
+if not expiring then S.deferred = new_deferred() end
 
 local applied, last = apply_prepared(P, S, entries, ttl, nidx)
 if applied > 0 then

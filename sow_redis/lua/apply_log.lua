@@ -51,7 +51,7 @@ local cursor = meta[2] or "0-0"
 local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
 local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter, ARGV[10], ARGV[11])
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
-if not expiring then S.deferred = {} end
+if not expiring then S.deferred = new_deferred() end
 
 local applied, last, stopped = apply_prepared(P, S, entries, ttl, nidx)
 local more = 0

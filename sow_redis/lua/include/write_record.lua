@@ -1,21 +1,83 @@
 --[[
   include write_record: the upsert of one record, shared by apply.lua (ops planned by the
-  worker) and apply_log.lua (plain publishes read from the log by the script itself), so both
+  worker), apply_log.lua (plain publishes read from the log by the script itself),
+  apply_appended.lua and apply_load.lua, so all
   write records, expiry scores, hash-index members and change events the same way. Included
   after include event and include remove_record (batch state S: see there).
 ]]
-local DEFERRED_MAX = 1000  -- fields and values of one HSET (well below Lua's stack limit)
+-- arguments of one bulk HSET / HMGET / ZREM (well below Lua's stack limit)
+local DEFERRED_MAX = 1000
 
--- Write the records deferred by upsert in one HSET. Deferring (S.deferred = {}) is for a
--- caller whose batch reads no record it writes (apply_log.lua: publishes only, on a topic
--- without expiration); it must call this before it returns.
-local function write_deferred(P, S)
-  if S.deferred and #S.deferred > 0 then
-    -- the reply counts the fields that were new: the inserts among these upserts (a key
-    -- written twice in the batch counts once as an insert, once as an update)
-    S.inserts = S.inserts + redis.call("HSET", P.rec, unpack(S.deferred))
-    S.deferred = {}
+-- Deferred writes (bulk mode): a caller whose batch reads no record it writes (apply_log.lua,
+-- apply_appended.lua, apply_load.lua: prepared publishes only, on a topic without expiration)
+-- sets S.deferred = new_deferred(). upsert then keeps, per SOW key, only the batch's last write
+-- (its seq, expiry, stream id, data and index members) and write_deferred, which the caller
+-- must call before it returns, writes each key once: one HSET of the records, one HMGET of
+-- the old index members and the index changes from those to the last ones. The change events
+-- are emitted per message all the same. The result equals upserting message by message: a
+-- record is its last write; an index member is "<value hash>:<SOW key>", one per key, so only
+-- a key's first and last members matter; the insert count is the HSET's new fields.
+local function new_deferred()
+  return {keys = {}, seq = {}, exp = {}, id = {}, data = {}, members = {}}
+end
+
+-- run cmd on key followed by args[from..to], at most DEFERRED_MAX arguments a call; the
+-- replies summed (numbers) or concatenated (arrays)
+local function chunked(cmd, key, args, n)
+  local total, out = 0, {}
+  for i = 1, n, DEFERRED_MAX do
+    local last = math.min(i + DEFERRED_MAX - 1, n)
+    local rep = redis.call(cmd, key, unpack(args, i, last))
+    if type(rep) == "table" then
+      for j = 1, #rep do out[#out + 1] = rep[j] end
+    else
+      total = total + rep
+    end
   end
+  return total, out
+end
+
+-- Write the deferred last writes of the batch (see new_deferred): records, expiry scores, index
+-- members. Leaves S.deferred empty for the next part of the batch.
+local function write_deferred(P, S)
+  local d = S.deferred
+  if not d or #d.keys == 0 then return end
+  local ks, nk = d.keys, #d.keys
+  local args = {}
+  for i = 1, nk do
+    local k = ks[i]
+    args[2 * i - 1] = k
+    args[2 * i] = d.seq[k] .. ":" .. d.exp[k] .. ":" .. d.id[k] .. "\n" .. d.data[k]
+  end
+  -- the reply counts the fields that were new: the inserts among these upserts (a key
+  -- written twice in the batch counts once as an insert, once as an update)
+  S.inserts = S.inserts + chunked("HSET", P.rec, args, 2 * nk)
+  if S.has_expiry then chunked("ZREM", P.exp, ks, nk) end
+  local nidx = #P.idx
+  if nidx > 0 then
+    local _, old = chunked("HMGET", P.ixm, ks, nk)
+    local changed, nc = {}, 0
+    for i = 1, nk do
+      local k = ks[i]
+      local om, members = old[i], d.members[k]
+      if om ~= members then
+        local news = split_members(members)
+        local olds = {}
+        if om then olds = split_members(om) end
+        for j = 1, nidx do
+          if olds[j] ~= news[j] then
+            if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
+            if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
+          end
+        end
+        changed[nc + 1] = k
+        changed[nc + 2] = members
+        nc = nc + 2
+      end
+    end
+    if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
+  end
+  S.deferred = new_deferred()
 end
 
 -- the ms part of a stream id "<ms>-<n>"
@@ -46,15 +108,19 @@ local function upsert(P, S, op, id, key, data, ex, members)
   local exp_ms = ex
   if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
   emit(S, op, key, id, exp_ms, data, nil)
-  local stored = S.seq .. ":" .. exp_ms .. ":" .. id .. "\n" .. data
-  local deferred = S.deferred
-  if deferred then
-    deferred[#deferred + 1] = key
-    deferred[#deferred + 1] = stored
-    if #deferred >= DEFERRED_MAX then write_deferred(P, S) end
-  else
-    S.inserts = S.inserts + redis.call("HSET", P.rec, key, stored)
+  local d = S.deferred
+  if d and ex ~= "" then
+    -- an expiry in bulk mode (not on a topic without expiration): write the batch so far,
+    -- then this message by itself
+    write_deferred(P, S)
+  elseif d then
+    if not d.seq[key] then d.keys[#d.keys + 1] = key end
+    d.seq[key], d.exp[key], d.id[key], d.data[key] = S.seq, exp_ms, id, data
+    d.members[key] = members
+    return
   end
+  local stored = S.seq .. ":" .. exp_ms .. ":" .. id .. "\n" .. data
+  S.inserts = S.inserts + redis.call("HSET", P.rec, key, stored)
   if ex ~= "" then
     redis.call("ZADD", P.exp, exp_ms, key)
     S.has_expiry = true
