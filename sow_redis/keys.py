@@ -147,9 +147,20 @@ def change_times(topic: str, p: int) -> str:
 
 
 def loads(topic: str, p: int) -> str:
-    """HASH ``<load id>:<batch number>`` → last stream id: the bulk-load batches appended to
-    partition ``p``'s log (``lua/load_batch.lua``: each exactly once)."""
+    """HASH of partition ``p``'s bulk loads, for exactly once:
+
+    * ``<load id>:<batch number>`` → last stream id: a batch appended to the log
+      (``lua/load_batch.lua``, chaining topics);
+    * ``<load id>`` → ``<split>:<batch>``, the next batch to apply, and ``<load id>:<split>``
+      → the split's number of batches while it is staged (``lua/apply_load.lua``)."""
     return partition_tag(topic, p) + ":loads"
+
+
+def load_staged(topic: str, p: int) -> str:
+    """HASH ``<load id>:<split>:<batch>`` → a bulk-load batch (MessagePack) of partition ``p``
+    prepared before the batches ahead of it were applied; removed as it is applied
+    (``lua/apply_load.lua``)."""
+    return partition_tag(topic, p) + ":loads:staged"
 
 
 def errors(topic: str) -> str:
@@ -211,5 +222,6 @@ def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]
     out = [errors(topic), chain_conflicts(topic), topic_stats(topic)]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
-        out += [lease(topic, p), job_marker(topic, p), loads(topic, p)]
+        out += [lease(topic, p), job_marker(topic, p), loads(topic, p),
+                load_staged(topic, p)]
     return out

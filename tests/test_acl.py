@@ -146,6 +146,7 @@ TOPIC = "a.b-c/d_1"
 KEY_BUILDERS = {
     "log", "records", "expiry", "state", "lease", "job_marker", "acks", "index_members",
     "dead_letters", "chain", "chain_conflicts", "index", "changes", "change_times", "loads",
+    "load_staged",
     "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED"}
 """Every key template of keys.py (functions and constants), each checked below."""
 
@@ -243,7 +244,8 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
                                                   keys.dead_letters, keys.chain, keys.log,
                                                   keys.partition_errors, keys.changes,
                                                   keys.change_times, keys.lease,
-                                                  keys.job_marker, keys.loads)}
+                                                  keys.job_marker, keys.loads,
+                                                  keys.load_staged)}
 
 
 def test_acl_key_patterns_give_each_role_exactly_its_rights_on_what_keys_py_builds():

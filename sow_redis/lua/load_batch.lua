@@ -5,11 +5,11 @@
   The batch is identified by a marker ("<load id>:<batch number>") kept in the partition's
   loads hash: a batch whose marker is there was appended before (a retried Spark task, a
   replayed micro-batch) and nothing is written. Otherwise its entries are XADDed to the log,
-  its rejected rows to the topic's error stream, and the marker is set, in this one call. The
+  its rejected rows to the partition's error stream, and the marker is set, in this one call. The
   entries are then applied by the workers' own path (lease, fencing token, apply scripts).
 
   Input:
-    KEYS[1] the partition's log   KEYS[2] the partition's loads hash   KEYS[3] error stream
+    KEYS[1] the partition's log   KEYS[2] the partition's loads hash   KEYS[3] the partition's error stream
     ARGV[1] marker
     ARGV[2] MessagePack (unpacked with Redis's cmsgpack) of [entries, rejected rows]: each
             entry an array of its field names and values in turn, each rejected row

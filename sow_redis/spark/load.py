@@ -1,16 +1,26 @@
 """``sow-redis spark load``: a bulk load of JSON Lines, Parquet or FIX logs into a SOW topic.
 
-1. Spark reads the inputs (files, folders, globs) and numbers the rows in input order (or
-   orders them by ``order_by`` columns).
+1. Spark reads the inputs (files, folders, globs) in splits and numbers the rows in input
+   order (or orders them by ``order_by`` columns).
 2. Executors validate each row and build its log entry with the publisher's own code
    (:func:`sow_redis.publisher.prepare`: the same SOW keys, canonical values and FIX parsing
    as ``sow-redis publish``); a row it refuses becomes an error-stream entry with its reason.
-3. Rows go to one Spark partition per topic partition, sorted by their order, and each task
-   appends its rows to the partition's transaction log in batches with ``lua/load_batch.lua``,
-   which records ``<load id>:<batch number>`` in the same atomic call: a retried task (or a
-   re-run of the same load) appends nothing twice.
-4. Each task then applies its partition with the workers' own path (lease, fencing token,
-   ``apply_log.lua`` / ``apply.lua``), so a load and running workers never corrupt each other.
+3. Each split's task sends its rows, batch by batch per topic partition, to
+   ``lua/apply_load.lua``, which appends a batch to the partition's transaction log and
+   applies it in the same atomic call (the workers' upsert, index, sequence and change-feed
+   code), in the load's order: a batch that arrives before the batches ahead of it (the
+   previous split still running) is staged in Redis and applied by the call that reaches
+   it. The load's position per partition makes every batch apply exactly once, whatever
+   task retries or reruns. There is no shuffle and no stage barrier: a split's rows are
+   applied while the next splits are prepared, so Redis and the Python workers work at the
+   same time.
+4. After the tasks, the driver applies what is still staged (a split that finished before
+   the one ahead of it) and checks that every partition reached the end of the load.
+
+A chaining topic resolves its chains first (:mod:`sow_redis.spark.chains`), then its rows go
+to one task per topic partition (a shuffle), which appends them with ``lua/load_batch.lua``
+(exactly once per batch) and applies them with the workers' planning path, which a chaining
+message needs.
 
 The resulting SOW is the one that publishing the same messages in the same order gives.
 """
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +40,23 @@ from .chains import ChainResult
 APPLY_BATCH = 2000
 """Log entries per apply call when a load task applies its partition (the workers' apply
 path with a larger batch: a load's entries are all there already)."""
+
+MAX_BATCHES = 4
+"""Batches one apply_load.lua call applies at most (its own and the staged ones after it):
+with the default batch size, Redis is never held for more than about 20,000 messages."""
+
+SPLIT_BYTES = 12 << 20
+"""Bytes of text input per split at most (Spark's ``minPartitions`` from the inputs' size, so
+the same inputs always give the same splits: a rerun of a load lines up with its first run):
+small splits let the apply of one overlap the preparation of the next from the first
+seconds of a load."""
+
+MAX_AHEAD = 8
+"""A task whose split is this many splits ahead of the partition's applied position waits
+(up to ``STAGE_WAIT_S``) before staging more: a slow Redis does not fill up with staged
+batches."""
+
+STAGE_WAIT_S = 60.0
 
 TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
 
@@ -139,6 +167,167 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
     yield out
 
 
+class _SplitWriter:
+    """Sends one split's batches to ``lua/apply_load.lua`` (executor side of step 3) and keeps
+    the counts."""
+
+    def __init__(self, url: str, topic: TopicConfig, load_id: str, splits: int, split: int,
+                 timeout: float) -> None:
+        from ..client import Sow
+        from ..scripts import Scripts
+        from ..settings import Settings
+
+        self.topic, self.load_id, self.timeout = topic, load_id, timeout
+        self.splits, self.split = splits, split
+        self.sow = Sow(url, inline=True, settings=Settings.from_env(redis_url=url,
+                                                                    batch_size=APPLY_BATCH))
+        self.scripts = Scripts(self.sow.r)
+        self.counts = {"rows": 0, "skipped": 0, "appended": 0, "rejected": 0, "applied": 0,
+                       "staged": 0}
+
+    def send(self, p: int, batch: int, last: bool, entries: list[Any],
+             rejects: list[Any]) -> None:
+        """Batch ``batch`` of this split in partition ``p``: applied, staged or (applied
+        before) nothing, as :func:`apply_load` says."""
+        from ..scripts import LoadStatus, pack_load_batch
+
+        packed = pack_load_batch(entries, rejects)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            got = self.scripts.apply_load(self.topic, p, self.load_id, self.splits, self.split,
+                                          batch, last, packed, MAX_BATCHES)
+            self._count(got)
+            if got.status == LoadStatus.STAGED:
+                self.counts["staged"] += 1
+                self._wait_if_far_ahead(p, got.next[0])
+            if got.status in (LoadStatus.APPLIED, LoadStatus.STAGED,
+                              LoadStatus.APPLIED_BEFORE):
+                return
+            self._make_way(p, got.status, deadline)
+
+    def apply_staged(self, p: int) -> tuple[int, int]:
+        """Apply the staged batches that follow the partition's position (later splits that
+        finished first); the position after."""
+        from ..scripts import LoadStatus
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            got = self.scripts.apply_load(self.topic, p, self.load_id, self.splits, -1, 0,
+                                          False, b"", MAX_BATCHES)
+            self._count(got)
+            if got.status == LoadStatus.APPLIED:
+                if got.applied == 0 and got.rejected == 0:
+                    return got.next
+            else:
+                self._make_way(p, got.status, deadline)
+
+    def _count(self, got: Any) -> None:
+        self.counts["appended"] += got.applied
+        self.counts["applied"] += got.applied
+        self.counts["rejected"] += got.rejected
+
+    def _make_way(self, p: int, status: Any, deadline: float) -> None:
+        """Entries in the log ahead of the load (publishes not applied yet): apply them with
+        the workers' path; a shape migration: wait for it."""
+        from ..errors import WaitTimeout
+        from ..scripts import LoadStatus
+
+        if status == LoadStatus.SPLITS_CHANGED:
+            raise RuntimeError(f"load {self.load_id} of topic {self.topic.name} ran before "
+                               f"with another number of splits than {self.splits}: give this "
+                               "run another --load-id (its rows are applied again) or the "
+                               "same inputs and Spark settings")
+        if status == LoadStatus.LOG_BACKLOG:
+            self.counts["applied"] += self.sow.handoff(
+                self.topic, {p: "0-0"}, timeout=max(1.0, deadline - time.monotonic()))
+        elif time.monotonic() < deadline:
+            time.sleep(0.1)
+        else:
+            raise WaitTimeout(f"topic {self.topic.name}: partition {p} stayed in a shape "
+                              f"migration for {self.timeout:g} s")
+
+    def _wait_if_far_ahead(self, p: int, applied_split: int) -> None:
+        """Staged while ``MAX_AHEAD`` splits or more are ahead: wait for the apply to come
+        nearer (at most ``STAGE_WAIT_S``), so staged batches do not pile up in Redis."""
+        from .. import keys
+
+        until = time.monotonic() + STAGE_WAIT_S
+        while self.split - applied_split >= MAX_AHEAD and time.monotonic() < until:
+            time.sleep(0.05)
+            pos = self.sow.r.hget(keys.loads(self.topic.name, p), self.load_id)
+            text = pos.decode() if isinstance(pos, bytes) else str(pos or "0:0")
+            applied_split = int(text.split(":")[0])
+
+
+def write_split(url: str, topic_json: bytes, load_id: str, batch_size: int, splits: int,
+                split: int, prepared: Iterable[tuple[int, tuple[int, Any, Any]]],
+                timeout: float = 3600.0) -> Iterator[dict[str, int]]:
+    """Executor side of step 3 for input split ``split`` of ``splits`` (rows from
+    :func:`prepare_rows`, in order): each partition's entries in batches of ``batch_size``
+    to ``lua/apply_load.lua``,
+    each rejected row with the next batch sent, every partition's last batch (empty when the
+    split has no row there) flagged; then the staged batches after this split's. Yields one
+    count dict (``staged``: batches left for the call that reaches them)."""
+    topic = TopicConfig.from_json(topic_json)
+    w = _SplitWriter(url, topic, load_id, splits, split, timeout)
+    bufs: list[list[Any]] = [[] for _ in range(topic.partitions)]
+    sent = [0] * topic.partitions
+    rejects: list[Any] = []
+    for p, (_order, fields, reject) in prepared:
+        w.counts["rows"] += 1
+        if p < 0:
+            w.counts["skipped"] += 1
+        elif reject is not None:
+            rejects.append(reject)
+        else:
+            buf = bufs[p]
+            buf.append(fields)
+            if len(buf) >= batch_size:
+                w.send(p, sent[p], False, buf, rejects)
+                sent[p] += 1
+                bufs[p], rejects = [], []
+    for p in range(topic.partitions):
+        w.send(p, sent[p], True, bufs[p], rejects)
+        rejects = []
+    for p in range(topic.partitions):
+        w.apply_staged(p)
+    yield w.counts
+
+
+def finish_load(url: str, topic: TopicConfig, load_id: str, splits: int,
+                timeout: float = 3600.0) -> dict[str, int]:
+    """Step 4: apply what is still staged of ``load_id`` in every partition; counts.
+
+    Raises:
+        RuntimeError: a partition did not reach the end of the load's ``splits`` splits
+            (a split's batches are missing: the load did not complete; run it again).
+    """
+    w = _SplitWriter(url, topic, load_id, splits, -1, timeout)
+    for p in range(topic.partitions):
+        at = w.apply_staged(p)
+        if at != (splits, 0):
+            raise RuntimeError(f"load {load_id} of topic {topic.name}: partition {p} stopped "
+                               f"at split {at[0]} batch {at[1]} of {splits} splits; run the "
+                               "same load again to complete it")
+    return w.counts
+
+
+def _min_splits(inputs: list[str]) -> int:
+    """``minPartitions`` of a text load: one split per ``SPLIT_BYTES`` of the inputs (files,
+    folders, globs) as they are now."""
+    import glob
+
+    size = 0
+    for pattern in inputs:
+        for path in glob.glob(pattern) or [pattern]:
+            if os.path.isdir(path):
+                size += sum(os.path.getsize(os.path.join(d, f))
+                            for d, _s, files in os.walk(path) for f in files)
+            elif os.path.isfile(path):
+                size += os.path.getsize(path)
+    return max(2, -(-size // SPLIT_BYTES))
+
+
 def input_rows(spark: Any, inputs: list[str], fmt: str | None = None,
                order_by: list[str] | None = None) -> Any:
     """Step 1: an RDD of ``(line, order)`` rows of ``inputs`` (JSON text lines; a Parquet
@@ -158,7 +347,9 @@ def input_rows(spark: Any, inputs: list[str], fmt: str | None = None,
     elif not order_by:
         # the RDD text reader: lines as bytes, in file order (inputs sorted, then each
         # folder's / glob's listing), no Row objects between the JVM and Python
-        lines = spark.sparkContext.textFile(",".join(sorted(inputs)), use_unicode=False)
+        lines = spark.sparkContext.textFile(",".join(sorted(inputs)),
+                                            minPartitions=_min_splits(inputs),
+                                            use_unicode=False)
         return lines.mapPartitionsWithIndex(
             lambda i, it: ((line, (i << 33) + j) for j, line in enumerate(it)))
     else:
@@ -206,6 +397,16 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
     resolve_prepared`, written to the chain table; ``spark``: the session, default the
     active one), so the apply path finds every identifier's head in the table."""
     topic_json = topic.to_json()
+    if not topic.chaining and apply:
+        splits = rows.getNumPartitions()
+
+        def task(split: int, it: Iterator[tuple[Any, int]]) -> Iterator[dict[str, int]]:
+            return write_split(url, topic_json, load_id, batch_size, splits, split,
+                               prepare_rows(topic_json, it, separator))
+
+        counts = rows.mapPartitionsWithIndex(task).collect()
+        counts.append(finish_load(url, topic, load_id, splits))
+        return _result(counts, None)
     prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator))
     chains = None
     if topic.chaining:
@@ -221,16 +422,20 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
         # skipped FIX messages travel to partition 0's task only to be counted there
         keyed = prepared.partitionBy(topic.partitions, lambda p: max(p, 0))
 
-        def task(index: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+        def task_p(index: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
             return write_partition(url, topic_json, load_id, batch_size, apply, index,
                                    (row for _p, row in it))
 
-        counts = keyed.mapPartitionsWithIndex(task).collect()
+        counts = keyed.mapPartitionsWithIndex(task_p).collect()
     finally:
         if topic.chaining:
             prepared.unpersist()
-    return LoadResult(rows=sum(c["rows"] for c in counts),
+    return _result(counts, chains)
+
+
+def _result(counts: list[dict[str, int]], chains: ChainResult | None) -> LoadResult:
+    return LoadResult(rows=sum(c.get("rows", 0) for c in counts),
                       appended=sum(c["appended"] for c in counts),
                       rejected=sum(c["rejected"] for c in counts),
-                      skipped=sum(c["skipped"] for c in counts),
+                      skipped=sum(c.get("skipped", 0) for c in counts),
                       applied=sum(c["applied"] for c in counts), chains=chains)

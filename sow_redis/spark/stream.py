@@ -2,10 +2,11 @@
 files into a SOW topic, exactly once.
 
 Each micro-batch goes through the bulk load's path (:func:`sow_redis.spark.load.load_rows`:
-the publisher's key code, ``load_batch.lua``, the workers' apply path) under the load id
-``stream:<checkpoint id>:<batch id>``: the batch id is recorded in Redis in the same atomic
-call that appends the batch, so a restarted query that replays a batch (Spark replays the
-batches its checkpoint did not commit) changes nothing. Files are taken in the order Spark
+the publisher's key code, ``apply_load.lua``: the workers' apply code) under the load id
+``stream:<checkpoint id>:<batch id>``, as one split: the batch id and the load's position
+are recorded in Redis in the same atomic call that appends and applies the rows, so a
+restarted query that replays a batch (Spark replays the batches its checkpoint did not
+commit) changes nothing. Files are taken in the order Spark
 discovers them (modification time); rows keep their order within a file.
 """
 
@@ -29,7 +30,10 @@ def batch_loader(url: str, topic: TopicConfig, checkpoint: str,
     def each(df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
-        ordered = df.select("value").withColumn("_order", F.monotonically_increasing_id())
+        # one split, whatever the partitioning of the batch: a replayed batch lines up with
+        # its first run (lua/apply_load.lua applies a load's splits exactly once)
+        ordered = df.select("value").coalesce(1).withColumn(
+            "_order", F.monotonically_increasing_id())
         rows = ordered.rdd.map(lambda x: (x[0], x[1]))
         res = load_rows(url, topic, rows, f"stream:{stream_id}:{batch_id}",
                         separator=separator)
