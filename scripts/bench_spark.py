@@ -13,7 +13,7 @@ keeps the first N), and measures, each into a fresh topic of the same definition
   -t T FILE`` (a subprocess, as a user runs it) until every partition's applied cursor
   reached its last entry (``wait_applied``, polled every 5 ms).
 * ``spark load``: ``sow_redis.spark.load.load`` in this process on a ``--master`` session
-  (``local[*]``), from the call until it returns (every partition applied by its task). The
+  (``local[*]``), from the call until it returns (every split appended and applied). The
   session is created before (``spark start: session``) and one trivial job is run (``spark
   start: first job``: starting the Python workers); both are in the JSON, and the row
   ``spark load incl. start-up`` adds them to the load time.
@@ -25,6 +25,11 @@ keeps the first N), and measures, each into a fresh topic of the same definition
   whoever sends it, less the log reads (``XRANGE``, from ``INFO commandstats``), which a path
   holding the messages itself could skip. When that exceeds half the CLI path's time, no load
   through the Lua apply path can be 2× the CLI path on this Redis.
+
+* ``machine CPU``: the CPU seconds all processes used during each path (``/proc/stat``; run
+  it on a quiet machine). A load on C cores cannot take less than its CPU ÷ C seconds, so 2×
+  the CLI path is out of reach when the load uses more than C × (CLI seconds) ÷ 2 CPU
+  seconds; the line says which side of that bound the run fell.
 
 Both runs are verified: records equal record by record (SOW key → message bytes), the change
 sequences sum to the messages applied, and both error streams hold the same number of
@@ -53,6 +58,7 @@ from bench_ingest import Workers
 from benchlib import (
     BenchError,
     applied_counts,
+    machine_cpu_s,
     machine_info,
     private_redis,
     redis_cpu_s,
@@ -133,7 +139,7 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
     ws.start()
     try:
         ws.wait_registered(r)
-        cpu0 = redis_cpu_s(r)
+        cpu0, m0 = redis_cpu_s(r), machine_cpu_s()
         t0 = time.perf_counter()
         env = dict(os.environ, SOW_REDIS_URL=url)
         proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", "publish", "-t", t.name,
@@ -145,11 +151,11 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
                              f"{proc.stderr.decode()[-2000:]}")
         wait_all_applied(r, t, timeout_s)
         took = time.perf_counter() - t0
-        redis_cpu = redis_cpu_s(r) - cpu0
+        redis_cpu, machine_cpu = redis_cpu_s(r) - cpu0, machine_cpu_s() - m0
     finally:
         ws.stop()
     return {"seconds": took, "publish_seconds": published, "redis_cpu_s": redis_cpu,
-            "stdout_tail": proc.stdout.decode()[-300:]}
+            "machine_cpu_s": machine_cpu, "stdout_tail": proc.stdout.decode()[-300:]}
 
 
 def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: Path,
@@ -194,13 +200,13 @@ def run_spark(url: str, r: Redis, t: TopicConfig, path: Path, master: str,
     from sow_redis.spark.load import load
 
     apply_topics(r, [t])
-    cpu0 = redis_cpu_s(r)
+    cpu0, m0 = redis_cpu_s(r), machine_cpu_s()
     t2 = time.perf_counter()
     res = load(spark, url, t, [str(path)], batch_size=batch_size,
                load_id=f"bench-{uuid.uuid4().hex[:8]}")
     took = time.perf_counter() - t2
     return {"seconds": took, "session_s": session_s, "first_job_s": first_job_s,
-            "redis_cpu_s": redis_cpu_s(r) - cpu0,
+            "redis_cpu_s": redis_cpu_s(r) - cpu0, "machine_cpu_s": machine_cpu_s() - m0,
             "result": {"rows": res.rows, "appended": res.appended, "rejected": res.rejected,
                        "applied": res.applied}, "spark": spark}
 
@@ -289,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
                           f"{sp['first_job_s']:.1f} s; verified: {verify['ok']} "
                           f"({len(a):,} records on both paths); Redis CPU: cli path "
                           f"{cli['redis_cpu_s']:.1f} s, spark load {sp['redis_cpu_s']:.1f} s")
+            cores = os.cpu_count() or 1
+            need = cores * cli["seconds"] / 2
+            console.print(
+                f"machine CPU (all processes, /proc/stat): cli path {cli['machine_cpu_s']:.1f} s "
+                f"({cli['machine_cpu_s'] / n * 1e6:.1f} µs/msg), spark load "
+                f"{sp['machine_cpu_s']:.1f} s ({sp['machine_cpu_s'] / n * 1e6:.1f} µs/msg); "
+                f"2× the cli path on {cores} cores needs the load to use at most {need:.1f} s "
+                f"({'within' if sp['machine_cpu_s'] <= need else 'over'} it)")
             bound = None
             if not args.no_bound:
                 bound = run_apply_bound(server.url, r, topic_config(f"bound_{tag}",

@@ -80,6 +80,19 @@ def proc_cpu_s(pid: int) -> float:
         return 0.0
 
 
+def machine_cpu_s() -> float:
+    """CPU seconds every core of the machine has been busy (user, nice, system, irq, softirq,
+    steal from /proc/stat): the difference over a run is the CPU all its processes used
+    (and whatever else ran meanwhile); 0.0 if unavailable."""
+    try:
+        with open("/proc/stat", "rb") as fh:
+            fields = fh.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def redis_cpu_s(r: Any) -> float:
     """CPU seconds (user + system) redis-server has used, from ``INFO cpu``."""
     info = r.info("cpu")

@@ -119,6 +119,8 @@ def test_an_incomplete_load_says_where_it_stopped(url, topic_name):
         finish_load(url, t, "I", 2)
     with pytest.raises(RuntimeError, match="another number of splits than 3"):
         finish_load(url, t, "I", 3)
+    with pytest.raises(RuntimeError, match="another number of splits than 3"):
+        _write(url, t, "I", 5, 3, 0, _rows(0, 10))  # raised by the task's sender thread
     assert sow.sow(t.name) == []  # split 1 stays staged until split 0 comes
     _write(url, t, "I", 5, 2, 0, _rows(0, 10))
     finish_load(url, t, "I", 2)

@@ -106,6 +106,9 @@ def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None
     assert [r["path"] for r in res["summary"]] == [
         "cli publish + 1 workers", "spark load", "spark load incl. start-up"]
     assert res["spark_start"]["session_s"] > 0 and res["spark_start"]["first_job_s"] > 0
+    # each path's CPU, all processes: at least what Redis alone used (to the clock tick)
+    for path in ("cli", "spark"):
+        assert res[path]["machine_cpu_s"] >= res[path]["redis_cpu_s"] - 0.05 > -0.05
     bound = res["apply_bound"]  # the same 2,999 messages applied again, by the workers
     print(bound)
     assert bound["appended"] == 2999 and bound["redis_cpu_s"] > 0

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -57,6 +59,9 @@ MAX_AHEAD = 8
 batches."""
 
 STAGE_WAIT_S = 60.0
+
+SEND_AHEAD = 2
+"""Batches a task prepares ahead of the one its sender thread is sending."""
 
 TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
 
@@ -184,6 +189,40 @@ class _SplitWriter:
         self.scripts = Scripts(self.sow.r)
         self.counts = {"rows": 0, "skipped": 0, "appended": 0, "rejected": 0, "applied": 0,
                        "staged": 0}
+        self._queue: queue.Queue[tuple[int, int, bool, list[Any], list[Any]] | None] = (
+            queue.Queue(maxsize=SEND_AHEAD))
+        self._sender: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def submit(self, p: int, batch: int, last: bool, entries: list[Any],
+               rejects: list[Any]) -> None:
+        """:meth:`send` from a thread of its own, in the order submitted, so the task goes on
+        preparing rows while Redis applies (a socket wait releases the GIL); blocks when
+        ``SEND_AHEAD`` batches wait. Raises what an earlier send raised."""
+        if self._failed is not None:
+            raise self._failed
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_queued, daemon=True,
+                                            name=f"sow-load-split-{self.split}")
+            self._sender.start()
+        self._queue.put((p, batch, last, entries, rejects))
+
+    def close(self) -> None:
+        """Wait until every submitted batch was sent; raise what a send raised."""
+        if self._sender is not None:
+            self._queue.put(None)
+            self._sender.join()
+            self._sender = None
+        if self._failed is not None:
+            raise self._failed
+
+    def _send_queued(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self._failed is None:
+                try:
+                    self.send(*item)
+                except BaseException as exc:  # handed to the task's thread by close/submit
+                    self._failed = exc
 
     def send(self, p: int, batch: int, last: bool, entries: list[Any],
              rejects: list[Any]) -> None:
@@ -266,29 +305,38 @@ def write_split(url: str, topic_json: bytes, load_id: str, batch_size: int, spli
     :func:`prepare_rows`, in order): each partition's entries in batches of ``batch_size``
     to ``lua/apply_load.lua``,
     each rejected row with the next batch sent, every partition's last batch (empty when the
-    split has no row there) flagged; then the staged batches after this split's. Yields one
-    count dict (``staged``: batches left for the call that reaches them)."""
+    split has no row there) flagged, sent from a second thread while the rows that follow are
+    prepared; then the staged batches after this split's. Yields one count dict (``staged``:
+    batches left for the call that reaches them).
+
+    Raises:
+        RuntimeError: the load ran before with another number of splits; WaitTimeout: a
+        shape migration held a partition for ``timeout`` seconds; Redis errors.
+    """
     topic = TopicConfig.from_json(topic_json)
     w = _SplitWriter(url, topic, load_id, splits, split, timeout)
     bufs: list[list[Any]] = [[] for _ in range(topic.partitions)]
     sent = [0] * topic.partitions
     rejects: list[Any] = []
-    for p, (_order, fields, reject) in prepared:
-        w.counts["rows"] += 1
-        if p < 0:
-            w.counts["skipped"] += 1
-        elif reject is not None:
-            rejects.append(reject)
-        else:
-            buf = bufs[p]
-            buf.append(fields)
-            if len(buf) >= batch_size:
-                w.send(p, sent[p], False, buf, rejects)
-                sent[p] += 1
-                bufs[p], rejects = [], []
-    for p in range(topic.partitions):
-        w.send(p, sent[p], True, bufs[p], rejects)
-        rejects = []
+    try:
+        for p, (_order, fields, reject) in prepared:
+            w.counts["rows"] += 1
+            if p < 0:
+                w.counts["skipped"] += 1
+            elif reject is not None:
+                rejects.append(reject)
+            else:
+                buf = bufs[p]
+                buf.append(fields)
+                if len(buf) >= batch_size:
+                    w.submit(p, sent[p], False, buf, rejects)
+                    sent[p] += 1
+                    bufs[p], rejects = [], []
+        for p in range(topic.partitions):
+            w.submit(p, sent[p], True, bufs[p], rejects)
+            rejects = []
+    finally:
+        w.close()  # also when preparing failed: no sender thread outlives the task
     for p in range(topic.partitions):
         w.apply_staged(p)
     yield w.counts
