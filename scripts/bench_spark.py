@@ -29,7 +29,9 @@ keeps the first N), and measures, each into a fresh topic of the same definition
 * ``machine CPU``: the CPU seconds all processes used during each path (``/proc/stat``; run
   it on a quiet machine). A load on C cores cannot take less than its CPU ÷ C seconds, so 2×
   the CLI path is out of reach when the load uses more than C × (CLI seconds) ÷ 2 CPU
-  seconds; the line says which side of that bound the run fell.
+  seconds; the line says which side of that bound the run fell. ``CPU by process`` splits it
+  (``benchlib.cpu_by_group``: redis-server, the workers, Spark's JVM and Python workers,
+  this process with the publisher it ran).
 
 Both runs are verified: records equal record by record (SOW key → message bytes), the change
 sequences sum to the messages applied, and both error streams hold the same number of
@@ -58,6 +60,8 @@ from bench_ingest import Workers
 from benchlib import (
     BenchError,
     applied_counts,
+    cpu_by_group,
+    cpu_by_group_since,
     machine_cpu_s,
     machine_info,
     private_redis,
@@ -139,7 +143,7 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
     ws.start()
     try:
         ws.wait_registered(r)
-        cpu0, m0 = redis_cpu_s(r), machine_cpu_s()
+        cpu0, m0, g0 = redis_cpu_s(r), machine_cpu_s(), cpu_by_group()
         t0 = time.perf_counter()
         env = dict(os.environ, SOW_REDIS_URL=url)
         proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", "publish", "-t", t.name,
@@ -152,10 +156,12 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
         wait_all_applied(r, t, timeout_s)
         took = time.perf_counter() - t0
         redis_cpu, machine_cpu = redis_cpu_s(r) - cpu0, machine_cpu_s() - m0
+        by_process = cpu_by_group_since(g0)
     finally:
         ws.stop()
     return {"seconds": took, "publish_seconds": published, "redis_cpu_s": redis_cpu,
-            "machine_cpu_s": machine_cpu, "stdout_tail": proc.stdout.decode()[-300:]}
+            "machine_cpu_s": machine_cpu, "cpu_by_process": by_process,
+            "stdout_tail": proc.stdout.decode()[-300:]}
 
 
 def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: Path,
@@ -200,13 +206,14 @@ def run_spark(url: str, r: Redis, t: TopicConfig, path: Path, master: str,
     from sow_redis.spark.load import load
 
     apply_topics(r, [t])
-    cpu0, m0 = redis_cpu_s(r), machine_cpu_s()
+    cpu0, m0, g0 = redis_cpu_s(r), machine_cpu_s(), cpu_by_group()
     t2 = time.perf_counter()
     res = load(spark, url, t, [str(path)], batch_size=batch_size,
                load_id=f"bench-{uuid.uuid4().hex[:8]}")
     took = time.perf_counter() - t2
     return {"seconds": took, "session_s": session_s, "first_job_s": first_job_s,
             "redis_cpu_s": redis_cpu_s(r) - cpu0, "machine_cpu_s": machine_cpu_s() - m0,
+            "cpu_by_process": cpu_by_group_since(g0),
             "result": {"rows": res.rows, "appended": res.appended, "rejected": res.rejected,
                        "applied": res.applied}, "spark": spark}
 
@@ -303,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sp['machine_cpu_s']:.1f} s ({sp['machine_cpu_s'] / n * 1e6:.1f} µs/msg); "
                 f"2× the cli path on {cores} cores needs the load to use at most {need:.1f} s "
                 f"({'within' if sp['machine_cpu_s'] <= need else 'over'} it)")
+            for name, run in (("cli path", cli), ("spark load", sp)):
+                console.print(f"CPU by process, {name}: " + ", ".join(
+                    f"{g} {v:.1f} s" for g, v in run["cpu_by_process"].items()))
             bound = None
             if not args.no_bound:
                 bound = run_apply_bound(server.url, r, topic_config(f"bound_{tag}",

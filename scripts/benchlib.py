@@ -93,6 +93,43 @@ def machine_cpu_s() -> float:
         return 0.0
 
 
+PROCESS_GROUPS = (("pyspark.daemon", "spark python workers"), ("java", "spark JVM"),
+                  ("redis-server", "redis-server"), (" worker", "sow-redis workers"))
+
+
+def cpu_by_group() -> dict[str, float]:
+    """CPU seconds (user + system, with the finished children each process waited for) of
+    every live process, summed by group: the first of ``PROCESS_GROUPS`` whose text is in its
+    command line, ``"benchmark"`` for this process (a publisher it ran and waited for
+    included), ``"other"`` for the rest. The difference of two calls splits a run's CPU by
+    process kind; Linux /proc only (empty elsewhere)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    me = os.getpid()
+    out: dict[str, float] = {}
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                f = fh.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        cpu = sum(int(x) for x in f[11:15]) / tck
+        group = "benchmark" if int(pid) == me else next(
+            (name for text, name in PROCESS_GROUPS if text in cmd), "other")
+        out[group] = out.get(group, 0.0) + cpu
+    return out
+
+
+def cpu_by_group_since(before: dict[str, float]) -> dict[str, float]:
+    """:func:`cpu_by_group` now less ``before``, groups that used under 0.01 s left out."""
+    now = cpu_by_group()
+    diff = {g: round(now.get(g, 0.0) - before.get(g, 0.0), 2) for g in now.keys() | before}
+    return dict(sorted(((g, v) for g, v in diff.items() if v >= 0.01), key=lambda x: -x[1]))
+
+
 def redis_cpu_s(r: Any) -> float:
     """CPU seconds (user + system) redis-server has used, from ``INFO cpu``."""
     info = r.info("cpu")

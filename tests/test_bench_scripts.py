@@ -109,6 +109,10 @@ def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None
     # each path's CPU, all processes: at least what Redis alone used (to the clock tick)
     for path in ("cli", "spark"):
         assert res[path]["machine_cpu_s"] >= res[path]["redis_cpu_s"] - 0.05 > -0.05
+        assert all(v >= 0.01 for v in res[path]["cpu_by_process"].values())
+    # the split names the load's Spark processes, and the CLI path has none of them
+    assert "spark JVM" in res["spark"]["cpu_by_process"]
+    assert not {"spark JVM", "spark python workers"} & res["cli"]["cpu_by_process"].keys()
     bound = res["apply_bound"]  # the same 2,999 messages applied again, by the workers
     print(bound)
     assert bound["appended"] == 2999 and bound["redis_cpu_s"] > 0
