@@ -37,6 +37,20 @@ local function chunked(cmd, key, args, n)
   return total, out
 end
 
+-- Move a key's hash-index members from old_members (nil: none yet) to members, both the
+-- positional, comma-separated text kept in P.ixm; only the indexes whose member changed.
+local function move_members(P, old_members, members)
+  local news = split_members(members)
+  local olds = {}
+  if old_members then olds = split_members(old_members) end
+  for j = 1, #P.idx do
+    if olds[j] ~= news[j] then
+      if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
+      if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
+    end
+  end
+end
+
 -- Write the deferred last writes of the batch (see new_deferred): records, expiry scores, index
 -- members. Leaves S.deferred empty for the next part of the batch.
 local function write_deferred(P, S)
@@ -53,23 +67,14 @@ local function write_deferred(P, S)
   -- written twice in the batch counts once as an insert, once as an update)
   S.inserts = S.inserts + chunked("HSET", P.rec, args, 2 * nk)
   if S.has_expiry then chunked("ZREM", P.exp, ks, nk) end
-  local nidx = #P.idx
-  if nidx > 0 then
+  if #P.idx > 0 then
     local _, old = chunked("HMGET", P.ixm, ks, nk)
     local changed, nc = {}, 0
     for i = 1, nk do
       local k = ks[i]
       local om, members = old[i], d.members[k]
       if om ~= members then
-        local news = split_members(members)
-        local olds = {}
-        if om then olds = split_members(om) end
-        for j = 1, nidx do
-          if olds[j] ~= news[j] then
-            if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
-            if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
-          end
-        end
+        move_members(P, om, members)
         changed[nc + 1] = k
         changed[nc + 2] = members
         nc = nc + 2
@@ -127,19 +132,10 @@ local function upsert(P, S, op, id, key, data, ex, members)
   elseif S.has_expiry then
     redis.call("ZREM", P.exp, key)
   end
-  local nidx = #P.idx
-  if nidx > 0 then
+  if #P.idx > 0 then
     local om = redis.call("HGET", P.ixm, key)
     if om ~= members then
-      local news = split_members(members)
-      local olds = {}
-      if om then olds = split_members(om) end
-      for j = 1, nidx do
-        if olds[j] ~= news[j] then
-          if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
-          if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
-        end
-      end
+      move_members(P, om, members)
       redis.call("HSET", P.ixm, key, members)
     end
   end
