@@ -12,8 +12,9 @@
    previous split still running) is staged in Redis and applied by the call that reaches
    it. The load's position per partition makes every batch apply exactly once, whatever
    task retries or reruns. There is no shuffle and no stage barrier: a split's rows are
-   applied while the next splits are prepared, so Redis and the Python workers work at the
-   same time.
+   applied while the next splits are prepared, and each task sends its batches from a second
+   thread while it prepares the rows that follow, so Redis and the Python workers work at
+   the same time.
 4. After the tasks, the driver applies what is still staged (a split that finished before
    the one ahead of it) and checks that every partition reached the end of the load.
 
@@ -59,6 +60,7 @@ MAX_AHEAD = 8
 batches."""
 
 STAGE_WAIT_S = 60.0
+"""Seconds such a task waits at most for the position to come nearer; then it stages anyway."""
 
 SEND_AHEAD = 2
 """Batches a task prepares ahead of the one its sender thread is sending."""
