@@ -70,14 +70,20 @@ def machine_info(r: Any) -> dict[str, Any]:
             "python": platform.python_version(), "platform": platform.platform()}
 
 
-def proc_cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a live process (Linux /proc), 0.0 if unavailable."""
+def _cpu_ticks(pid: int | str, children: bool = False) -> int | None:
+    """user + system clock ticks of a live process from /proc/<pid>/stat (``children``: with
+    those of the finished children it waited for); None if unavailable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(int(x) for x in fields[11:15 if children else 13])
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return None
+
+
+def proc_cpu_s(pid: int) -> float:
+    """user + system CPU seconds of a live process (Linux /proc), 0.0 if unavailable."""
+    return (_cpu_ticks(pid) or 0) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_cpu_s() -> float:
@@ -109,17 +115,17 @@ def cpu_by_group() -> dict[str, float]:
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not pid.isdigit():
             continue
+        ticks = _cpu_ticks(pid, children=True)
+        if ticks is None:
+            continue
         try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                f = fh.read().rsplit(b")", 1)[1].split()
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        cpu = sum(int(x) for x in f[11:15]) / tck
         group = "benchmark" if int(pid) == me else next(
             (name for text, name in PROCESS_GROUPS if text in cmd), "other")
-        out[group] = out.get(group, 0.0) + cpu
+        out[group] = out.get(group, 0.0) + ticks / tck
     return out
 
 
