@@ -42,12 +42,12 @@ from .errors import (
     MessageError,
     ScriptArgsError,
 )
-from .keying import KeyResolver, Resolved, resolver
+from .keying import KeyResolver, Resolved, check_members, resolver, verified_prepared
 from .logs import fields as event_fields
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .partition_state import read_cursor
-from .scripts import LogApplied, PendingApply, Scripts, attached
+from .scripts import PendingApply, Scripts, attached
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +217,7 @@ class _Planner:
                 continue
             try:
                 res = self.keyer.resolve(e)
+                check_members(e, self.topic, res.sow_key)
             except RedisError:
                 raise
             except Exception as exc:
@@ -314,17 +315,21 @@ class PartitionApplier:
     ``FencedError`` and Redis errors are raised. A batch holding a ``sow_delete`` by filter is
     applied on its own, after everything before it (the filter must see all of that).
 
-    A publisher's write-through (lua/apply_appended.lua) may apply the plain publishes at the
-    head of the log between two batches: a planned batch the cursor has moved into is refused
-    (``ConflictError``: planned again), and the planner is dropped whenever the cursor is not
-    where this applier left it.
+    A publisher's write-through (lua/apply_appended.lua) or a Spark load (lua/apply_load.lua)
+    may apply entries of a caught-up partition between two batches: a planned batch the
+    cursor has moved into is refused (``ConflictError``: planned again), and the planner is
+    dropped whenever the cursor is not where this applier left it.
 
-    Plain publishes prepared by sow_redis's publisher (the SOW key and index members already
-    in the entry) need no planning: while the log starts with such entries, :meth:`step` lets
-    ``apply_log.lua`` read and apply them inside Redis (one call, no round trip of the
-    messages), and plans here only from the first entry it leaves (a delta, a delete, a
-    message expiration, a chaining topic's entry, an entry of another client). After a
-    planned batch that ends with such a publish, it tries the script again.
+    Nothing read from the log is taken on trust. A plain publish that carries the SOW key and
+    index members sow_redis's publisher computed (fields ``k``/``m``) needs no planning once
+    this worker has checked them against the data
+    (:func:`~sow_redis.keying.verified_prepared`): while a batch starts with such entries,
+    :meth:`step` lets ``apply_log.lua`` apply them inside Redis up to the last one checked
+    (one call, no round trip of the messages back), and plans here from the first entry
+    it leaves (a delta, a delete, a message expiration, a chaining topic's entry, an entry
+    without ``k``, and one whose ``k`` or ``m`` is not what its data gives, which the planner
+    rejects to the error stream as ``forged_key`` / ``forged_members``). After a planned
+    batch that ends with such a publish, it tries the script again.
 
     Call :meth:`step` until :attr:`drained`, and :meth:`finish` always (``finally``) before
     the lease is released.
@@ -387,32 +392,16 @@ class PartitionApplier:
         self._send()
         return done + self._settle()
 
-    @property
-    def wants_log_apply(self) -> bool:
-        """True when the next :meth:`step` starts with one apply_log.lua call and nothing
-        else (nothing planned or in flight): a caller serving several partitions can make
-        these calls together (:meth:`Scripts.apply_logs`) and hand each its reply."""
-        return self._in_redis and self._planned is None and self._inflight is None
-
-    def step(self, given: LogApplied | Exception | None = None) -> int:
+    def step(self) -> int:
         """Read the next batch, send the one planned before, plan the new one; returns the log
         entries whose apply completed during this call. :attr:`drained` tells when nothing
-        was left. ``given``: the reply (or exception) of this step's apply_log.lua call,
-        made by the caller (only when :attr:`wants_log_apply`)."""
+        was left.
+
+        A batch that starts with plain publishes whose SOW key and index members this worker
+        verified against their data (:func:`~sow_redis.keying.verified_prepared`) is applied
+        by apply_log.lua up to the last of them, without the messages' round trip back."""
         self.drained = False
-        if self._in_redis:
-            done = self._flush()
-            res = self._apply_in_redis(given)
-            if res is not None:
-                done += res.applied
-                if not res.stopped:
-                    self.drained = not done
-                    return done
-                if res.applied:
-                    return done
-            if self._cursor is None:
-                self._cursor = read_cursor(self.r, self.topic.name, self.p)
-        elif self._cursor is None:
+        if self._cursor is None:
             done = self._flush()
             if self._cursor is None:
                 self._cursor = read_cursor(self.r, self.topic.name, self.p)
@@ -424,6 +413,20 @@ class PartitionApplier:
             self.drained = self._cursor is not None and not done
             return done
         run = [(_decode(sid, fields, self.topic), (sid, fields)) for sid, fields in entries]
+        if self._in_redis:
+            n = 0
+            for e, _raw in run:
+                if not (isinstance(e, LogEntry) and verified_prepared(e, self.topic, self.p)):
+                    break
+                n += 1
+            self._in_redis = False
+            if n:
+                done += self._flush()  # everything planned before lands first
+                if self._cursor is not None:
+                    done += self._apply_in_redis(n, entries[n - 1][0].decode())
+                    # the rest of this batch (if any) is planned in the next step
+                    self._in_redis = n == len(entries)
+                return done
         if any(b"filter" in fields for _sid, fields in entries) and any(
                 isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
             return self._sequentially(done + self._flush())
@@ -445,33 +448,28 @@ class PartitionApplier:
             return done
         self._planned = (seg, entries)
         self._cursor = seg.last
-        self._in_redis = not self.topic.chaining and _prepared_publish(run[-1][0], self.topic)
+        self._in_redis = _prepared_publish(run[-1][0], self.topic)
         return done
 
-    def _apply_in_redis(self, given: LogApplied | Exception | None = None) -> LogApplied | None:
-        """One apply_log.lua call (nothing planned or in flight; ``given``: its reply, made by
-        the caller); leaves the in-Redis mode when the script stopped before an entry to
-        plan, or failed (None; the planned path then applies those entries, rejecting what it
-        must)."""
+    def _apply_in_redis(self, count: int, upto: str) -> int:
+        """One apply_log.lua call for the ``count`` verified entries up to stream id ``upto``
+        (nothing planned or in flight); returns the entries it applied. A failed call leaves
+        the entries to the planned path (which applies them, rejecting what it must)."""
         try:
-            if isinstance(given, Exception):
-                raise given
-            res = given if given is not None else self.scripts.apply_log(
-                self.topic, self.p, self.fence, self.batch_size)
+            res = self.scripts.apply_log(self.topic, self.p, self.fence, count, upto)
         except Exception as exc:
             if _transient(exc):
+                self._reset()
                 raise
             log.warning("topic %s[%d]: apply_log failed (%s); planning in the worker",
                         self.topic.name, self.p, exc)
-            self._in_redis = False
-            return None
+            self._reset()
+            return 0
         known, self._cursor = self._cursor, res.cursor
         if res.applied or res.cursor != known:
-            # its view of the records is older than these writes, or than those a publisher's
-            # write-through (lua/apply_appended.lua) made since this worker's last batch
+            # its view of the records is older than these writes
             self._planner = None
-        self._in_redis = not res.stopped
-        return res
+        return res.applied
 
     def _sequentially(self, done: int) -> int:
         """Once nothing is planned or in flight: apply the next batch without overlap
@@ -496,7 +494,8 @@ class PartitionApplier:
 
 
 def _prepared_publish(e: LogEntry | Exception, topic: TopicConfig) -> bool:
-    """True for an entry that apply_log.lua applies itself (see :class:`PartitionApplier`)."""
+    """True for an entry apply_log.lua may apply itself once verified (see
+    :class:`PartitionApplier`): a candidate for the next step's in-Redis apply."""
     return (isinstance(e, LogEntry) and e.command is Command.PUBLISH
             and e.prepared_key is not None and e.expiration_s is None
             and (not topic.hash_index or b"m" in e.fields))

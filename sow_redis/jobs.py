@@ -40,7 +40,7 @@ from .connection import Client, control_of, data_of, is_cluster
 from .errors import FencedError, UnknownTopicError
 from .logs import fields
 from .partition_state import count_pending, read_cursor
-from .scripts import LogApplied, Scripts, attached
+from .scripts import Scripts, attached
 from .settings import QUEUE_NAME, Settings
 from .streamids import ZERO, parse
 
@@ -409,15 +409,8 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 if not held:  # its partition is another job's, and no other one is free
                     return {p: (0, False)}
             n = 0
-            # the held partitions' apply_log.lua calls go together: one round trip, and on a
-            # cluster every node holding some of them works at the same time
-            batched = [h for h in held.values() if h.applier.wants_log_apply]
-            replies: dict[int, LogApplied | Exception] = {}
-            if len(batched) > 1:
-                replies = dict(zip((h.p for h in batched), scripts.apply_logs(
-                    topic, [(h.p, h.fence) for h in batched], settings.batch_size)))
             for h in held.values():
-                k = h.applier.step(replies.get(h.p))
+                k = h.applier.step()
                 h.done += k
                 n += k
             if GATHER_MIN <= n < settings.batch_size // 4:

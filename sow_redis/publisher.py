@@ -26,7 +26,7 @@ from .fix import to_message
 from .jobs import OWNER, enqueue_job, ensure_jobs
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
-from .scripts import Scripts, attached
+from .scripts import Scripts, attached, pack_entries
 from .settings import Settings
 from .streamids import ms_of, reached
 
@@ -141,27 +141,49 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
     return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key, members)
 
 
-def _start_jobs(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThrough | None,
-                sent: list[int], marks: list[Any]) -> None:
+def _start_jobs(r: Client, topic: TopicConfig, sent: list[int], marks: list[Any]) -> None:
     """After a chunk appended to partitions ``sent`` (one per entry, in order): enqueue an
-    ingest job for each partition whose job marker the chunk's write set (``marks``: one
-    reply per partition touched, ascending, of the ``SET NX`` or, with ``through``, of the
-    write-through call), and make sure of a job where a write-through call failed.
+    ingest job for each partition whose job marker the chunk's write set (``marks``: the
+    replies of the ``SET NX`` of each partition touched, ascending).
 
     Raises:
         ResponseError: a ``SET NX`` of a marker was refused.
     """
-    touched = sorted(set(sent))
-    if through is not None:  # the write-through calls set the markers
-        marks, failed = through.settle(topic, marks)
-        if failed:
-            ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs,
-                        behind={touched[i]: sent.count(touched[i]) for i in failed})
-    for p, set_now in zip(touched, marks):
+    for p, set_now in zip(sorted(set(sent)), marks):
         if isinstance(set_now, ResponseError):
             raise set_now
         if set_now:  # entries wait for the workers and no job was outstanding for p
             enqueue_job(r, topic.name, p, behind=sent.count(p))
+
+
+def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThrough,
+                    chunk: dict[int, list[Fields]], replies: list[Any], result: PublishResult,
+                    durable: bool = False) -> None:
+    """Take the replies of one chunk's write-through calls (one per partition of ``chunk``,
+    ascending): count what was appended, enqueue a job where a call set the job marker, and
+    append the entries of each call that failed (an error reply appended nothing) with plain
+    XADDs, making sure of a job for them."""
+    retry: dict[int, list[Fields]] = {}
+    for (p, entries), reply in zip(sorted(chunk.items()), replies):
+        taken = through.settle(topic, reply)
+        if taken is None:
+            retry[p] = entries
+            continue
+        applied, last, marked = taken
+        result.last_ids[p] = last
+        result.published += len(entries)
+        if marked:
+            enqueue_job(r, topic.name, p, behind=len(entries) - applied)
+    if not retry:
+        return
+    order = [(p, e) for p, entries in sorted(retry.items()) for e in entries]
+    ids = _send_chunk(r, [("xadd", (keys.log(topic.name, p), e), {}) for p, e in order],
+                      durable)
+    for (p, _e), sid in zip(order, ids):
+        result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+    result.published += len(order)
+    ensure_jobs(r, topic.name, sorted(retry), jobs,
+                behind={p: len(entries) for p, entries in retry.items()})
 
 
 class _ReadFailed(Exception):
@@ -244,11 +266,13 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             XADDs, the job markers of its partitions are set (``SET NX``) and an ingest job
             is enqueued for each marker that was absent (what :func:`jobs.ensure_jobs` does
             in round trips of its own). None: the caller hands the entries over itself.
-            With ``jobs.write_through`` (the default), each chunk's write carries one
-            apply_appended.lua call per partition it touched instead of the marker: the plain
-            publishes at the head of a caught-up partition's log are applied there and then,
-            and the marker is set (and a job enqueued) only when entries are left for the
-            workers. A failed write-through call loses nothing: the workers apply the entries.
+            With ``jobs.write_through`` (the default), each chunk's entries of one partition
+            go as one apply_appended.lua call instead of XADDs and a marker: the script
+            appends them and, when the partition's log held no unapplied entry before them,
+            applies the plain publishes there and then; the marker is set (and a job
+            enqueued) only when entries are left for the workers. A call that fails (no
+            right to run scripts, script cache flushed, …) appended nothing: its entries
+            are then appended with XADD and left to the workers.
         durable: after each chunk, wait until at least one replica of every primary written
             to has it (``WAIT 1``, at most :data:`DURABLE_WAIT_MS`): an acknowledged message
             survives the loss of its primary (replication is asynchronous otherwise).
@@ -271,11 +295,12 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
                                registry_check)
     result = PublishResult()
     batch = XaddBatch(r)
-    through = _write_through(r) if jobs is not None and jobs.write_through else None
+    through = _write_through(r, jobs)
     parts: list[int] = []
+    grouped: dict[int, list[Fields]] = {}  # with write-through: the chunk's entries by partition
     handled = 0
-    # (partitions, items handled, registry version read after them), sent
-    inflight: deque[tuple[list[int], int, bool]] = deque()
+    # (partitions, items handled, registry version read after them, write-through chunk), sent
+    inflight: deque[tuple[list[int], int, bool, dict[int, list[Fields]] | None]] = deque()
     check = registry_check
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
@@ -285,29 +310,37 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         """Read the replies of the oldest chunk in flight."""
         if not inflight:
             return
-        sent, n_handled, checked = inflight.popleft()
-        replies = batch.collect(tolerate_from=len(sent))
-        if checked:
-            result.registry_version = _registry_version(replies.pop())
-        for p, sid in zip(sent, replies):
-            result.last_ids[p] = sid.decode()
-        result.published += len(sent)
-        if jobs is not None:
-            _start_jobs(r, topic, jobs, through, sent, replies[len(sent):])
+        sent, n_handled, checked, chunk = inflight.popleft()
+        if chunk is not None:
+            assert through is not None and jobs is not None
+            replies = batch.collect(tolerate_from=0)
+            if checked:
+                result.registry_version = _registry_version(replies.pop())
+            _settle_through(r, topic, jobs, through, chunk, replies, result)
+        else:
+            replies = batch.collect(tolerate_from=len(sent))
+            if checked:
+                result.registry_version = _registry_version(replies.pop())
+            for p, sid in zip(sent, replies):
+                result.last_ids[p] = sid.decode()
+            result.published += len(sent)
+            if jobs is not None:
+                _start_jobs(r, topic, sent, replies[len(sent):])
         if on_chunk:
             on_chunk(n_handled)
 
     def flush(last: bool = False) -> None:
         """Send the chunk validated so far; Redis appends it while the next chunks are
         validated here (at most :data:`IN_FLIGHT` chunks wait for their replies)."""
-        nonlocal parts, handled, check
+        nonlocal parts, grouped, handled, check
         if len(inflight) >= IN_FLIGHT:
             settle()
         if parts:
+            chunk = None
             if through is not None and jobs is not None:
-                for p in sorted(set(parts)):
-                    batch.add_packed(through.packed(topic, p, parts.count(p),
-                                                    jobs.marker_ttl_ms))
+                for p in sorted(grouped):
+                    batch.add_packed(through.packed(topic, p, grouped[p], jobs.marker_ttl_ms))
+                chunk, grouped = grouped, {}
             elif jobs is not None:
                 for p in sorted(set(parts)):
                     batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
@@ -315,7 +348,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             if check:
                 batch.add_packed(_GET_REGISTRY_VERSION)
             batch.send()
-            inflight.append((parts, handled, check))
+            inflight.append((parts, handled, check, chunk))
             check = False
         elif on_chunk and handled:
             on_chunk(handled)
@@ -329,7 +362,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             if checked is None:
                 continue
             p, entry = checked
-            batch.add(log_keys[p], entry)
+            if through is not None:
+                grouped.setdefault(p, []).append(entry)
+            else:
+                batch.add(log_keys[p], entry)
             parts.append(p)
             if len(parts) >= CHUNK:
                 flush()
@@ -433,32 +469,40 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
     skip = frozenset(topic.skip_msg_types)
     chunk: list[tuple[int, Fields]] = []
     handled = 0
-    through = _write_through(r) if jobs is not None and jobs.write_through else None
+    through = _write_through(r, jobs)
 
     def flush() -> None:
         nonlocal chunk, handled, registry_check
         if chunk:
-            commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
-                ("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
             touched = sorted({p for p, _e in chunk})
             sent = [p for p, _e in chunk]
+            grouped: dict[int, list[Fields]] = {}
+            commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
             if jobs is not None and through is not None:
+                for p, entry in chunk:
+                    grouped.setdefault(p, []).append(entry)
                 commands += [("execute_command", ("EVALSHA", *through.call(
-                    topic, p, sent.count(p), jobs.marker_ttl_ms)), {}) for p in touched]
-            elif jobs is not None:
-                commands += [("set", (keys.job_marker(topic.name, p), OWNER),
-                              {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
+                    topic, p, grouped[p], jobs.marker_ttl_ms)), {}) for p in touched]
+            else:
+                commands += [("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
+                if jobs is not None:
+                    commands += [("set", (keys.job_marker(topic.name, p), OWNER),
+                                  {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
             if registry_check:
                 commands.append(("get", (keys.REGISTRY_VERSION,), {}))
             replies = _send_chunk(r, commands, durable)
             if registry_check:
                 result.registry_version = _registry_version(replies.pop())
                 registry_check = False
-            for (p, _e), sid in zip(chunk, replies):
-                result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
-            result.published += len(chunk)
-            if jobs is not None:
-                _start_jobs(r, topic, jobs, through, sent, replies[len(chunk):])
+            if grouped:
+                assert jobs is not None and through is not None
+                _settle_through(r, topic, jobs, through, grouped, replies, result, durable)
+            else:
+                for (p, _e), sid in zip(chunk, replies):
+                    result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+                result.published += len(chunk)
+                if jobs is not None:
+                    _start_jobs(r, topic, sent, replies[len(chunk):])
         if on_chunk and handled:
             on_chunk(handled)
         chunk, handled = [], 0
@@ -619,12 +663,12 @@ class XaddBatch:
 
 class WriteThrough:
     """The publisher's side of apply_appended.lua, one per client (:func:`_write_through`):
-    the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA in each
-    chunk's write; the script also sets the partition's job marker when it leaves entries to
-    the workers (then :func:`append` enqueues a job), so no worker is woken when it applied
-    everything. A reply that is an error (the server lost its script cache, a Redis error) is
-    logged once per kind and loses nothing: :func:`append` makes sure a job comes for those
-    entries (:func:`jobs.ensure_jobs`)."""
+    the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA per partition
+    in each chunk's write, carrying that partition's entries, which it appends and applies
+    (when the partition is caught up) or leaves to the workers, setting the job marker
+    (then :func:`append` enqueues a job). An error reply (no right to run scripts, the server
+    lost its script cache, out of memory) appended nothing: :func:`append` appends those
+    entries with XADD; it is logged once per kind."""
 
     def __init__(self, r: Client) -> None:
         self._scripts = Scripts(r)
@@ -633,63 +677,77 @@ class WriteThrough:
         self._packed: dict[tuple[str, int, int], tuple[TopicConfig, bytes, bytes]] = {}
         self.applied = 0
         """Entries this client applied by write-through (for benchmarks and tests)."""
+        self.refused = False
+        """True once the server refused the script to this client's user (ACL ``NOPERM``,
+        e.g. the ``publisher`` role): its later chunks are appended with XADD."""
 
-    def call(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int) -> list[Any]:
-        """The EVALSHA arguments (after the command name) for ``count`` entries of
-        partition ``p``; the script sets the job marker (lifetime ``marker_ttl_ms``
-        milliseconds) when it leaves entries to the workers."""
+    def call(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
+             marker_ttl_ms: int) -> list[Any]:
+        """The EVALSHA arguments (after the command name) appending ``entries`` to partition
+        ``p``; the script sets the job marker (lifetime ``marker_ttl_ms`` milliseconds) when
+        it leaves entries to the workers."""
         if not self._loaded:
             self._scripts.load("apply_appended")
             self._loaded = True
-        sha, ks, argv = self._scripts.apply_appended_call(topic, p, count, marker_ttl_ms, OWNER)
+        sha, ks, argv = self._scripts.apply_appended_call(topic, p, pack_entries(entries),
+                                                          marker_ttl_ms, OWNER)
         return [sha, len(ks), *ks, *argv]
 
-    def packed(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int) -> bytes:
-        """The EVALSHA of :meth:`call` packed as RESP. Only ``count`` differs from one chunk
+    def packed(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
+               marker_ttl_ms: int) -> bytes:
+        """The EVALSHA of :meth:`call` packed as RESP. Only the entries differ from one chunk
         to the next: the rest is packed once per topic definition and partition (packing the
         ~20 arguments took a fifth of a small publish's time)."""
         if not self._loaded:
-            self.call(topic, p, count, marker_ttl_ms)  # loads the script
+            self._scripts.load("apply_appended")
+            self._loaded = True
         key = (topic.name, p, marker_ttl_ms)
         hit = self._packed.get(key)
         if hit is None or (hit[0] is not topic and hit[0] != topic):
-            args = [b"EVALSHA", *self.call(topic, p, count, marker_ttl_ms)]
-            at = 3 + int(args[2]) + 5  # ARGV[6], the count (see apply_appended.lua)
+            args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms)]
+            at = 3 + int(args[2]) + 5  # ARGV[6], the entries (see apply_appended.lua)
             hit = (topic, b"*%d\r\n" % len(args) + resp(args[:at], header=False),
                    resp(args[at + 1:], header=False))
             self._packed[key] = hit
-        n = b"%d" % count
-        return hit[1] + b"$%d\r\n%s\r\n" % (len(n), n) + hit[2]
+        data = pack_entries(entries)
+        return hit[1] + b"$%d\r\n%s\r\n" % (len(data), data) + hit[2]
 
-    def settle(self, topic: TopicConfig, replies: list[Any]) -> tuple[list[int], list[int]]:
-        """Take the replies of one chunk's write-through calls.
+    def settle(self, topic: TopicConfig, reply: Any) -> tuple[int, str, bool] | None:
+        """Take the reply of one write-through call.
 
         Returns:
-            ``(marker set: 1 or 0 per call, positions of the calls that failed)``; a failed
-            call's entries are the workers' (the caller makes sure a job comes).
+            ``(entries applied, stream id of the last entry appended, job marker set)``;
+            None for an error reply (nothing was appended).
         """
-        marks: list[int] = []
-        failed: list[int] = []
-        for i, reply in enumerate(replies):
-            if isinstance(reply, ResponseError):
-                marks.append(0)
-                failed.append(i)
-                text = str(reply)
-                if text.startswith("NOSCRIPT"):
-                    self._loaded = False
-                kind = text.split(" ", 1)[0]
-                if kind not in self._warned:
-                    self._warned.add(kind)
-                    log.warning("topic %s: write-through failed (%s); the workers apply "
-                                "those entries", topic.name, text)
-            else:
-                self.applied += int(reply[0])
-                marks.append(int(reply[2]))
-        return marks, failed
+        if isinstance(reply, ResponseError):
+            text = str(reply)
+            if text.startswith("NOSCRIPT"):
+                self._loaded = False
+            elif text.startswith("NOPERM"):
+                self.refused = True
+            self._warn(topic, text.split(" ", 1)[0], f"write-through failed ({text}); "
+                       "the entries are appended with XADD and applied by the workers")
+            return None
+        applied, last, marked, error = reply
+        if error:
+            self._warn(topic, "apply", f"write-through apply failed ({error!r}); the workers "
+                       "apply those entries")
+        self.applied += int(applied)
+        return int(applied), last.decode() if isinstance(last, bytes) else last, bool(marked)
+
+    def _warn(self, topic: TopicConfig, kind: str, text: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("topic %s: %s", topic.name, text)
 
 
-def _write_through(r: Client) -> WriteThrough:
-    return cast(WriteThrough, attached(r, "write_through", WriteThrough))
+def _write_through(r: Client, jobs: Settings | None) -> WriteThrough | None:
+    """The write-through of client ``r`` when ``jobs`` asks for it and the server runs the
+    script for this client's user, else None."""
+    if jobs is None or not jobs.write_through:
+        return None
+    through = cast(WriteThrough, attached(r, "write_through", WriteThrough))
+    return None if through.refused else through
 
 
 TOUCH_EVERY_S = 1.0

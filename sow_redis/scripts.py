@@ -135,10 +135,12 @@ class Scripts:
         ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, self.packing)
         return _apply_reply(self.call("apply", ks, argv))
 
-    def apply_log(self, topic: TopicConfig, p: int, fence: int, count: int) -> LogApplied:
-        """apply_log.lua: apply the plain publishes prepared by sow_redis's publisher (fields
-        ``k``/``m``, no message expiration) at the head of partition ``p``'s unapplied log,
-        read by the script itself, at most ``count`` entries; it stops before any other entry.
+    def apply_log(self, topic: TopicConfig, p: int, fence: int, count: int,
+                  upto: str) -> LogApplied:
+        """apply_log.lua: apply the plain publishes at the head of partition ``p``'s unapplied
+        log, read by the script itself, up to stream id ``upto`` and at most ``count``
+        entries, which the caller has verified (their ``k``/``m`` are what their data gives:
+        :func:`sow_redis.keying.verified_prepared`); it stops before any other entry.
 
         Raises:
             FencedError: ``fence`` is stale (another worker took the lease).
@@ -148,67 +150,31 @@ class Scripts:
             "apply_log", keys.partition_keys(topic.name, p, n_idx),
             [fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
              "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-             count, expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
+             count, expiry_for(topic, None, "0-0"), p, *retention_args(topic), upto])
         return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
                           int(more) == 1, int(more) == 2)
 
-    def apply_appended_call(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int,
+    def apply_appended_call(self, topic: TopicConfig, p: int, packed: bytes, marker_ttl_ms: int,
                             owner: str) -> tuple[str, list[str], list[Any]]:
         """``(sha, KEYS, ARGV)`` of apply_appended.lua for partition ``p``: the publisher's
-        write-through of the ``count`` entries its chunk appended there, sent as a bare
-        EVALSHA in the same write as the XADDs (see :meth:`load`); its reply is
-        ``[entries applied, cursor, 1 when it set the job marker (PX marker_ttl_ms, value
-        owner) for the entries left to the workers]``."""
+        write-through of the entries of one chunk to ``p`` (``packed``: :func:`pack_entries`),
+        which the script appends itself and applies when the log held no unapplied entry
+        before them; sent as a bare EVALSHA (see :meth:`load`). Its reply is ``[entries
+        applied, stream id of the last entry appended, 1 when it set the job marker (PX
+        marker_ttl_ms, value owner) for entries left to the workers, apply error text or
+        ""]``; an error reply means nothing was appended."""
         n_idx = len(topic.hash_index)
         return (self._scripts["apply_appended"].sha,
                 keys.partition_keys(topic.name, p, n_idx)
                 + [keys.lease(topic.name, p), keys.job_marker(topic.name, p)],
                 [keys.partition_channel(topic.name, p), topic.name, n_idx,
                  "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-                 count, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
+                 packed, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
                  marker_ttl_ms, owner])
 
     def load(self, name: str) -> None:
         """``SCRIPT LOAD`` script ``name`` (before sending it as a bare EVALSHA)."""
         self._r.script_load(self._scripts[name].script)
-
-    def apply_logs(self, topic: TopicConfig, calls: Sequence[tuple[int, int]],
-                   count: int) -> list[LogApplied | Exception]:
-        """:meth:`apply_log` of several partitions (``calls``: ``(partition, fence)``) in one
-        pipeline: one round trip on a server; on a cluster one per node, the nodes working
-        at the same time. Each reply is a :class:`LogApplied` or the exception its call
-        raised (``SOW_<CODE>`` replies as their SowError class)."""
-        pipe = self._r.pipeline(transaction=False)
-        for p, fence in calls:
-            n_idx = len(topic.hash_index)
-            self.queue(pipe, "apply_log", keys.partition_keys(topic.name, p, n_idx),
-                       [fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
-                        "1" if topic.dead_letter else "0",
-                        "1" if topic.expiration_enabled else "0", count,
-                        expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
-        replies = pipe.execute(raise_on_error=False)
-        if any(isinstance(x, NoScriptError) for x in replies):
-            for script in self._scripts.values():
-                self._r.script_load(script.script)
-            return [self._apply_log_one(topic, p, fence, count) for p, fence in calls]
-        out: list[LogApplied | Exception] = []
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                out.append(from_script_error(reply))
-            elif isinstance(reply, Exception):
-                out.append(reply)
-            else:
-                applied, cursor, more = reply
-                out.append(LogApplied(int(applied), cursor.decode() if isinstance(
-                    cursor, bytes) else cursor, int(more) == 1, int(more) == 2))
-        return out
-
-    def _apply_log_one(self, topic: TopicConfig, p: int, fence: int,
-                       count: int) -> LogApplied | Exception:
-        try:
-            return self.apply_log(topic, p, fence, count)
-        except Exception as exc:
-            return exc
 
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
                    rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingApply:
@@ -274,6 +240,14 @@ class Scripts:
     def lease_release(self, lease_key: str, owner: str) -> bool:
         """lease_release.lua: True when the lease was the caller's and is now free."""
         return bool(self.call("lease_release", [lease_key], [owner]))
+
+
+def pack_entries(entries: Sequence[Fields]) -> bytes:
+    """MessagePack of log entries, each the flat array of its field names and values (the
+    entries argument of apply_appended.lua and, inside :func:`pack_load_batch`, of
+    apply_load.lua)."""
+    return msgpack.packb([[x for kv in fields.items() for x in kv] for fields in entries],
+                         use_bin_type=False)
 
 
 def pack_load_batch(entries: Sequence[Fields], rejects: Sequence[tuple[str, str, bytes]]) -> bytes:

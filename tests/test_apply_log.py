@@ -100,8 +100,8 @@ def test_in_redis_apply_writes_what_the_planned_path_writes(backend_url, topic_n
     prepared = True
     real = Scripts.apply_log
 
-    def spy(self, topic, p, fence, count):
-        res = real(self, topic, p, fence, count)
+    def spy(self, topic, p, fence, count, upto):
+        res = real(self, topic, p, fence, count, upto)
         in_redis[prepared] += res.applied
         return res
 
@@ -133,17 +133,22 @@ def test_in_redis_apply_stops_at_an_entry_to_plan_and_resumes_after_it(url, topi
     sow = Sow(url)
     t = _topic(sow, topic_name, "")
     log = keys.log(t.name, 0)
+    ids = []
     for i in range(3):
-        sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None, str(i)))
+        ids.append(sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None,
+                                              key_of({"k": i}, t))))
     sow.r.xadd(log, {"cmd": "publish", "data": b'{"k": 3}'})  # another client: no k
     sow.r.xadd(log, {"cmd": "publish", "data": b"not json", "k": "9"})  # claims a key: stops
     for i in range(4, 7):
-        sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None, str(i)))
+        ids.append(sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None,
+                                              key_of({"k": i}, t))))
     scripts = Scripts(sow.r)
     fence = scripts.lease_acquire(keys.lease(t.name, 0), keys.state(t.name, 0), "me", 10_000)
-    first = scripts.apply_log(t, 0, fence, 100)
-    assert (first.applied, first.stopped) == (3, True)
-    assert scripts.apply_log(t, 0, fence, 100).applied == 0  # still stopped at the same entry
+    assert scripts.apply_log(t, 0, fence, 100, ids[1]).applied == 2  # none after `upto`
+    first = scripts.apply_log(t, 0, fence, 100, ids[-1])
+    assert (first.applied, first.stopped) == (1, True)
+    # still stopped at the same entry
+    assert scripts.apply_log(t, 0, fence, 100, ids[-1]).applied == 0
     scripts.lease_release(keys.lease(t.name, 0), "me")
     n, drained = drain_partition(sow.r, t, 0, Settings(), linger_ms=0)
     assert (n, drained) == (5, True)
@@ -157,10 +162,11 @@ def test_in_redis_apply_stops_at_an_entry_to_plan_and_resumes_after_it(url, topi
 def test_in_redis_apply_refuses_a_stale_fencing_token(url, topic_name):
     sow = Sow(url)
     t = _topic(sow, topic_name, "")
-    sow.r.xadd(keys.log(t.name, 0), make_entry("publish", b'{"k": 1}', None, None, "1"))
+    sid = sow.r.xadd(keys.log(t.name, 0), make_entry("publish", b'{"k": 1}', None, None,
+                                                     key_of({"k": 1}, t)))
     scripts = Scripts(sow.r)
     fence = scripts.lease_acquire(keys.lease(t.name, 0), keys.state(t.name, 0), "me", 10_000)
     with pytest.raises(FencedError):
-        scripts.apply_log(t, 0, fence + 1, 100)
+        scripts.apply_log(t, 0, fence + 1, 100, sid)
     assert sow.r.hlen(keys.records(t.name, 0)) == 0
-    assert scripts.apply_log(t, 0, fence, 100).applied == 1
+    assert scripts.apply_log(t, 0, fence, 100, sid).applied == 1

@@ -1,20 +1,18 @@
 --[[
   apply_log: apply the plain publishes at the head of a partition's unapplied log, reading the
-  log in the script itself (no round trip of the messages through the worker), atomically.
+  log in the script itself (no round trip of the messages back from the worker), atomically.
 
   A log entry written by sow_redis's publisher carries the SOW key it computed (field "k") and,
   on a topic with hash indexes, the record's index members (field "m"); see
-  sow_redis/entries.py. For a "publish" with those fields and no message expiration, the worker
-  has nothing to compute: this script reads up to `count` entries after the applied cursor
+  sow_redis/entries.py. Such fields are never trusted as read: the worker reads the entries,
+  checks that "k" and "m" are what the topic's definition gives for each entry's data and
+  partition (sow_redis/keying.py verified_prepared), and calls this script with the stream id
+  of the last entry it verified. The script reads at most `count` entries after the applied
+  cursor, none after that id (log entries are append-only: an id names one entry for good),
   and upserts them exactly as apply.lua does (include apply_prepared, write_record: same
-  records, expiry scores, index members, change events), in log order, and stops before the
-  first entry that is anything else (delta_publish, sow_delete, a message expiration, an entry from another
-  client), which the worker then plans and applies with apply.lua.
-
-  Trust: "k" and "m" are what sow_redis's publisher computed while validating the message;
-  the script checks only that the data is braced like a JSON object. A client that writes
-  entries itself must leave both out (the worker then validates and keys the entry, and
-  rejects a bad one to the error stream).
+  records, expiry scores, index members, change events), in log order, stopping before the
+  first entry that is anything else, which the worker then plans and applies with apply.lua
+  (rejecting a forged "k" or "m" to the error stream).
 
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
@@ -27,6 +25,7 @@
     ARGV[9] partition number
     ARGV[10] change feed retention: changes kept per partition (0: no feed, pub/sub only)
     ARGV[11] change feed retention in ms (0: by count only)
+    ARGV[12] the stream id of the last entry the worker verified (none after it is read)
 
   Output:
     {entries applied, cursor, more}: more = 0 the log is drained, 1 `count` entries were
@@ -48,7 +47,7 @@ if meta[1] ~= fence then
   return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
 end
 local cursor = meta[2] or "0-0"
-local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
+local entries = redis.call("XRANGE", P.log, "(" .. cursor, ARGV[12], "COUNT", count)
 local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter, ARGV[10], ARGV[11])
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
 if not expiring then S.deferred = new_deferred() end
