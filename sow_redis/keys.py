@@ -36,6 +36,11 @@ LAST_USED = "sow:last_used"
 ``idle_expiration``."""
 
 
+SWEEP_LEASE = "sow:sweep"
+"""STRING: the owner id of the worker process that sweeps all partitions now (one sweeper at
+a time, ``SET NX PX``; see :mod:`sow_redis.jobs`)."""
+
+
 SLOTS = 16384
 """Hash slots of a Redis Cluster."""
 

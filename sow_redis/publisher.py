@@ -23,7 +23,7 @@ from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
 from .errors import MessageError, NotDurableError, WaitTimeout
 from .fix import to_message
-from .jobs import OWNER, enqueue_job, ensure_jobs
+from .jobs import enqueue_job, ensure_jobs, job_marker_value, new_job_id
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
 from .scripts import Scripts, attached, pack_entries
@@ -141,10 +141,11 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
     return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key, members)
 
 
-def _start_jobs(r: Client, topic: TopicConfig, sent: list[int], marks: list[Any]) -> None:
+def _start_jobs(r: Client, topic: TopicConfig, sent: list[int], marks: list[Any],
+                job_ids: dict[int, str]) -> None:
     """After a chunk appended to partitions ``sent`` (one per entry, in order): enqueue an
-    ingest job for each partition whose job marker the chunk's write set (``marks``: the
-    replies of the ``SET NX`` of each partition touched, ascending).
+    ingest job (id ``job_ids[p]``) for each partition whose job marker the chunk's write set
+    (``marks``: the replies of the ``SET NX`` of each partition touched, ascending).
 
     Raises:
         ResponseError: a ``SET NX`` of a marker was refused.
@@ -153,16 +154,16 @@ def _start_jobs(r: Client, topic: TopicConfig, sent: list[int], marks: list[Any]
         if isinstance(set_now, ResponseError):
             raise set_now
         if set_now:  # entries wait for the workers and no job was outstanding for p
-            enqueue_job(r, topic.name, p, behind=sent.count(p))
+            enqueue_job(r, topic.name, p, behind=sent.count(p), job_id=job_ids[p])
 
 
 def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThrough,
-                    chunk: dict[int, list[Fields]], replies: list[Any], result: PublishResult,
-                    durable: bool = False) -> None:
+                    chunk: dict[int, list[Fields]], job_ids: dict[int, str],
+                    replies: list[Any], result: PublishResult, durable: bool = False) -> None:
     """Take the replies of one chunk's write-through calls (one per partition of ``chunk``,
-    ascending): count what was appended, enqueue a job where a call set the job marker, and
-    append the entries of each call that failed (an error reply appended nothing) with plain
-    XADDs, making sure of a job for them."""
+    ascending): count what was appended, enqueue a job (id ``job_ids[p]``) where a call set
+    the job marker, and append the entries of each call that failed (an error reply
+    appended nothing) with plain XADDs, making sure of a job for them."""
     retry: dict[int, list[Fields]] = {}
     for (p, entries), reply in zip(sorted(chunk.items()), replies):
         taken = through.settle(topic, reply)
@@ -173,7 +174,7 @@ def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: Writ
         result.last_ids[p] = last
         result.published += len(entries)
         if marked:
-            enqueue_job(r, topic.name, p, behind=len(entries) - applied)
+            enqueue_job(r, topic.name, p, behind=len(entries) - applied, job_id=job_ids[p])
     if not retry:
         return
     order = [(p, e) for p, entries in sorted(retry.items()) for e in entries]
@@ -299,8 +300,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     parts: list[int] = []
     grouped: dict[int, list[Fields]] = {}  # with write-through: the chunk's entries by partition
     handled = 0
-    # (partitions, items handled, registry version read after them, write-through chunk), sent
-    inflight: deque[tuple[list[int], int, bool, dict[int, list[Fields]] | None]] = deque()
+    # (partitions, items handled, registry version read after them, write-through chunk,
+    # job id per partition touched), sent
+    inflight: deque[tuple[list[int], int, bool, dict[int, list[Fields]] | None,
+                          dict[int, str]]] = deque()
     check = registry_check
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
@@ -310,13 +313,13 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         """Read the replies of the oldest chunk in flight."""
         if not inflight:
             return
-        sent, n_handled, checked, chunk = inflight.popleft()
+        sent, n_handled, checked, chunk, job_ids = inflight.popleft()
         if chunk is not None:
             assert through is not None and jobs is not None
             replies = batch.collect(tolerate_from=0)
             if checked:
                 result.registry_version = _registry_version(replies.pop())
-            _settle_through(r, topic, jobs, through, chunk, replies, result)
+            _settle_through(r, topic, jobs, through, chunk, job_ids, replies, result)
         else:
             replies = batch.collect(tolerate_from=len(sent))
             if checked:
@@ -325,7 +328,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
                 result.last_ids[p] = sid.decode()
             result.published += len(sent)
             if jobs is not None:
-                _start_jobs(r, topic, sent, replies[len(sent):])
+                _start_jobs(r, topic, sent, replies[len(sent):], job_ids)
         if on_chunk:
             on_chunk(n_handled)
 
@@ -337,18 +340,20 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             settle()
         if parts:
             chunk = None
+            job_ids = {p: new_job_id() for p in set(parts)} if jobs is not None else {}
             if through is not None and jobs is not None:
                 for p in sorted(grouped):
-                    batch.add_packed(through.packed(topic, p, grouped[p], jobs.marker_ttl_ms))
+                    batch.add_packed(through.packed(topic, p, grouped[p], jobs.marker_ttl_ms,
+                                                    job_ids[p]))
                 chunk, grouped = grouped, {}
             elif jobs is not None:
-                for p in sorted(set(parts)):
-                    batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
-                                     jobs.marker_ttl_ms)
+                for p in sorted(job_ids):
+                    batch.add_set_nx(keys.job_marker(topic.name, p).encode(),
+                                     job_marker_value(job_ids[p]).encode(), jobs.marker_ttl_ms)
             if check:
                 batch.add_packed(_GET_REGISTRY_VERSION)
             batch.send()
-            inflight.append((parts, handled, check, chunk))
+            inflight.append((parts, handled, check, chunk, job_ids))
             check = False
         elif on_chunk and handled:
             on_chunk(handled)
@@ -477,16 +482,18 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
             touched = sorted({p for p, _e in chunk})
             sent = [p for p, _e in chunk]
             grouped: dict[int, list[Fields]] = {}
+            job_ids = {p: new_job_id() for p in touched}
             commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
             if jobs is not None and through is not None:
                 for p, entry in chunk:
                     grouped.setdefault(p, []).append(entry)
                 commands += [("execute_command", ("EVALSHA", *through.call(
-                    topic, p, grouped[p], jobs.marker_ttl_ms)), {}) for p in touched]
+                    topic, p, grouped[p], jobs.marker_ttl_ms, job_ids[p])), {}) for p in touched]
             else:
                 commands += [("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
                 if jobs is not None:
-                    commands += [("set", (keys.job_marker(topic.name, p), OWNER),
+                    commands += [("set", (keys.job_marker(topic.name, p),
+                                          job_marker_value(job_ids[p])),
                                   {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
             if registry_check:
                 commands.append(("get", (keys.REGISTRY_VERSION,), {}))
@@ -496,13 +503,14 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 registry_check = False
             if grouped:
                 assert jobs is not None and through is not None
-                _settle_through(r, topic, jobs, through, grouped, replies, result, durable)
+                _settle_through(r, topic, jobs, through, grouped, job_ids, replies, result,
+                                durable)
             else:
                 for (p, _e), sid in zip(chunk, replies):
                     result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
                 result.published += len(chunk)
                 if jobs is not None:
-                    _start_jobs(r, topic, sent, replies[len(chunk):])
+                    _start_jobs(r, topic, sent, replies[len(chunk):], job_ids)
         if on_chunk and handled:
             on_chunk(handled)
         chunk, handled = [], 0
@@ -682,35 +690,38 @@ class WriteThrough:
         e.g. the ``publisher`` role): its later chunks are appended with XADD."""
 
     def call(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
-             marker_ttl_ms: int) -> list[Any]:
+             marker_ttl_ms: int, job_id: str) -> list[Any]:
         """The EVALSHA arguments (after the command name) appending ``entries`` to partition
-        ``p``; the script sets the job marker (lifetime ``marker_ttl_ms`` milliseconds) when
-        it leaves entries to the workers."""
+        ``p``; the script sets the job marker to ``job:<job_id>`` (lifetime ``marker_ttl_ms``
+        milliseconds) when it leaves entries to the workers and no job was outstanding."""
         if not self._loaded:
             self._scripts.load("apply_appended")
             self._loaded = True
-        sha, ks, argv = self._scripts.apply_appended_call(topic, p, pack_entries(entries),
-                                                          marker_ttl_ms, OWNER)
+        sha, ks, argv = self._scripts.apply_appended_call(
+            topic, p, pack_entries(entries), marker_ttl_ms, job_marker_value(job_id))
         return [sha, len(ks), *ks, *argv]
 
     def packed(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
-               marker_ttl_ms: int) -> bytes:
-        """The EVALSHA of :meth:`call` packed as RESP. Only the entries differ from one chunk
-        to the next: the rest is packed once per topic definition and partition (packing the
-        ~20 arguments took a fifth of a small publish's time)."""
+               marker_ttl_ms: int, job_id: str) -> bytes:
+        """The EVALSHA of :meth:`call` packed as RESP. Only the entries and the job id differ
+        from one chunk to the next: the rest is packed once per topic definition and
+        partition (packing the ~20 arguments took a fifth of a small publish's time)."""
         if not self._loaded:
             self._scripts.load("apply_appended")
             self._loaded = True
         key = (topic.name, p, marker_ttl_ms)
         hit = self._packed.get(key)
         if hit is None or (hit[0] is not topic and hit[0] != topic):
-            args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms)]
+            args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms, "")]
             at = 3 + int(args[2]) + 5  # ARGV[6], the entries (see apply_appended.lua)
+            # ARGV[7..11] between the entries and the marker value, ARGV[12], the last
             hit = (topic, b"*%d\r\n" % len(args) + resp(args[:at], header=False),
-                   resp(args[at + 1:], header=False))
+                   resp(args[at + 1:-1], header=False))
             self._packed[key] = hit
         data = pack_entries(entries)
-        return hit[1] + b"$%d\r\n%s\r\n" % (len(data), data) + hit[2]
+        value = job_marker_value(job_id).encode()
+        return (hit[1] + b"$%d\r\n%s\r\n" % (len(data), data) + hit[2]
+                + b"$%d\r\n%s\r\n" % (len(value), value))
 
     def settle(self, topic: TopicConfig, reply: Any) -> tuple[int, str, bool] | None:
         """Take the reply of one write-through call.

@@ -36,7 +36,7 @@ from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
 
 from .connection import Client, Pipeline, connect_pair, control_of
-from .jobs import HOST, owner_dead, sweep
+from .jobs import HOST, LagScanner, owner_dead, sweep
 from .logs import fields
 from .outage import reporter
 from .safejob import SERIALIZER, SowJob
@@ -270,12 +270,13 @@ class Sweeper(threading.Thread):
         self.r, self.settings, self.keep = r, settings, keep
         self.stopped = threading.Event()
         self.recover = False
+        self.scanner = LagScanner()
         self._next_clean = time.monotonic() + CLEAN_EVERY_S
 
     def loop(self) -> int:
         """One unit of work: enqueue jobs for every lagging partition (after an outage, also
         those whose marker may stand for a lost job); now and then remove dead workers."""
-        n = sweep(self.r, self.settings, recover=self.recover)
+        n = sweep(self.r, self.settings, recover=self.recover, scanner=self.scanner)
         self.recover = False
         if time.monotonic() >= self._next_clean:
             self._next_clean = time.monotonic() + CLEAN_EVERY_S

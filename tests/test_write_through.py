@@ -48,7 +48,7 @@ def test_a_write_through_applies_only_its_own_entries_of_a_caught_up_partition(
     wt = _write_through(r, Settings())
     assert wt is not None
     own = {"cmd": "publish", "data": b'{"id": 2, "v": 3}', "k": key_of({"id": 2}, t, None)}
-    applied, last, marked, error = r.evalsha(*wt.call(t, 0, [own], 1000))
+    applied, last, marked, error = r.evalsha(*wt.call(t, 0, [own], 1000, "j1"))
     assert (applied, marked, error) == (0, 1, b"")
     assert r.exists(keys.job_marker(topic_name, 0))
     assert [sid for sid, _ in r.xrange(keys.log(topic_name, 0))][-1] == last
@@ -79,7 +79,7 @@ def test_a_write_through_of_a_caught_up_partition_applies_in_the_same_call(lonel
     assert wt is not None
     entries = [{"cmd": "publish", "data": b'{"id": %d}' % i, "k": key_of({"id": i}, t, None)}
                for i in range(3)] + [{"cmd": "delta_publish", "data": b'{"id": 0, "x": 1}'}]
-    applied, last, marked, error = r.evalsha(*wt.call(t, 0, entries, 1000))
+    applied, last, marked, error = r.evalsha(*wt.call(t, 0, entries, 1000, "j2"))
     assert (applied, marked, error) == (3, 1, b"")
     assert r.xlen(keys.log(topic_name, 0)) == 4
     assert sorted(x.obj()["id"] for x in sow.sow(topic_name)) == [0, 1, 2]
