@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
 
 from . import keys
 from .config import TopicConfig
@@ -689,14 +689,27 @@ class WriteThrough:
         """True once the server refused the script to this client's user (ACL ``NOPERM``,
         e.g. the ``publisher`` role): its later chunks are appended with XADD."""
 
+    @property
+    def loaded(self) -> bool:
+        """True once the script was loaded (and not lost since)."""
+        return self._loaded
+
+    def load(self) -> None:
+        """``SCRIPT LOAD`` the script (before sending it as a bare EVALSHA).
+
+        Raises:
+            NoPermissionError: the client's user may not run scripts.
+        """
+        self._scripts.load("apply_appended")
+        self._loaded = True
+
     def call(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
              marker_ttl_ms: int, job_id: str) -> list[Any]:
         """The EVALSHA arguments (after the command name) appending ``entries`` to partition
         ``p``; the script sets the job marker to ``job:<job_id>`` (lifetime ``marker_ttl_ms``
         milliseconds) when it leaves entries to the workers and no job was outstanding."""
         if not self._loaded:
-            self._scripts.load("apply_appended")
-            self._loaded = True
+            self.load()
         sha, ks, argv = self._scripts.apply_appended_call(
             topic, p, pack_entries(entries), marker_ttl_ms, job_marker_value(job_id))
         return [sha, len(ks), *ks, *argv]
@@ -707,8 +720,7 @@ class WriteThrough:
         from one chunk to the next: the rest is packed once per topic definition and
         partition (packing the ~20 arguments took a fifth of a small publish's time)."""
         if not self._loaded:
-            self._scripts.load("apply_appended")
-            self._loaded = True
+            self.load()
         key = (topic.name, p, marker_ttl_ms)
         hit = self._packed.get(key)
         if hit is None or (hit[0] is not topic and hit[0] != topic):
@@ -731,12 +743,12 @@ class WriteThrough:
             None for an error reply (nothing was appended).
         """
         if isinstance(reply, ResponseError):
-            text = str(reply)
-            if text.startswith("NOSCRIPT"):
+            # redis-py takes the code (NOSCRIPT, NOPERM) off the text of its own classes
+            if isinstance(reply, NoScriptError):
                 self._loaded = False
-            elif text.startswith("NOPERM"):
+            elif isinstance(reply, NoPermissionError):
                 self.refused = True
-            self._warn(topic, text.split(" ", 1)[0], f"write-through failed ({text}); "
+            self._warn(topic, type(reply).__name__, f"write-through failed ({reply}); "
                        "the entries are appended with XADD and applied by the workers")
             return None
         applied, last, marked, error = reply
@@ -758,6 +770,11 @@ def _write_through(r: Client, jobs: Settings | None) -> WriteThrough | None:
     if jobs is None or not jobs.write_through:
         return None
     through = cast(WriteThrough, attached(r, "write_through", WriteThrough))
+    if not through.refused and not through.loaded:
+        try:
+            through.load()
+        except NoPermissionError:  # e.g. the ACL publisher role: no scripts
+            through.refused = True
     return None if through.refused else through
 
 
