@@ -28,7 +28,16 @@ from typing import Any, cast
 
 import orjson
 from redis import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 
 from . import chaining, keys, streamids
 from .chaining import ChainConflict
@@ -107,12 +116,18 @@ _SERVER_STATES = frozenset(("OOM", "BUSY", "LOADING", "READONLY", "NOSCRIPT", "M
                             "NOPERM", "MISCONF"))
 """Error reply codes that describe the server's state, not the entries being applied."""
 
+_SERVER_ERRORS = (OutOfMemoryError, ReadOnlyError, NoScriptError, NoPermissionError,
+                  BusyLoadingError, AuthenticationError)
+"""redis-py's classes of such replies: it takes the code (``OOM``, ``READONLY`` …) off their
+text, so they are known by class (an out-of-memory reply once rejected the entries of the
+batch that met it to the error stream)."""
+
 
 def _transient(exc: BaseException) -> bool:
     """True for failures that say nothing about the entries (lease lost, record changed,
     Redis unreachable, out of memory, read-only replica, …): never turned into rejections.
     An error reply of the apply script itself (a Lua runtime error) is the entries' fault."""
-    if isinstance(exc, (FencedError, ConflictError)):
+    if isinstance(exc, (FencedError, ConflictError, *_SERVER_ERRORS)):
         return True
     if isinstance(exc, ResponseError):
         return str(exc).split(" ", 1)[0] in _SERVER_STATES

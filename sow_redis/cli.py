@@ -285,11 +285,13 @@ def _separator(text: str | None) -> bytes | None:
         raise click.BadParameter(str(exc), param_hint="--separator") from None
 
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT, EXIT_REFUSED = 0, 1, 2, 3, 4, 5
 """``publish`` exit status: every line published (or skipped); an error (unknown topic,
 unreadable file, a --sow-key the topic cannot take: nothing published; Redis unreachable); a
 usage error (click); some lines rejected, the others published; ``--wait`` timed out (the
-published messages are in the log and will be applied; takes precedence over 3)."""
+published messages are in the log and will be applied; takes precedence over 3); Redis
+refused the rest after some were published (out of memory, read-only: the counts say what
+was appended)."""
 
 SAMPLES = 5
 """Rejected lines shown one by one after the per-reason counts."""
@@ -349,7 +351,7 @@ def _report_rejected(rejected: list[Any]) -> dict[str, int]:
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
              wait: bool, timeout: float, expiration: float | None,
              separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
-    from .errors import WaitTimeout
+    from .errors import PublishInterrupted, WaitTimeout, refusal
     from .publisher import PublishResult, append
 
     sow = _sow(ctx)
@@ -376,17 +378,21 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         from .outage import append_through_outage
 
         append = partial(append_through_outage, retry_s=retry_s)
-    if show_bar:
-        from rich.progress import Progress
+    interrupted: PublishInterrupted | None = None
+    try:
+        if show_bar:
+            from rich.progress import Progress
 
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"publishing to {topic}", total=size)
+            with Progress(transient=True) as progress:
+                task = progress.add_task(f"publishing to {topic}", total=size)
+                result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
+                                on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
+                                durable=durable)
+        else:
             result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                            on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
                             durable=durable)
-    else:
-        result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                        durable=durable)
+    except PublishInterrupted as exc:  # some were appended (else the refusal is raised)
+        interrupted, result = exc, exc.result
     if fh is not sys.stdin.buffer:
         fh.close()
     if overlong:
@@ -398,7 +404,9 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     timed_out: WaitTimeout | None = None
     started_jobs = sow.job_settings is not None  # append(jobs=…) started the workers
     try:
-        if retry_s > 0:
+        if interrupted is not None:
+            pass  # Redis refuses writes: no --wait
+        elif retry_s > 0:
             from .outage import call_through_outage
 
             call_through_outage(lambda: sow.handoff(t, result.last_ids, wait, timeout,
@@ -417,6 +425,12 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     click.echo(f"published {result.published} message(s) to {topic}{skipped}, rejected "
                f"{len(result.rejected)}{why}; read {result.read} line(s); {elapsed:.2f} s, "
                f"{rate:,.0f} msg/s{applied}")
+    if interrupted is not None:
+        click.echo(f"Error: Redis refused the publish after line {result.read}: "
+                   f"{refusal(interrupted.cause)}; the {result.published} published message(s) are in "
+                   "the transaction log and will be applied; the lines after it were not sent",
+                   err=True)
+        ctx.exit(EXIT_REFUSED)
     if timed_out is not None:
         click.echo(f"Error: --wait timed out: {timed_out}; the {result.published} published "
                    "message(s) are in the transaction log and will be applied when workers run",

@@ -27,15 +27,16 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
-from .errors import BookmarkError, WaitTimeout
+from .errors import BookmarkError, MessageError, PublishInterrupted, WaitTimeout
 from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
 from .jobs import drain_partition, ensure_jobs
+from .partition_state import read_cursors
 from .publisher import (
     NOT_READ,
     PublishResult,
@@ -50,6 +51,7 @@ from .records import Record
 from .settings import Settings
 from .sowkey import check_key_list
 from .streamids import parse as parse_id
+from .streamids import reached
 
 LEASE_POLL_S = 0.01
 """Seconds an inline apply sleeps while another process holds a partition's lease."""
@@ -408,16 +410,44 @@ class Sow:
         elif keys is not None:
             ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})
         else:
-            res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)],
-                         durable=self.durable)
+            try:
+                res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)],
+                             durable=self.durable)
+            except (PublishInterrupted, OutOfMemoryError) as exc:
+                res = self._delete_now(t, _to_bytes(data), sow_key, exc)
             if res.rejected:
-                from .errors import MessageError
-
                 rej = res.rejected[0]
                 raise MessageError(rej.reason, rej.detail)
             ids = res.last_ids
-        self.handoff(t, ids, True, timeout)
+        # a delete applied in its own call (delete_now.lua; also out of memory, when a job
+        # could not be enqueued) needs no worker
+        cursors = read_cursors(self.r, t.name, ids)
+        self.handoff(t, {p: sid for p, sid in ids.items() if not reached(cursors[p], sid)},
+                     True, timeout)
         return delete_counts(self.r, t, ids)
+
+    def _delete_now(self, t: TopicConfig, data: bytes, sow_key: str | None,
+                    refused: Exception) -> PublishResult:
+        """A sow_delete by data whose append Redis refused as out of memory: applied at once
+        on its caught-up partition (``delete_now.lua``, flagged ``allow-oom``), so a user
+        can free memory; ``refused`` is raised again otherwise."""
+        from .publisher import prepare
+        from .scripts import Scripts
+
+        checked = None
+        cause = refused.cause if isinstance(refused, PublishInterrupted) else refused
+        if isinstance(cause, OutOfMemoryError):
+            try:
+                checked = prepare(t, ("sow_delete", data, sow_key))
+            except MessageError:
+                checked = None
+        if checked is None or not checked[1].get("k"):  # chaining topics: the workers' key
+            raise refused
+        p, entry = checked
+        done = Scripts(self.r).delete_now(t, p, entry, [str(entry["k"])])
+        if done is None:
+            raise refused
+        return PublishResult(published=1, last_ids={p: done[1]})
 
     # live events ---------------------------------------------------------------------
     def subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,

@@ -38,11 +38,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, RedisError
+from redis.exceptions import NoPermissionError, OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys
@@ -51,6 +51,7 @@ from .config import TopicCache, TopicConfig
 from .connection import Client, control_of, data_of, is_cluster
 from .errors import FencedError, UnknownTopicError
 from .logs import fields
+from .outage import reporter
 from .partition_state import count_pending, read_cursor
 from .scripts import Scripts, attached
 from .settings import QUEUE_NAME, Settings
@@ -139,6 +140,16 @@ def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None,
         job_id=job_id, description=f"ingest {topic}[{p}]" + (
             "" if shown is None else f" ({shown} entr{'y' if behind == 1 else 'ies'} behind)"),
     )
+    # the marker may have been taken over between its SET and this enqueue (a job adopted
+    # the partition and looked for this job in the queue before it was there): then this
+    # job is not needed, and leaves the queue at once
+    marker = keys.job_marker(topic, p)
+    try:
+        current = r.get(marker)
+    except NoPermissionError:  # a publisher's ACL user may not read markers back
+        return job_id
+    if current != job_marker_value(job_id).encode():
+        _drop_queued(r, job_marker_value(job_id).encode())
     return job_id
 
 
@@ -154,13 +165,25 @@ def ensure_jobs(r: Client, topic: str, partitions: list[int], settings: Settings
     pipe = r.pipeline(transaction=False)
     for p in partitions:
         pipe.set(keys.job_marker(topic, p), job_marker_value(ids[p]), nx=True,
-                 px=settings.marker_ttl_ms)
+                 px=settings.queued_marker_ttl_ms)
     n = 0
     for p, ok in zip(partitions, pipe.execute()):
         if ok:
             enqueue_job(r, topic, p, behind=behind.get(p) if behind else None, job_id=ids[p])
             n += 1
     return n
+
+
+def drop_markers(r: Client, topic: str, partitions: Iterable[int]) -> None:
+    """Remove the job markers of ``partitions`` and take the queued jobs they name out of
+    the queue: a marker removed while its job waits would let a second job of the
+    partition in."""
+    pipe = r.pipeline(transaction=False)
+    parts = list(partitions)
+    for p in parts:
+        pipe.getdel(keys.job_marker(topic, p))
+    for old in pipe.execute():
+        _drop_queued(r, old)
 
 
 def _drop_queued(r: Client, marker: bytes | None, keep: str | None = None) -> None:
@@ -260,7 +283,7 @@ def reclaim(r: Client, topic: str, partitions: list[int], recover: bool = False)
         log.warning("%s[%d]: released the lease of dead job %s", topic, p, owner)
         stale.append(p)
     if stale:
-        r.delete(*[keys.job_marker(topic, p) for p in stale])
+        drop_markers(r, topic, stale)
     return stale
 
 
@@ -269,13 +292,15 @@ def stale_markers(r: Client, topic: TopicConfig, partitions: list[int], settings
     """Remove the job markers of ``partitions`` that stand for no job, so the next
     :func:`ensure_jobs` enqueues one: a marker without a lifetime (any client allowed to set
     markers may have set it), a value that is neither ``job:<id>`` nor ``held:<owner>``, a
-    ``job:<id>`` whose rq job does not exist, a ``held:<owner>`` whose partition's lease that
-    owner does not hold. The last two are only suspected the first time (``suspects``, kept
-    by the caller from one sweep to the next: a publisher's job may be on its way into the
-    queue, a lease on its way to its owner) and removed when a later sweep finds the same
-    value; without ``suspects`` at once. A marker whose queued job exists gets its lifetime
-    back (``marker_ttl_ms``), so it never lapses while the job waits. A partition with a
-    marker that stands for no job thereby moves on within two sweeps.
+    ``job:<id>`` whose rq job is not waiting in the queue (a job that runs marks its
+    partition ``held`` at once; one that died running leaves ``job:``), a ``held:<owner>``
+    whose partition's lease that owner does not hold. The last two are only suspected the
+    first time (``suspects``, kept by the caller from one sweep to the next: a publisher's
+    job may be on its way into the queue, a lease on its way to its owner) and removed when
+    a later sweep finds the same value; without ``suspects`` at once. A marker whose job
+    waits in the queue gets its lifetime back (``queued_marker_ttl_ms``), so it never lapses
+    while the job waits. A partition with a marker that stands for no job thereby moves on
+    within two sweeps.
 
     Returns:
         The partitions whose marker was removed.
@@ -302,14 +327,15 @@ def stale_markers(r: Client, topic: TopicConfig, partitions: list[int], settings
     if jobs:
         cpipe = control_of(r).pipeline(transaction=False)
         for _p, value in jobs:
-            cpipe.exists(b"rq:job:" + value[4:])
+            cpipe.hget(b"rq:job:" + value[4:], "status")
         found = cpipe.execute()
-        doubtful += [pv for pv, there in zip(jobs, found) if not there]
-        alive = [p for (p, _v), there in zip(jobs, found) if there]
+        # a job that runs says "held" in its marker within moments: "job:" is for waiting
+        doubtful += [pv for pv, status in zip(jobs, found) if status != b"queued"]
+        alive = [p for (p, _v), status in zip(jobs, found) if status == b"queued"]
         if alive:
             pipe = r.pipeline(transaction=False)
             for p in alive:
-                pipe.pexpire(keys.job_marker(topic.name, p), settings.marker_ttl_ms)
+                pipe.pexpire(keys.job_marker(topic.name, p), settings.queued_marker_ttl_ms)
             pipe.execute()
     for p, value in doubtful:
         if suspects is None or suspects.pop((topic.name, p), None) == value:
@@ -682,7 +708,12 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
     # a job whose own partition another job holds still serves its topic: it adopts free
     # partitions (below) rather than ending, so a worker that starts while the queue holds
     # jobs of partitions already taken finds its share at once, not after one rq job each
-    if not take(p) and not adopt:
+    if take(p):
+        if adopt:  # a worker's job: the marker says "served" from now on
+            _drop_queued(r, cast("bytes | None", r.set(
+                keys.job_marker(topic.name, p), held_marker_value(owner, held[p].fence),
+                px=settings.marker_ttl_ms, get=True)), keep=job_id)
+    elif not adopt:
         return {}
     now = time.monotonic()
     deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
@@ -839,6 +870,11 @@ def _trim(r: Client, topic: TopicConfig, p: int, settings: Settings) -> None:
         r.xtrim(log_key, minid=read_cursor(r, topic.name, p), approximate=True, limit=0)
 
 
+OOM_PAUSE_S = 0.5
+"""Seconds an ingest job that met an out-of-memory refusal waits before it ends (the worker
+would otherwise run the next job into the same refusal at once)."""
+
+
 def ingest_job(topic: str, partition: int) -> int:
     """rq job: apply one partition (and a fair share of its topic's free partitions) for a
     bounded time, then re-enqueue or retire each. A job whose partition's marker names
@@ -878,6 +914,13 @@ def ingest_job(topic: str, partition: int) -> int:
         log.warning("%s[%d]: lease taken over by another worker", topic, partition,
                     extra=fields("lease_lost", topic=topic, partition=partition))
         return 0
+    except OutOfMemoryError as exc:
+        # Redis refuses writes (maxmemory, noeviction): nothing was applied past the cursor;
+        # the sweep enqueues the partition again once memory is freed (its marker then
+        # stands for no job). One line per episode, and a pause instead of a busy loop.
+        reporter("worker").failed(exc)
+        time.sleep(OOM_PAUSE_S)
+        return 0
     total = 0
     for q, (done, drained) in results.items():
         total += done
@@ -897,11 +940,11 @@ def _hand_over(r: Client, t: TopicConfig, p: int, done: int, drained: bool,
         # for the jobs waiting in the queue while entries kept coming: come back after them
         job_id = new_job_id()
         # the marker was this job's; one that lapsed may name a job enqueued since: drop it
-        _drop_queued(r, cast("bytes | None", r.set(marker, job_marker_value(job_id),
-                                                   px=settings.marker_ttl_ms, get=True)))
+        _drop_queued(r, cast("bytes | None", r.set(
+            marker, job_marker_value(job_id), px=settings.queued_marker_ttl_ms, get=True)))
         enqueue_job(r, t.name, p, job_id=job_id)
         return
-    r.delete(marker)
+    drop_markers(r, t.name, [p])
     # entries appended after our last read but before the marker went away
     if p in lagging_partitions(r, t):
         ensure_jobs(r, t.name, [p], settings)

@@ -15,13 +15,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
-from redis.exceptions import NoPermissionError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    RedisError,
+    ResponseError,
+)
 
 from . import keys
 from .config import TopicConfig
 from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
-from .errors import MessageError, NotDurableError, WaitTimeout
+from .errors import MessageError, NotDurableError, PublishInterrupted, WaitTimeout
 from .fix import to_message
 from .jobs import enqueue_job, ensure_jobs, job_marker_value, new_job_id
 from .messages import check_expiration, encode, index_members, parse, unwrap
@@ -162,13 +168,24 @@ def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: Writ
                     replies: list[Any], result: PublishResult, durable: bool = False) -> None:
     """Take the replies of one chunk's write-through calls (one per partition of ``chunk``,
     ascending): count what was appended, enqueue a job (id ``job_ids[p]``) where a call set
-    the job marker, and append the entries of each call that failed (an error reply
-    appended nothing) with plain XADDs, making sure of a job for them."""
+    the job marker, and append the entries of each call the server could not run (no
+    script, no right to run it: an error reply appended nothing) with plain XADDs, making
+    sure of a job for them.
+
+    Raises:
+        ResponseError: a call Redis refused for its own state (out of memory, read-only …;
+            nothing of it was appended, and it is not appended otherwise either), after the
+            others were counted.
+    """
     retry: dict[int, list[Fields]] = {}
+    refused: ResponseError | None = None
     for (p, entries), reply in zip(sorted(chunk.items()), replies):
         taken = through.settle(topic, reply)
         if taken is None:
-            retry[p] = entries
+            if isinstance(reply, (NoScriptError, NoPermissionError)):
+                retry[p] = entries
+            else:
+                refused = refused or reply
             continue
         applied, last, marked = taken
         result.last_ids[p] = last
@@ -176,15 +193,31 @@ def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: Writ
         if marked:
             enqueue_job(r, topic.name, p, behind=len(entries) - applied, job_id=job_ids[p])
     if not retry:
+        if refused is not None:
+            raise refused
         return
     order = [(p, e) for p, entries in sorted(retry.items()) for e in entries]
-    ids = _send_chunk(r, [("xadd", (keys.log(topic.name, p), e), {}) for p, e in order],
-                      durable)
+    commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("xadd", (keys.log(topic.name, p), e), {}) for p, e in order]
+    if durable:
+        ids = _send_chunk(r, commands, durable)
+    else:  # every reply read: what was appended is counted even when Redis refused some
+        pipe = r.pipeline(transaction=False)
+        for _m, args, _k in commands:
+            pipe.xadd(*args)
+        ids = pipe.execute(raise_on_error=False)
+    appended: set[int] = set()
     for (p, _e), sid in zip(order, ids):
-        result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
-    result.published += len(order)
-    ensure_jobs(r, topic.name, sorted(retry), jobs,
-                behind={p: len(entries) for p, entries in retry.items()})
+        if not isinstance(sid, Exception):
+            result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+            result.published += 1
+            appended.add(p)
+    if appended:
+        ensure_jobs(r, topic.name, sorted(appended), jobs,
+                    behind={p: len(entries) for p, entries in retry.items()})
+    refused = refused or next((x for x in ids if isinstance(x, ResponseError)), None)
+    if refused is not None:
+        raise refused
 
 
 class _ReadFailed(Exception):
@@ -288,8 +321,13 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     Raises:
         Whatever iterating ``items`` raises (e.g. an OSError reading a file), after appending
         the items validated before it (a note on the exception says how many were published);
-        Redis errors; NotDurableError: with ``durable``, no replica confirmed a chunk in
-        time (its messages are in the log of the primary, not acknowledged).
+        PublishInterrupted: Redis refused a command (out of memory under ``noeviction``, a
+        read-only replica, …) after some messages were appended: its ``result`` counts
+        them; nothing after the refusal was sent; the refusal itself (``ResponseError``:
+        ``OutOfMemoryError``, ``NoPermissionError`` …) when nothing was appended;
+        connection errors;
+        NotDurableError: with ``durable``, no replica confirmed a chunk in time (its
+        messages are in the log of the primary, not acknowledged).
     """
     if durable or is_cluster(r):
         return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs, durable,
@@ -308,27 +346,35 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
     skip = frozenset(topic.skip_msg_types)
+    refused: list[ResponseError] = []  # Redis refused a command (OOM, READONLY, NOPERM …)
 
     def settle() -> None:
-        """Read the replies of the oldest chunk in flight."""
+        """Read the replies of the oldest chunk in flight (a refusal is kept in ``refused``
+        after what was appended is counted; no more chunks are sent after it)."""
         if not inflight:
             return
         sent, n_handled, checked, chunk, job_ids = inflight.popleft()
-        if chunk is not None:
-            assert through is not None and jobs is not None
-            replies = batch.collect(tolerate_from=0)
-            if checked:
-                result.registry_version = _registry_version(replies.pop())
-            _settle_through(r, topic, jobs, through, chunk, job_ids, replies, result)
-        else:
-            replies = batch.collect(tolerate_from=len(sent))
-            if checked:
-                result.registry_version = _registry_version(replies.pop())
-            for p, sid in zip(sent, replies):
-                result.last_ids[p] = sid.decode()
-            result.published += len(sent)
-            if jobs is not None:
-                _start_jobs(r, topic, sent, replies[len(sent):], job_ids)
+        try:
+            if chunk is not None:
+                assert through is not None and jobs is not None
+                replies = batch.collect(tolerate_from=0)
+                if checked:
+                    result.registry_version = _registry_version(replies.pop())
+                _settle_through(r, topic, jobs, through, chunk, job_ids, replies, result)
+            else:
+                replies = batch.collect(tolerate_from=0)
+                if checked:
+                    result.registry_version = _registry_version(replies.pop())
+                for p, sid in zip(sent, replies):
+                    if isinstance(sid, ResponseError):
+                        refused.append(sid)
+                        continue
+                    result.last_ids[p] = sid.decode()
+                    result.published += 1
+                if jobs is not None:
+                    _start_jobs(r, topic, sent, replies[len(sent):], job_ids)
+        except ResponseError as exc:
+            refused.append(exc)
         if on_chunk:
             on_chunk(n_handled)
 
@@ -343,13 +389,14 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             job_ids = {p: new_job_id() for p in set(parts)} if jobs is not None else {}
             if through is not None and jobs is not None:
                 for p in sorted(grouped):
-                    batch.add_packed(through.packed(topic, p, grouped[p], jobs.marker_ttl_ms,
+                    batch.add_packed(through.packed(topic, p, grouped[p], jobs.queued_marker_ttl_ms,
                                                     job_ids[p]))
                 chunk, grouped = grouped, {}
             elif jobs is not None:
                 for p in sorted(job_ids):
                     batch.add_set_nx(keys.job_marker(topic.name, p).encode(),
-                                     job_marker_value(job_ids[p]).encode(), jobs.marker_ttl_ms)
+                                     job_marker_value(job_ids[p]).encode(),
+                                     jobs.queued_marker_ttl_ms)
             if check:
                 batch.add_packed(_GET_REGISTRY_VERSION)
             batch.send()
@@ -374,6 +421,8 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             parts.append(p)
             if len(parts) >= CHUNK:
                 flush()
+                if refused:
+                    break
     except _ReadFailed as failed:
         try:
             flush(last=True)
@@ -381,12 +430,24 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             batch.close()
         _read_failed(r, topic, start, result, failed)
     try:
-        flush(last=True)
+        if not refused:
+            flush(last=True)
+        while inflight:
+            settle()
     finally:
         batch.close()
     if result.last_ids:
         _touch_used(r, topic, result.last_ids)
+    if refused:
+        raise _interrupted(result, refused[0])
     return result
+
+
+def _interrupted(result: PublishResult, refusal: Exception) -> Exception:
+    """What a publish raises when Redis refused a command: PublishInterrupted (with
+    ``result``) when something was appended before, else the refusal itself (e.g. the
+    NoPermissionError of a user who may not publish, the OutOfMemoryError of a full Redis)."""
+    return PublishInterrupted(result, refusal) if result.published else refusal
 
 
 DURABLE_WAIT_MS = 5000
@@ -394,11 +455,12 @@ DURABLE_WAIT_MS = 5000
 
 
 def _send_chunk(r: Client, commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
-                durable: bool) -> list[Any]:
+                durable: bool, tolerate: bool = False) -> list[Any]:
     """Run ``(method, args, kwargs)`` commands (each on one key, the key first; or
     ``("execute_command", ("EVALSHA", sha, numkeys, key, …), {})``, whose error replies are
     returned in place, not raised) in order of the replies; with ``durable``, followed on each
-    node by ``WAIT 1`` on the connection that wrote them.
+    node by ``WAIT 1`` on the connection that wrote them. ``tolerate`` (not ``durable``):
+    every error reply is returned in place.
 
     Raises:
         NotDurableError: a node's WAIT counted no replica within :data:`DURABLE_WAIT_MS`;
@@ -408,7 +470,13 @@ def _send_chunk(r: Client, commands: list[tuple[str, tuple[Any, ...], dict[str, 
         pipe = r.pipeline(transaction=False)
         for method, args, kwargs in commands:
             getattr(pipe, method)(*args, **kwargs)
-        return _raise_first(commands, pipe.execute(raise_on_error=False))
+        replies = pipe.execute(raise_on_error=False)
+        if not tolerate:
+            return _raise_first(commands, replies)
+        for reply in replies:  # a lost connection is raised; error replies stay in place
+            if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+                raise reply
+        return replies
     # WAIT counts the replicas that have the writes of its own connection: one plain pipeline
     # per node (a cluster's pipeline would spread commands over pooled connections)
     groups: dict[str, tuple[Any, list[int]]] = {}
@@ -488,29 +556,42 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 for p, entry in chunk:
                     grouped.setdefault(p, []).append(entry)
                 commands += [("execute_command", ("EVALSHA", *through.call(
-                    topic, p, grouped[p], jobs.marker_ttl_ms, job_ids[p])), {}) for p in touched]
+                    topic, p, grouped[p], jobs.queued_marker_ttl_ms, job_ids[p])), {})
+                    for p in touched]
             else:
                 commands += [("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
                 if jobs is not None:
                     commands += [("set", (keys.job_marker(topic.name, p),
                                           job_marker_value(job_ids[p])),
-                                  {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
+                                  {"nx": True, "px": jobs.queued_marker_ttl_ms}) for p in touched]
             if registry_check:
                 commands.append(("get", (keys.REGISTRY_VERSION,), {}))
-            replies = _send_chunk(r, commands, durable)
+            try:
+                replies = _send_chunk(r, commands, durable, tolerate=not durable)
+            except ResponseError as exc:  # durable: what the chunk appended is unknown
+                raise _interrupted(result, exc) from exc
             if registry_check:
                 result.registry_version = _registry_version(replies.pop())
                 registry_check = False
-            if grouped:
-                assert jobs is not None and through is not None
-                _settle_through(r, topic, jobs, through, grouped, job_ids, replies, result,
-                                durable)
-            else:
-                for (p, _e), sid in zip(chunk, replies):
-                    result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
-                result.published += len(chunk)
-                if jobs is not None:
-                    _start_jobs(r, topic, sent, replies[len(chunk):], job_ids)
+            try:
+                if grouped:
+                    assert jobs is not None and through is not None
+                    _settle_through(r, topic, jobs, through, grouped, job_ids, replies, result,
+                                    durable)
+                else:
+                    error = None
+                    for (p, _e), sid in zip(chunk, replies):
+                        if isinstance(sid, ResponseError):
+                            error = error or sid
+                            continue
+                        result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+                        result.published += 1
+                    if jobs is not None:
+                        _start_jobs(r, topic, sent, replies[len(chunk):], job_ids)
+                    if error is not None:
+                        raise error
+            except ResponseError as exc:
+                raise _interrupted(result, exc) from exc
         if on_chunk and handled:
             on_chunk(handled)
         chunk, handled = [], 0
@@ -748,8 +829,9 @@ class WriteThrough:
                 self._loaded = False
             elif isinstance(reply, NoPermissionError):
                 self.refused = True
-            self._warn(topic, type(reply).__name__, f"write-through failed ({reply}); "
-                       "the entries are appended with XADD and applied by the workers")
+            if isinstance(reply, (NoScriptError, NoPermissionError)):
+                self._warn(topic, type(reply).__name__, f"write-through failed ({reply}); "
+                           "the entries are appended with XADD and applied by the workers")
             return None
         applied, last, marked, error = reply
         if error:
@@ -806,20 +888,65 @@ def touch(r: Client, topic: str, last_ids: dict[int, str] | None = None) -> None
         ms = max(ms_of(sid) for sid in last_ids.values())
     else:
         ms = server_ms(r)
-    r.hset(keys.LAST_USED, topic, ms)
+    try:
+        r.hset(keys.LAST_USED, topic, ms)
+    except OutOfMemoryError:  # a query still reads when Redis is out of memory
+        pass
 
 
 def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields) -> dict[int, str]:
     """Append a ``sow_delete`` by filter or by SOW keys to every partition's log.
 
+    A delete by SOW keys is appended and applied in one call where the partition is caught
+    up (``delete_now.lua``; a write-through for deletes), also when Redis is out of memory
+    (``maxmemory`` under ``noeviction`` refuses every plain append; the script is flagged
+    ``allow-oom``): deleting records is how a user frees memory. The other partitions, a
+    client that may not run scripts and ``memory://`` get a plain append for the workers.
+
     Returns:
         partition → stream id of the delete command.
+
+    Raises:
+        PublishInterrupted: Redis refused the append of some partition (out of memory with
+            unapplied entries waiting there, or for a delete by filter, which needs the
+            workers; read-only, …): its ``result.last_ids`` has the partitions done.
     """
+    entry: Fields = {"cmd": "sow_delete", **fields}
+    out: dict[int, str] = {}
+    if "keys" in fields and not isinstance(r, _fake_redis_class()):
+        scripts = Scripts(r)
+        sow_keys = str(fields["keys"]).split(",")
+        try:
+            for p in range(topic.partitions):
+                done = scripts.delete_now(topic, p, entry, sow_keys)
+                if done is not None:
+                    out[p] = done[1]
+        except NoPermissionError:  # e.g. the ACL publisher role: no scripts
+            pass
+    rest = [p for p in range(topic.partitions) if p not in out]
     pipe = r.pipeline(transaction=False)
-    for p in range(topic.partitions):
-        pipe.xadd(keys.log(topic.name, p), {"cmd": "sow_delete", **fields})
-    return {p: (sid.decode() if isinstance(sid, bytes) else sid)
-            for p, sid in enumerate(pipe.execute())}
+    for p in rest:
+        pipe.xadd(keys.log(topic.name, p), entry)
+    refused: Exception | None = None
+    for p, sid in zip(rest, pipe.execute(raise_on_error=False)):
+        if isinstance(sid, Exception):
+            if not isinstance(sid, ResponseError):
+                raise sid
+            refused = refused or sid
+            continue
+        out[p] = sid.decode() if isinstance(sid, bytes) else sid
+    if refused is not None:
+        raise _interrupted(PublishResult(published=len(out), last_ids=out), refused)
+    return out
+
+
+def _fake_redis_class() -> type:
+    """fakeredis's client class (``memory://``: its Lua runs no flagged script), or a class
+    no client is an instance of when fakeredis is not loaded."""
+    import sys
+
+    fake = sys.modules.get("fakeredis")
+    return fake.FakeRedis if fake is not None else type("_NoFake", (), {})
 
 
 def wait_applied(r: Client, topic: TopicConfig, last_ids: dict[int, str], timeout_s: float = 60.0,

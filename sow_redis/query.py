@@ -12,6 +12,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from redis.exceptions import OutOfMemoryError
+
 from . import keys
 from .config import TopicConfig
 from .connection import (
@@ -127,7 +129,10 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
 
     if top_n is not None and top_n < 0:
         raise ValueError(f"top_n must be 0 or more, got {top_n}")
-    r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
+    try:
+        r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
+    except OutOfMemoryError:  # a query reads: it never fails for want of memory to count it
+        pass
     pred = compile_filter(filter) if filter else None
     order = parse_order_by(order_by) if order_by else None
     if top_n == 0:

@@ -172,6 +172,29 @@ class Scripts:
                  packed, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
                  marker_ttl_ms, owner])
 
+    def delete_now(self, topic: TopicConfig, p: int, fields: Fields,
+                   sow_keys: Sequence[str]) -> tuple[int, str] | None:
+        """delete_now.lua: append the ``sow_delete`` entry ``fields`` to partition ``p``'s
+        log and remove the records of ``sow_keys`` in the same call, also when Redis is out
+        of memory (the script is flagged ``allow-oom``), provided the log holds no unapplied
+        entry and no shape migration holds the partition.
+
+        Returns:
+            ``(records removed, stream id of the entry)``; None when nothing was written
+            (unapplied entries wait before it, or a migration runs).
+        """
+        n_idx = len(topic.hash_index)
+        removed, sid = self.call(
+            "delete_now", keys.partition_keys(topic.name, p, n_idx) + [keys.lease(topic.name, p)],
+            [keys.partition_channel(topic.name, p), topic.name, n_idx,
+             "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0", p,
+             *retention_args(topic),
+             msgpack.packb([x for kv in fields.items() for x in kv], use_bin_type=False),
+             *sow_keys])
+        if int(removed) < 0:
+            return None
+        return int(removed), sid.decode() if isinstance(sid, bytes) else sid
+
     def load(self, name: str) -> None:
         """``SCRIPT LOAD`` script ``name`` (before sending it as a bare EVALSHA)."""
         self._r.script_load(self._scripts[name].script)
