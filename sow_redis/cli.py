@@ -350,8 +350,10 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
              wait: bool, timeout: float, expiration: float | None,
              separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
     from .errors import WaitTimeout
+    from .messages import check_expiration
     from .publisher import PublishResult, append
 
+    check_expiration(expiration)  # --expiration beyond 100 years: one line, nothing sent
     sow = _sow(ctx)
     t = sow.topic(topic)
     _check_sow_key_option(t, sow_key)
@@ -434,7 +436,8 @@ _publish_options = [
     click.option("--wait", is_flag=True, help="Return only after the workers applied everything."),
     click.option("--timeout", default=300.0, show_default=True, help="Seconds --wait waits."),
     click.option("--expiration", type=click.FloatRange(min=0),
-                 help="Message lifetime in seconds (0 = never expire); overrides the topic's."),
+                 help="Message lifetime in seconds (0 = never expire, at most 100 years); "
+                 "overrides the topic's."),
     click.option("--separator", help="FIX topics: field separator of FILE (SOH, ';', '|'); "
                  "default: the topic's field_separator."),
     click.option("--retry-s", type=click.FloatRange(min=0), default=60.0, show_default=True,

@@ -338,8 +338,10 @@ class Sow:
             sow_key: the SOW key for topics without key fields (1-512 Base64 characters); on a
                 topic with key fields every message is rejected ``bad_sow_key``.
             expiration: message lifetime in seconds (overrides the topic default under policy
-                "override"; ``0`` = never expire); every publish resets the lifetime. Not a
-                finite number >= 0 (or a bool): every message is rejected ``bad_expiration``.
+                "override"; ``0`` = never expire; at most 100 years, 3,155,760,000 s); every
+                publish resets the lifetime. Not a number from 0 to 100 years (or a bool):
+                every message is rejected ``bad_expiration`` (the MessageError of
+                :func:`sow_redis.messages.check_expiration`).
             wait: return only after the workers applied every message (read-your-writes);
                 always so with :attr:`inline`.
             timeout: seconds to wait at most with ``wait`` (see :meth:`handoff`).

@@ -47,6 +47,8 @@ from typing import Any, TypedDict
 import msgpack
 import orjson
 
+from .records import expiry_of
+
 OPS = ("publish", "delta_publish", "sow_delete")
 """``op`` of a change event."""
 
@@ -102,7 +104,7 @@ def parse_block(raw: bytes) -> ChangeBlock:
     for i in range(5, len(arr), EVENT_WIDTH):
         op, key, seq, sid, reason, expiry, data = arr[i:i + EVENT_WIDTH]
         ev: ChangeEvent = {"topic": topic, "partition": partition, "op": op, "sow_key": key,
-                           "seq": int(seq), "id": sid, "expiry_ms": int(expiry),
+                           "seq": int(seq), "id": sid, "expiry_ms": expiry_of(expiry),
                            "data": orjson.loads(data)}
         if reason:
             ev["reason"] = reason

@@ -1,0 +1,125 @@
+"""Issue 23 items 2, 3 and 5: nothing a subscriber receives can kill it; a message's own
+expiration is bounded like a topic's; a bookmark-store subscription that cannot resume keeps
+its position, and change-feed retention by count counts changes.
+
+Bad bytes are written straight into Redis (records, change blocks), as a client that bypasses
+the publisher could: the readers must decode defensively and never crash."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import msgpack
+import orjson
+import pytest
+from conftest import cli_env, run_cli, wait_until
+
+from sow_redis import keys
+from sow_redis.client import Sow
+from sow_redis.errors import MessageError
+from sow_redis.feed.live import topic_subscribers
+from sow_redis.messages import MAX_EXPIRATION_S, check_expiration
+from sow_redis.records import MAX_EXPIRY_MS
+
+
+def _topic(sow, name, extra="", partitions=1):
+    sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\npartitions = {partitions}\n'
+                     f"{extra}")
+    return sow.topic(name)
+
+
+def _block(topic, p, seq, *changes):
+    """A change block (MessagePack, as the Lua scripts write it) holding ``changes`` from
+    ``seq`` on; each change ``(key, data, expiry)`` as raw values."""
+    arr: list = [topic, p, seq, seq + len(changes) - 1, int(time.time() * 1000)]
+    for i, (key, data, expiry) in enumerate(changes):
+        arr += ["publish", key, seq + i, f"{seq + i}-0", "", expiry, data]
+    return msgpack.packb(arr, use_bin_type=False)
+
+
+def _forge_record(r, t, p, seq, key, data, expiry=b"0"):
+    """A record written straight into partition ``p`` at change ``seq`` (the partition's
+    sequence moved to it), as a client that bypasses the publisher could."""
+    r.hset(keys.records(t.name, p), key, b"%d:%s:%d-0\n%s" % (seq, expiry, seq, data))
+    r.hset(keys.state(t.name, p), "seq", seq)
+
+
+def _cli_subscriber(url, *args):
+    proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", *args],
+                            env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc
+
+
+def _wait_subscribed(r, name, n=1):
+    wait_until(lambda: topic_subscribers(r, [name])[name] >= n, 20, "the subscriber")
+
+
+# -- item 3: a message's own expiration is bounded ---------------------------------------------
+def test_a_message_expiration_beyond_100_years_is_rejected_at_publish_and_by_the_worker(
+        url, topic_name):
+    assert check_expiration(MAX_EXPIRATION_S) == MAX_EXPIRATION_S == 3_155_760_000
+    for bad in (1e20, 1e16, "1e300", MAX_EXPIRATION_S + 1):
+        with pytest.raises(MessageError, match="at most 100 years") as exc:
+            check_expiration(bad)
+        assert exc.value.reason == "bad_expiration"
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, 'expiration = "enabled"\n')
+    res = sow.publish(t.name, [{"k": 1}, {"k": 2}], expiration=1e20)
+    assert [(x.position, x.reason) for x in res.rejected] == [(1, "bad_expiration"),
+                                                             (2, "bad_expiration")]
+    assert sow.publish(t.name, {"k": 3}, expiration=1e16).rejected[0].reason == "bad_expiration"
+    res = sow.publish(t.name, [b'{"$sow":{"expiration":1e300},"data":{"k":4}}',
+                               b'{"$sow":{"expiration":3e9},"data":{"k":5}}'])
+    assert [(x.position, x.reason) for x in res.rejected] == [(1, "bad_expiration")]
+    assert [rec.obj() for rec in sow.sow(t.name)] == [{"k": 5}]
+    # the CLI: one line, non-zero, nothing sent
+    logged = sow.r.xlen(keys.log(t.name, 0))
+    out = run_cli(url, "publish", "-t", t.name, "--expiration", "1e20", input=b'{"k": 6}\n',
+                  check=False)
+    assert out.returncode == 1 and out.stdout == b"", out
+    assert out.stderr.count(b"\n") == 1 and b"at most 100 years" in out.stderr, out.stderr
+    out = run_cli(url, "publish", "-t", t.name,
+                  input=b'{"$sow":{"expiration":1e300},"data":{"k":7}}\n', check=False)
+    assert out.returncode == 3 and b"bad_expiration" in out.stderr, out
+    assert sow.r.xlen(keys.log(t.name, 0)) == logged
+    # an entry written to the log by another client: rejected by the worker, with its reason
+    sow.r.xadd(keys.log(t.name, 0), {"cmd": "publish", "data": b'{"k": 8}',
+                                     "expiration": b"1e16"})
+    sow.handoff(t, {0: "0-0"}, True, 30)
+    errs = sow.errors(t.name)
+    assert [(e["reason"], e["data"]) for e in errs] == [("bad_expiration", '{"k": 8}')]
+    assert "at most 100 years" in errs[0]["detail"]
+    assert [rec.obj() for rec in sow.sow(t.name)] == [{"k": 5}]
+
+
+def test_readers_survive_an_expiry_stored_beyond_any_clock(url, topic_name):
+    """A record (and its change) whose stored expiry is out of any range (written before the
+    bound, or behind sow_redis's back): stats, queries and live subscribers go on."""
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, 'expiration = "enabled"\n')
+    sow.publish(t.name, {"k": 1})
+    proc = _cli_subscriber(url, "subscribe", "-t", t.name, "--count", "2", "--timeout", "10")
+    try:
+        _wait_subscribed(sow.r, t.name)
+        huge = b"1" + b"0" * 300
+        _forge_record(sow.r, t, 0, 2, b"forged", b'{"k":2}', huge)
+        sow.r.zadd(keys.expiry(t.name, 0), {b"forged": 1e303})
+        sow.r.execute_command("SPUBLISH", keys.partition_channel(t.name, 0),
+                              _block(t.name, 0, 2, ("forged", '{"k":2}', 1e23)))
+        sow.publish(t.name, {"k": 3})
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    lines = [orjson.loads(x) for x in out.splitlines()]
+    assert proc.returncode == 0, err
+    assert [(m["data"]["k"], m["expiry_ms"]) for m in lines] == [(2, MAX_EXPIRY_MS), (3, 0)]
+    st = orjson.loads(run_cli(url, "stats", "--json", "--interval", "0.1", "-t", t.name).stdout)
+    assert st["with_expiry"] == 1 and st["next_due_ms"] is None and st["records"] == 3
+    assert t.name in run_cli(url, "stats", "--interval", "0.1", "-t", t.name).stdout.decode()
+    (rec,) = [x for x in sow.sow(t.name) if x.sow_key == "forged"]
+    assert rec.expiry_ms == MAX_EXPIRY_MS and rec.obj() == {"k": 2}
+    keyed = [orjson.loads(x) for x in run_cli(url, "sow", "-t", t.name, "--with-key").stdout
+             .splitlines()]
+    assert sorted(x["data"]["k"] for x in keyed) == [1, 2, 3]
