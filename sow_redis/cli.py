@@ -556,8 +556,9 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
         return
     for rec in records:
         if with_key:
-            out.write(b'{"sow_key":"%s","seq":%d,"expiry_ms":%d,"data":%s}\n'
-                      % (rec.sow_key.encode(), rec.seq, rec.expiry_ms, rec.data))
+            key = rec.sow_key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            out.write(b'{"sow_key":%s,"seq":%d,"expiry_ms":%d,"data":%s}\n'
+                      % (orjson.dumps(key), rec.seq, rec.expiry_ms, rec.data))
         else:
             out.write(rec.data + b"\n")
     out.flush()
@@ -623,7 +624,13 @@ def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> Non
     try:
         with sub:
             def write(msg: dict[str, Any]) -> None:
-                out.write(to_line(msg))
+                try:
+                    line = to_line(msg)
+                except (TypeError, ValueError) as exc:  # one error line; the others go on
+                    _report_recovery({**msg, "kind": "error", "data": None,
+                                      "error": f"the message cannot be written as JSON ({exc})"})
+                    return
+                out.write(line)
                 out.flush()
 
             sub.run(write, count=count, timeout=timeout)
@@ -642,6 +649,14 @@ def _message_limits(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _report_recovery(msg: dict[str, Any]) -> None:
+    """One stderr line per ``recovery`` or ``error`` message of a subscription."""
+    if msg["kind"] == "error":
+        where = "" if msg.get("partition") is None else f" partition {msg['partition']}"
+        seq = "" if msg.get("seq") is None else f" seq {msg['seq']}"
+        key = "" if msg.get("sow_key") is None else f" (SOW key {msg['sow_key']!r})"
+        click.echo(f"error: topic {msg['topic']}{where}{seq}{key}: {msg['error']}; skipped",
+                   err=True)
+        return
     click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
                f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "
                f"{'change feed' if msg['how'] == 'feed' else 'records'})", err=True)

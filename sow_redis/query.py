@@ -9,8 +9,11 @@ still checked on every record read.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from typing import Any
+
+import orjson
 
 from . import keys
 from .config import TopicConfig
@@ -21,6 +24,8 @@ from .connection import (
 from .records import Record
 from .records import decode as decode_record
 from .sowkey import generate, index_hash, partition_of_key
+
+log = logging.getLogger(__name__)
 
 SCAN_COUNT = 1000
 """HSCAN page size (records) when a query reads a whole partition."""
@@ -121,6 +126,9 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
         FilterSyntaxError: the filter or order-by does not parse, or nests too deeply.
         FilterEvalError: evaluating the filter on a record failed.
         ValueError: ``top_n`` is negative.
+
+    A record whose data is no JSON object (written behind sow_redis's back) matches no filter
+    and no order-by (a warning is logged); without either it is returned as stored.
     """
     from .filter import compile_filter
     from .orderby import parse_order_by, sort_records
@@ -153,7 +161,14 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
         if now_ms and 0 < rec.expiry_ms <= now_ms:
             continue  # due: the expirer is about to remove it; never returned once due
         if pred is not None or order is not None:
-            obj = rec.obj()
+            try:
+                obj = rec.obj()
+            except orjson.JSONDecodeError as exc:  # no JSON object: no filter can match it
+                log.warning("topic %s: record %r is no JSON object the query can read (%s); "
+                            "skipped", topic.name, rec.sow_key, exc)
+                continue
+            if not isinstance(obj, dict):
+                continue
             if pred is not None and not pred(obj):
                 continue
             objs[rec.sow_key] = obj

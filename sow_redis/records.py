@@ -51,10 +51,16 @@ class Record:
 
 
 def decode(sow_key: str | bytes, raw: bytes) -> Record:
-    """Record from a stored value."""
+    """Record from a stored value. A key that is not UTF-8 (written behind sow_redis's back)
+    keeps its bytes as lone surrogates (``surrogateescape``): the record reads, and
+    :func:`sow_redis.events.decode_change` tells a reader that its key cannot be shown.
+
+    Raises:
+        ValueError: not a stored record (no ``<seq>:<expiry>:<id>`` header).
+    """
     head, _, data = raw.partition(b"\n")
     seq, exp, sid = head.split(b":", 2)
-    key = sow_key.decode() if isinstance(sow_key, bytes) else sow_key
+    key = sow_key.decode("utf-8", "surrogateescape") if isinstance(sow_key, bytes) else sow_key
     expiry = int(exp) if len(exp) < 16 and exp.isdigit() else expiry_of(exp)
     return Record(key, int(seq), expiry, sid.decode(), data)
 

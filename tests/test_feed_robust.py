@@ -52,8 +52,13 @@ def _cli_subscriber(url, *args):
     return proc
 
 
-def _wait_subscribed(r, name, n=1):
-    wait_until(lambda: topic_subscribers(r, [name])[name] >= n, 20, "the subscriber")
+def _live_cli(url, sow, t, *args):
+    """A CLI subscriber of ``t`` that has received a first record ``{"k": "warm"}`` (so it
+    is past its start: what follows reaches it live); returns the process and that line."""
+    proc = _cli_subscriber(url, *args, "-t", t.name)
+    wait_until(lambda: topic_subscribers(sow.r, [t.name])[t.name] >= 1, 20, "the subscriber")
+    sow.publish(t.name, {"k": "warm"})
+    return proc, orjson.loads(proc.stdout.readline())
 
 
 # -- item 3: a message's own expiration is bounded ---------------------------------------------
@@ -100,26 +105,107 @@ def test_readers_survive_an_expiry_stored_beyond_any_clock(url, topic_name):
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name, 'expiration = "enabled"\n')
     sow.publish(t.name, {"k": 1})
-    proc = _cli_subscriber(url, "subscribe", "-t", t.name, "--count", "2", "--timeout", "10")
+    proc, warm = _live_cli(url, sow, t, "subscribe", "--count", "3", "--timeout", "10")
     try:
-        _wait_subscribed(sow.r, t.name)
         huge = b"1" + b"0" * 300
-        _forge_record(sow.r, t, 0, 2, b"forged", b'{"k":2}', huge)
+        seq = warm["seq"] + 1
+        _forge_record(sow.r, t, 0, seq, b"forged", b'{"k":2}', huge)
         sow.r.zadd(keys.expiry(t.name, 0), {b"forged": 1e303})
         sow.r.execute_command("SPUBLISH", keys.partition_channel(t.name, 0),
-                              _block(t.name, 0, 2, ("forged", '{"k":2}', 1e23)))
+                              _block(t.name, 0, seq, ("forged", '{"k":2}', 1e23)))
         sow.publish(t.name, {"k": 3})
         out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     lines = [orjson.loads(x) for x in out.splitlines()]
-    assert proc.returncode == 0, err
+    assert proc.returncode == 0 and err == b"", err
     assert [(m["data"]["k"], m["expiry_ms"]) for m in lines] == [(2, MAX_EXPIRY_MS), (3, 0)]
     st = orjson.loads(run_cli(url, "stats", "--json", "--interval", "0.1", "-t", t.name).stdout)
-    assert st["with_expiry"] == 1 and st["next_due_ms"] is None and st["records"] == 3
+    assert st["with_expiry"] == 1 and st["next_due_ms"] is None and st["records"] == 4
     assert t.name in run_cli(url, "stats", "--interval", "0.1", "-t", t.name).stdout.decode()
     (rec,) = [x for x in sow.sow(t.name) if x.sow_key == "forged"]
     assert rec.expiry_ms == MAX_EXPIRY_MS and rec.obj() == {"k": 2}
     keyed = [orjson.loads(x) for x in run_cli(url, "sow", "-t", t.name, "--with-key").stdout
              .splitlines()]
-    assert sorted(x["data"]["k"] for x in keyed) == [1, 2, 3]
+    assert sorted(str(x["data"]["k"]) for x in keyed) == ["1", "2", "3", "warm"]
+
+
+# -- item 2: nothing a subscriber receives can kill it -----------------------------------------
+DEEP = b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}"
+BAD = [  # (key, data, what the error line says)
+    (b"key\xff", b'{"k":"badkey"}', b"the SOW key is not UTF-8"),
+    (b"badutf8", b'{"a":"\xff"}', b"the data is not UTF-8"),
+    (b"nan", b"NaN", b"the data is not JSON the reader can decode"),
+    (b"deep", DEEP, b"the data is not JSON the reader can decode"),
+    (b"nul", b'{"a":"x\x00"}', b"the data is not JSON the reader can decode"),
+]
+GOOD = (b"ok\x00", b'{"k":"nul\\u0000"}')
+
+
+def _forge_block(r, t, p, changes):
+    """Changes written straight into partition ``p`` as one block: the records, the
+    partition's sequence, the change feed and the live channel (a client bypassing the
+    write path could do each)."""
+    first = int(r.hget(keys.state(t.name, p), "seq") or 0) + 1
+    for i, (key, data) in enumerate(changes):
+        _forge_record(r, t, p, first + i, key, data)
+    raw = _block(t.name, p, first, *[(key, data, 0) for key, data in changes])
+    r.xadd(keys.changes(t.name, p), {"block": raw}, id=f"{first}-0")
+    r.zadd(keys.change_times(t.name, p), {str(first): int(time.time() * 1000)})
+    r.execute_command("SPUBLISH", keys.partition_channel(t.name, p), raw)
+    return first
+
+
+def _errors(stderr: bytes) -> list[bytes]:
+    lines = stderr.splitlines()
+    assert all(x.startswith(b"error: topic ") and x.endswith(b"; skipped") for x in lines), lines
+    return lines
+
+
+def test_a_subscriber_skips_what_it_cannot_decode_with_one_error_line_each(url, topic_name):
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name)
+    sow.publish(t.name, {"k": 1})
+    live, _warm = _live_cli(url, sow, t, "subscribe", "--count", "3", "--timeout", "20")
+    try:
+        sow.r.execute_command("SPUBLISH", keys.partition_channel(t.name, 0), b"junk")
+        first = _forge_block(sow.r, t, 0, [(k, d) for k, d, _w in BAD] + [GOOD])
+        sow.publish(t.name, {"k": 2})
+        out, err = live.communicate(timeout=30)
+    finally:
+        live.kill()
+    assert live.returncode == 0, err
+    got = [orjson.loads(x) for x in out.splitlines()]
+    assert [(m["sow_key"], m["data"]) for m in got][:1] == [("ok\x00", {"k": "nul\x00"})]
+    assert got[1]["data"] == {"k": 2} and got[1]["seq"] == first + len(BAD) + 1
+    errors = _errors(err)
+    assert len(errors) == len(BAD) + 1, errors
+    assert b"no change block" in errors[0]
+    for line, (_key, _data, what), seq in zip(errors[1:], BAD, range(first, first + 5)):
+        assert line.startswith(b"error: topic %s partition 0 seq %d " % (t.name.encode(), seq))
+        assert what in line, line
+    assert b"(SOW key 'key\\\\xff')" in errors[1]
+    # a replay of the feed holding the block, through the API and the CLI
+    reports: list = []
+    with sow.subscribe(t.name, bookmark="EPOCH", report=reports.append) as sub:
+        msgs = []
+        while (m := sub.get(timeout=0.3)) is not None:
+            msgs.append(m)
+    assert [m["kind"] for m in msgs] == ["publish"] * 4 + ["completed"]
+    assert [m["data"]["k"] for m in msgs[:4]] == [1, "warm", "nul\x00", 2]
+    assert [(e["kind"], e["seq"]) for e in reports] == [("error", s) for s in range(first,
+                                                                                     first + 5)]
+    out = run_cli(url, "subscribe", "-t", t.name, "--bookmark", "EPOCH", "--timeout", "0.5")
+    assert len(out.stdout.splitlines()) == 5 and len(_errors(out.stderr)) == len(BAD)
+    # the query part of sow-and-subscribe, and queries
+    out = run_cli(url, "sow-and-subscribe", "-t", t.name, "--timeout", "0.5")
+    got = [orjson.loads(x) for x in out.stdout.splitlines()]
+    assert sorted(str(m["data"]["k"]) for m in got if m["kind"] == "sow") == [
+        "1", "2", "nul\x00", "warm"]
+    assert got[-1]["kind"] == "group_end" and len(_errors(out.stderr)) == len(BAD)
+    assert len(run_cli(url, "sow", "-t", t.name).stdout.splitlines()) == 4 + len(BAD)
+    keyed = run_cli(url, "sow", "-t", t.name, "--with-key", "-f",
+                    "/k > 'a' AND /k < 'w'").stdout
+    assert sorted(orjson.loads(x)["sow_key"] for x in keyed.splitlines()) == ["key\\xff",
+                                                                               "ok\x00"]
+    assert sorted(r.obj()["k"] for r in sow.sow(t.name, "/k > 0")) == [1, 2]

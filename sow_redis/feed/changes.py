@@ -50,6 +50,15 @@ def _first_of(sid: bytes | str) -> int:
     return int(text.split("-", 1)[0])
 
 
+def _block(p: int, after: int, fields: dict[bytes, bytes]) -> ChangeBlock:
+    """A feed entry's block; an entry that is none (written behind sow_redis's back) cannot
+    give the changes after ``after``: :class:`FeedGap`, so a reader re-reads the records."""
+    try:
+        return parse_block(fields[b"block"])
+    except (KeyError, ValueError):
+        raise FeedGap(p, after, None) from None
+
+
 def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
                  ) -> Iterator[ChangeBlock]:
     """The blocks of partition ``p`` holding the changes ``after`` + 1 … ``upto`` (the first
@@ -57,7 +66,7 @@ def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
 
     Raises:
         FeedGap: the feed does not hold change ``after`` + 1 (trimmed by the retention, or the
-            topic keeps no change feed).
+            topic keeps no change feed), or holds an entry that is no change block.
     """
     if after >= upto:
         return
@@ -67,7 +76,7 @@ def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
     cursor = "-"
     if below:
         sid, fields = below[0]
-        block = parse_block(fields[b"block"])
+        block = _block(p, after, fields)
         cursor = "(" + sid.decode()
         if block["last"] >= start:
             yield block
@@ -79,7 +88,7 @@ def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
         if not page:
             raise FeedGap(p, start - 1, oldest_retained(r, topic, p))
         for sid, fields in page:
-            block = parse_block(fields[b"block"])
+            block = _block(p, start - 1, fields)
             if block["first"] > start:
                 raise FeedGap(p, start - 1, oldest_retained(r, topic, p))
             yield block
@@ -130,8 +139,10 @@ def check_retained(r: Client, topic: TopicConfig, bm: Bookmark) -> None:
         if oldest is None or oldest > pos + 1:
             head = cast("list[StreamEntry]", r.xrange(keys.changes(topic.name, p), count=1))
             when = ""
-            if head:
-                when = f" ({_when(parse_block(head[0][1][b'block'])['ms'])})"
+            try:
+                when = f" ({_when(parse_block(head[0][1][b'block'])['ms'])})" if head else ""
+            except (KeyError, ValueError, OverflowError):
+                pass
             retained = (f"its oldest retained change is seq {oldest}{when}" if oldest
                         else "the topic keeps no change feed (change_retention = 0)"
                         if not topic.change_feed else "it holds nothing")
