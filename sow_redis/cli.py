@@ -674,12 +674,15 @@ def _report_recovery(msg: dict[str, Any]) -> None:
 @click.option("--sub-id", help="Subscription id in the bookmark store.")
 @click.option("--persist-every", type=click.IntRange(min=1), default=10, show_default=True,
               help="Processed messages between two writes of the bookmark.")
+@click.option("--resync", is_flag=True, help="A bookmark older than the change feed: re-read "
+              "the records changed since it, then go live (instead of an error).")
 @_message_limits
 @click.pass_context
 @_friendly
 def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
               bookmark: str | None, client_name: str | None, sub_id: str | None,
-              persist_every: int, count: int | None, timeout: float | None) -> None:
+              persist_every: int, resync: bool, count: int | None,
+              timeout: float | None) -> None:
     """Print the changes of a topic as JSON Lines (one message per line, with a "kind":
     publish, oof, completed, recovery), AMPS subscribe semantics: records published to the
     topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
@@ -695,7 +698,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
         raise click.UsageError("--client-name and --sub-id go together")
     sub = _sow(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
                               client_name=client_name, sub_id=sub_id,
-                              persist_every=persist_every, report=_report_recovery)
+                              persist_every=persist_every, resync=resync,
+                              report=_report_recovery)
     _run_subscription(sub, count, timeout)
 
 

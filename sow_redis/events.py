@@ -34,8 +34,9 @@ a JSON object, NaN text, nested deeper than the JSON decoder goes) becomes an ev
 reports it and goes on. An expiry beyond any clock reads as
 :data:`sow_redis.records.MAX_EXPIRY_MS`. The change feed keeps blocks for the topic's
 ``change_retention`` (age and count per partition, defaults 1 h and 100,000 changes): the
-oldest blocks are trimmed as new ones come (by count at every block, by age each time the
-partition's sequence crosses a multiple of 64). A block's time is also indexed in
+oldest blocks are trimmed as new ones come (by count at every block, keeping whole blocks down
+to the one holding the oldest change to keep, so a block of more changes than the count stays;
+by age each time the partition's sequence crosses a multiple of 64). A block's time is also indexed in
 ``{sow:<topic>:<p>}:changes:t`` (ZSET first seq → ms).
 
 The expirer publishes one more message when it removes an idle topic (``idle_expiration``):

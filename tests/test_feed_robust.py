@@ -209,3 +209,78 @@ def test_a_subscriber_skips_what_it_cannot_decode_with_one_error_line_each(url, 
     assert sorted(orjson.loads(x)["sow_key"] for x in keyed.splitlines()) == ["key\\xff",
                                                                                "ok\x00"]
     assert sorted(r.obj()["k"] for r in sow.sow(t.name, "/k > 0")) == [1, 2]
+
+
+# -- item 5: a subscription that cannot resume keeps its position ------------------------------
+def _stored(sow, client, sub_id):
+    from sow_redis.feed.bookmark_store import list_bookmarks
+
+    return [r["bookmark"] for r in list_bookmarks(sow.r, client, sub_id)]
+
+
+def test_a_stored_bookmark_older_than_the_feed_is_kept_and_resync_resumes_from_it(
+        url, topic_name):
+    from sow_redis.errors import BookmarkError
+
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, "change_retention = { count = 20 }\n")
+    for i in range(5):
+        sow.publish(t.name, {"k": i, "v": 0})
+    client, sub = f"c{topic_name}", "feed"
+    store = ("--client-name", client, "--sub-id", sub)
+    out = run_cli(url, "subscribe", "-t", t.name, *store, "--count", "5", "--timeout", "5")
+    assert len(out.stdout.splitlines()) == 5 and _stored(sow, client, sub) == ["000000000005"]
+    for i in range(5, 105):  # 10 records, each changed since; the feed keeps the last 20
+        sow.publish(t.name, {"k": i % 10, "v": i})
+    for _attempt in range(2):  # fails with one line, and the stored position stays
+        out = run_cli(url, "subscribe", "-t", t.name, *store, "--timeout", "1", check=False)
+        assert out.returncode == 1 and out.stdout == b"" and out.stderr.count(b"\n") == 1
+        assert _stored(sow, client, sub) == ["000000000005"]
+        assert b"older than the change feed" in out.stderr and b"--resync" in out.stderr
+    with pytest.raises(BookmarkError, match="resync"):
+        sow.subscribe(t.name, client_name=client, sub_id=sub)
+    assert _stored(sow, client, sub) == ["000000000005"]
+    # --resync: every record changed since the bookmark, in change order, then live
+    out = run_cli(url, "subscribe", "-t", t.name, *store, "--resync", "--timeout", "1")
+    got = [orjson.loads(x) for x in out.stdout.splitlines()]
+    assert [m["kind"] for m in got] == ["publish"] * 10 + ["recovery", "completed"]
+    assert [m["data"]["v"] for m in got[:10]] == list(range(95, 105))
+    assert (got[10]["cause"], got[10]["how"], got[10]["after"], got[10]["to"]) == (
+        "resync", "requery", 5, 105)
+    assert b"after a resync" in out.stderr  # (and the log line of the recovery)
+    assert _stored(sow, client, sub) == ["000000000069"]  # 105
+    sow.publish(t.name, {"k": 3, "v": 105})
+    out = run_cli(url, "subscribe", "-t", t.name, *store, "--timeout", "1")
+    assert [orjson.loads(x).get("data") for x in out.stdout.splitlines()] == [
+        {"k": 3, "v": 105}, None]
+
+
+def test_change_feed_retention_by_count_counts_changes_not_blocks(url, topic_name):
+    from sow_redis.events import parse_block
+    from sow_redis.feed.bookmark import Bookmark
+
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, "change_retention = { count = 100 }\n")
+
+    def feed():
+        return [(b["first"], b["last"]) for b in (
+            parse_block(f[b"block"]) for _sid, f in sow.r.xrange(keys.changes(t.name, 0)))]
+
+    sow.publish(t.name, [{"k": i} for i in range(480)])
+    assert feed() == [(1, 480)]  # one block of 480 changes, kept: it holds the last 100
+    with sow.subscribe(t.name, bookmark=str(Bookmark((380,)))) as sub:
+        msgs = []
+        while (m := sub.get(timeout=0.3)) is not None:
+            msgs.append(m)
+    assert [m["seq"] for m in msgs[:-1]] == list(range(381, 481)) and msgs[-1]["kind"] == (
+        "completed")
+    for i in range(150):
+        sow.publish(t.name, {"k": i})
+    blocks = feed()
+    print(f"630 changes (a block of 480, then 150 of 1), count retention 100: blocks {blocks[:2]}"
+          f"… {len(blocks)} in all")
+    assert blocks[0][0] <= 630 - 99 < blocks[0][0] + 64 and blocks[-1] == (630, 630)
+    times = [int(x) for x in sow.r.zrange(keys.change_times(t.name, 0), 0, -1)]
+    assert times[-1] == 630 and min(times) <= blocks[0][0]
+    with sow.subscribe(t.name, bookmark=str(Bookmark((630 - 100,)))) as sub:
+        assert sub.get(timeout=2)["seq"] == 531

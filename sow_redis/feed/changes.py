@@ -121,19 +121,25 @@ def _when(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
 
 
-def check_retained(r: Client, topic: TopicConfig, bm: Bookmark) -> None:
-    """Raise unless the change feed holds every change after ``bm``.
+RESYNC_HINT = ("; resync (subscribe --resync) re-reads the records changed since the bookmark, "
+               "then goes live")
+"""The end of the error of a bookmark older than the change feed."""
+
+
+def check_retained(r: Client, topic: TopicConfig, bm: Bookmark, feed: bool = True) -> None:
+    """Raise unless the change feed holds every change after ``bm`` (with ``feed`` False,
+    only unless the bookmark is at or before each partition's current seq: a resync).
 
     Raises:
-        BookmarkError: naming the oldest retained point of the first partition that lacks
-            changes after the bookmark.
+        BookmarkError: the bookmark is ahead of the topic, or (``feed``) naming the oldest
+            retained point of the first partition that lacks changes after the bookmark.
     """
     seqs = current_seqs(r, topic)
     for p, (pos, cur) in enumerate(zip(bm.seqs, seqs)):
         if pos > cur:
             raise BookmarkError(f"bookmark is ahead of topic '{topic.name}': partition {p} is "
                                 f"at seq {cur}, the bookmark at {pos}")
-        if pos == cur:
+        if pos == cur or not feed:
             continue
         oldest = oldest_retained(r, topic, p)
         if oldest is None or oldest > pos + 1:
@@ -148,15 +154,21 @@ def check_retained(r: Client, topic: TopicConfig, bm: Bookmark) -> None:
                         if not topic.change_feed else "it holds nothing")
             raise BookmarkError(f"bookmark is older than the change feed of topic "
                                 f"'{topic.name}' retains: partition {p} needs seq {pos + 1}, "
-                                f"{retained}")
+                                f"{retained}{RESYNC_HINT}")
 
 
-def resolve(r: Client, topic: TopicConfig, text: str) -> Bookmark:
+def resolve(r: Client, topic: TopicConfig, text: str, resync: bool = False) -> Bookmark:
     """A bookmark from its string, ``EPOCH``, ``NOW`` or an ISO-8601 time (``RECENT`` is the
     bookmark store's: :mod:`.bookmark_store`).
 
+    Args:
+        resync: accept a bookmark (or time) older than the change feed retains: the
+            subscriber re-reads the records changed since (a time older than the feed starts
+            its partition at 0: every record).
+
     Raises:
-        BookmarkError: malformed, or older than the change feed retains.
+        BookmarkError: malformed, ahead of the topic, or (without ``resync``) older than the
+            change feed retains.
     """
     word = text.strip()
     if word.upper() == "EPOCH":  # all that is retained (a partition with none: from now)
@@ -176,7 +188,15 @@ def resolve(r: Client, topic: TopicConfig, text: str) -> Bookmark:
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
         ms = int(when.timestamp() * 1000)
-        return Bookmark(tuple(seq_at(r, topic, p, ms) for p in range(topic.partitions)))
+        seqs = []
+        for p in range(topic.partitions):
+            try:
+                seqs.append(seq_at(r, topic, p, ms))
+            except BookmarkError as exc:
+                if not resync:
+                    raise BookmarkError(f"{exc}{RESYNC_HINT}") from None
+                seqs.append(0)
+        return Bookmark(tuple(seqs))
     bm = Bookmark.parse(word, topic.partitions)
-    check_retained(r, topic, bm)
+    check_retained(r, topic, bm, feed=not resync)
     return bm

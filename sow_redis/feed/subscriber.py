@@ -30,7 +30,8 @@ Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
   records), with the record's ``sow_key`` and last known ``data``;
 * ``completed``: the end of the replay part of a bookmark subscription: ``bookmark``;
 * ``recovery``: ``partition``, ``cause`` (``gap`` | ``reconnect`` | ``replay``: the change
-  feed could not give a bookmark replay's changes), ``how`` (``feed`` | ``requery``),
+  feed could not give a bookmark replay's changes | ``resync``: the same, asked for with
+  ``resync``, for a bookmark older than the feed), ``how`` (``feed`` | ``requery``),
   ``after`` and ``to`` (the seqs the recovery covered).
 
 Nothing a subscriber receives stops it. A change it cannot decode or render (a SOW key or
@@ -104,6 +105,9 @@ class Subscriber:
         top_n / order_by: of the query part.
         bookmark: replay the change feed after this point (a bookmark string, ``EPOCH``,
             ``NOW`` or an ISO-8601 time), then ``completed``, then live.
+        resync: a bookmark older than the change feed retains is accepted: the partitions the
+            feed cannot replay are re-read (each record changed since the bookmark, as a
+            ``publish``; a ``recovery`` message with cause ``resync``), then live.
         tracker: told of every delivered and processed change (a bookmark store).
         report: called with each ``recovery`` and ``error`` message (e.g. to print it on
             stderr; see the module docstring).
@@ -112,7 +116,8 @@ class Subscriber:
 
     Raises:
         FilterSyntaxError: the filter or order-by does not parse.
-        BookmarkError: the bookmark is malformed or older than the change feed retains.
+        BookmarkError: the bookmark is malformed, ahead of the topic, or (without
+            ``resync``) older than the change feed retains.
     """
 
     def __init__(self, r: Client, topic: TopicConfig, *, filter: str | None = None,
@@ -120,7 +125,7 @@ class Subscriber:
                  order_by: str | None = None, bookmark: str | Bookmark | None = None,
                  tracker: Tracker | None = None,
                  report: Callable[[Message], None] | None = None,
-                 auto_processed: bool = True):
+                 auto_processed: bool = True, resync: bool = False):
         from ..filter import compile_filter
         from ..orderby import parse_order_by
 
@@ -129,6 +134,7 @@ class Subscriber:
         self._order = parse_order_by(order_by) if order_by else None
         self._top_n = top_n
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
+        self.resync = resync
         self._ready: deque[Message] = deque()
         self._last: Message | None = None
         self._live: ShardListener | None = None
@@ -144,7 +150,7 @@ class Subscriber:
         if isinstance(bookmark, Bookmark):
             start = bookmark
         elif bookmark is not None:
-            start = resolve(r, topic, bookmark)
+            start = resolve(r, topic, bookmark, resync)
         else:
             start = None
         if sow:
@@ -255,7 +261,7 @@ class Subscriber:
             if upto > self.pos[p]:
                 after = self.pos[p]
                 if self._catch_up(p, upto) == "requery":
-                    self._recovered(p, after, "replay", "requery")
+                    self._recovered(p, after, "resync" if self.resync else "replay", "requery")
         self._ready.append({"kind": "completed", "topic": self.topic.name,
                             "bookmark": self.bookmark})
 
@@ -374,8 +380,10 @@ class Subscriber:
 
     def _requery(self, p: int) -> None:
         """The gap is older than the change feed: read partition ``p``'s records and emit the
-        current record of each one changed since the position, and (``oof``) an out-of-focus
-        notice for each record of the view that is gone or no longer matches."""
+        current record of each one changed since the position (in change order; a bookmark
+        store counts them as received, so its bookmark passes the gap once they are
+        processed), and (``oof``) an out-of-focus notice for each record of the view that is
+        gone or no longer matches."""
         seq, recs = self._snapshot(p)
         after = self.pos[p]
         now = {rec.sow_key: (rec, obj) for rec, obj in recs}
@@ -385,15 +393,18 @@ class Subscriber:
             if self.oof:
                 out.append({"kind": "oof", "reason": "resync", "topic": self.topic.name,
                             "sow_key": key, "partition": p, "seq": seq, "data": None})
-        for key, (rec, obj) in now.items():
-            if rec.seq > after:
-                out.append({"kind": "publish", "op": "publish", "topic": self.topic.name,
-                            "sow_key": key, "partition": p, "seq": rec.seq,
-                            "id": rec.stream_id, "data": obj})
+        changed = sorted((rec.seq, key) for key, (rec, _obj) in now.items() if rec.seq > after)
+        for _seq, key in changed:
+            rec, obj = now[key]
+            out.append({"kind": "publish", "op": "publish", "topic": self.topic.name,
+                        "sow_key": key, "partition": p, "seq": rec.seq,
+                        "id": rec.stream_id, "data": obj})
         if self.oof:
             self._view[p] = set(now)
         self.pos[p] = max(seq, after)
-        if self.tracker is not None:
+        if self.tracker is not None:  # the position moves once these are processed
+            for rec_seq, _key in changed:
+                self.tracker.received(p, rec_seq)
             self.tracker.skip(p, self.pos[p])
         bm = self.bookmark
         for msg in out:
