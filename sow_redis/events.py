@@ -53,10 +53,12 @@ from typing import Any, TypedDict
 import msgpack
 import orjson
 
-from .records import expiry_of
+from .records import MAX_EXPIRY_MS, expiry_of
 
 OPS = ("publish", "delta_publish", "sow_delete")
 """``op`` of a change event."""
+
+_OPS = frozenset(OPS)
 
 REASONS = ("deleted", "expired")
 """``reason`` of a removal (``sow_delete`` event)."""
@@ -187,8 +189,24 @@ def parse_block(raw: bytes) -> ChangeBlock:
     topic = _shown(_text(topic))
     events: list[ChangeEvent] = []
     for n, i in enumerate(range(5, len(arr), EVENT_WIDTH)):
-        ev = _change(arr[i:i + EVENT_WIDTH], first + n)
-        ev["topic"], ev["partition"] = topic, partition
+        op, key, seq, sid, reason, expiry, data = arr[i:i + EVENT_WIDTH]
+        try:  # the common case, inline (a subscriber decodes every change)
+            if op not in _OPS or not key.isascii():
+                raise ValueError
+            obj = orjson.loads(data)
+            if type(obj) is not dict:
+                raise ValueError
+        except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
+            ev = _change(arr[i:i + EVENT_WIDTH], first + n)
+            ev["topic"], ev["partition"] = topic, partition
+            events.append(ev)
+            continue
+        ev = {"topic": topic, "partition": partition, "op": op, "sow_key": key,
+              "seq": seq if type(seq) is int else first + n, "id": sid,
+              "expiry_ms": expiry if type(expiry) is int and 0 <= expiry <= MAX_EXPIRY_MS
+              else expiry_of(expiry), "data": obj}
+        if reason:
+            ev["reason"] = reason
         events.append(ev)
     return {"topic": topic, "partition": partition, "first": first, "last": last, "ms": ms,
             "events": events}

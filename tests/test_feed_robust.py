@@ -55,10 +55,18 @@ def _cli_subscriber(url, *args):
 def _live_cli(url, sow, t, *args):
     """A CLI subscriber of ``t`` that has received a first record ``{"k": "warm"}`` (so it
     is past its start: what follows reaches it live); returns the process and that line."""
+    import select
+
     proc = _cli_subscriber(url, *args, "-t", t.name)
     wait_until(lambda: topic_subscribers(sow.r, [t.name])[t.name] >= 1, 20, "the subscriber")
-    sow.publish(t.name, {"k": "warm"})
-    return proc, orjson.loads(proc.stdout.readline())
+    for _attempt in range(4):
+        # a publish between its SSUBSCRIBE and its reading of the position is not delivered
+        # (the subscription starts after it): publish again when none arrives
+        sow.publish(t.name, {"k": "warm"})
+        if select.select([proc.stdout], [], [], 5.0)[0]:
+            return proc, orjson.loads(proc.stdout.readline())
+    proc.kill()
+    raise AssertionError(f"the subscriber printed nothing: {proc.communicate()[1]!r}")
 
 
 # -- item 3: a message's own expiration is bounded ---------------------------------------------
@@ -191,12 +199,14 @@ def test_a_subscriber_skips_what_it_cannot_decode_with_one_error_line_each(url, 
         msgs = []
         while (m := sub.get(timeout=0.3)) is not None:
             msgs.append(m)
-    assert [m["kind"] for m in msgs] == ["publish"] * 4 + ["completed"]
-    assert [m["data"]["k"] for m in msgs[:4]] == [1, "warm", "nul\x00", 2]
+    msgs = [m for m in msgs if m.get("data", {}).get("k") != "warm"]  # (1 or 2 of them)
+    assert [m["kind"] for m in msgs] == ["publish"] * 3 + ["completed"]
+    assert [m["data"]["k"] for m in msgs[:3]] == [1, "nul\x00", 2]
     assert [(e["kind"], e["seq"]) for e in reports] == [("error", s) for s in range(first,
                                                                                      first + 5)]
     out = run_cli(url, "subscribe", "-t", t.name, "--bookmark", "EPOCH", "--timeout", "0.5")
-    assert len(out.stdout.splitlines()) == 5 and len(_errors(out.stderr)) == len(BAD)
+    assert len([x for x in out.stdout.splitlines() if b'"warm"' not in x]) == 4
+    assert len(_errors(out.stderr)) == len(BAD)
     # the query part of sow-and-subscribe, and queries
     out = run_cli(url, "sow-and-subscribe", "-t", t.name, "--timeout", "0.5")
     got = [orjson.loads(x) for x in out.stdout.splitlines()]
