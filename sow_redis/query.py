@@ -34,11 +34,13 @@ MAX_INDEX_PROBES = 1024
 """Most value combinations an ``IN`` list may expand to before the index is not used."""
 
 
-def scan_partition(r: Client, topic: TopicConfig, p: int) -> Iterator[Record]:
+def scan_partition(r: Client, topic: TopicConfig, p: int, lenient: bool = False
+                   ) -> Iterator[Record]:
     """Every record of one partition (HSCAN; a record changed during the scan may be missed or
-    seen twice, as with any Redis SCAN)."""
+    seen twice, as with any Redis SCAN); ``lenient``: a key that is not UTF-8 reads
+    (:func:`sow_redis.records.decode`)."""
     for k, v in r.hscan_iter(keys.records(topic.name, p), count=SCAN_COUNT):
-        yield decode_record(k, v)
+        yield decode_record(k, v, lenient)
 
 
 def get_records(r: Client, topic: TopicConfig, sow_keys: list[str]) -> Iterator[Record]:
@@ -153,7 +155,7 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
             source = get_records(r, topic, via_index)
         else:
             source = itertools.chain.from_iterable(
-                scan_partition(r, topic, p) for p in range(topic.partitions))
+                scan_partition(r, topic, p, lenient=True) for p in range(topic.partitions))
     out: list[Record] = []
     objs: dict[str, dict[str, Any]] = {}
     now_ms = server_ms(r) if topic.expiration_enabled else 0

@@ -50,17 +50,25 @@ class Record:
         return orjson.loads(self.data)
 
 
-def decode(sow_key: str | bytes, raw: bytes) -> Record:
-    """Record from a stored value. A key that is not UTF-8 (written behind sow_redis's back)
-    keeps its bytes as lone surrogates (``surrogateescape``): the record reads, and
-    :func:`sow_redis.events.decode_change` tells a reader that its key cannot be shown.
+def decode(sow_key: str | bytes, raw: bytes, lenient: bool = False) -> Record:
+    """Record from a stored value.
+
+    Args:
+        lenient: for readers (queries, subscribers): a key that is not UTF-8 (written behind
+            sow_redis's back) keeps its bytes as lone surrogates (``surrogateescape``), so the
+            record reads, and :func:`sow_redis.events.decode_change` tells a reader that its
+            key cannot be shown. Without it such a key raises UnicodeDecodeError.
 
     Raises:
-        ValueError: not a stored record (no ``<seq>:<expiry>:<id>`` header).
+        ValueError: not a stored record (no ``<seq>:<expiry>:<id>`` header); (not ``lenient``)
+            a key that is not UTF-8 (UnicodeDecodeError).
     """
     head, _, data = raw.partition(b"\n")
     seq, exp, sid = head.split(b":", 2)
-    key = sow_key.decode("utf-8", "surrogateescape") if isinstance(sow_key, bytes) else sow_key
+    if isinstance(sow_key, bytes):
+        key = sow_key.decode("utf-8", "surrogateescape" if lenient else "strict")
+    else:
+        key = sow_key
     expiry = int(exp) if len(exp) < 16 and exp.isdigit() else expiry_of(exp)
     return Record(key, int(seq), expiry, sid.decode(), data)
 

@@ -209,7 +209,7 @@ class Subscriber:
         out = []
         for k, v in raw.items():
             try:
-                rec = decode_record(k, v)
+                rec = decode_record(k, v, lenient=True)
             except ValueError as exc:
                 self._error(p, None, k, None, f"the stored record cannot be read ({exc})")
                 continue
