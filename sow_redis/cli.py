@@ -352,8 +352,10 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
              wait: bool, timeout: float, expiration: float | None,
              separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
     from .errors import PublishInterrupted, WaitTimeout, refusal
+    from .messages import check_expiration
     from .publisher import PublishResult, append
 
+    check_expiration(expiration)  # --expiration beyond 100 years: one line, nothing sent
     sow = _sow(ctx)
     t = sow.topic(topic)
     _check_sow_key_option(t, sow_key)
@@ -448,7 +450,8 @@ _publish_options = [
     click.option("--wait", is_flag=True, help="Return only after the workers applied everything."),
     click.option("--timeout", default=300.0, show_default=True, help="Seconds --wait waits."),
     click.option("--expiration", type=click.FloatRange(min=0),
-                 help="Message lifetime in seconds (0 = never expire); overrides the topic's."),
+                 help="Message lifetime in seconds (0 = never expire, at most 100 years); "
+                 "overrides the topic's."),
     click.option("--separator", help="FIX topics: field separator of FILE (SOH, ';', '|'); "
                  "default: the topic's field_separator."),
     click.option("--retry-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
@@ -567,8 +570,9 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
         return
     for rec in records:
         if with_key:
-            out.write(b'{"sow_key":"%s","seq":%d,"expiry_ms":%d,"data":%s}\n'
-                      % (rec.sow_key.encode(), rec.seq, rec.expiry_ms, rec.data))
+            key = rec.sow_key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            out.write(b'{"sow_key":%s,"seq":%d,"expiry_ms":%d,"data":%s}\n'
+                      % (orjson.dumps(key), rec.seq, rec.expiry_ms, rec.data))
         else:
             out.write(rec.data + b"\n")
     out.flush()
@@ -634,7 +638,13 @@ def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> Non
     try:
         with sub:
             def write(msg: dict[str, Any]) -> None:
-                out.write(to_line(msg))
+                try:
+                    line = to_line(msg)
+                except (TypeError, ValueError) as exc:  # one error line; the others go on
+                    _report_recovery({**msg, "kind": "error", "data": None,
+                                      "error": f"the message cannot be written as JSON ({exc})"})
+                    return
+                out.write(line)
                 out.flush()
 
             sub.run(write, count=count, timeout=timeout)
@@ -653,6 +663,14 @@ def _message_limits(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _report_recovery(msg: dict[str, Any]) -> None:
+    """One stderr line per ``recovery`` or ``error`` message of a subscription."""
+    if msg["kind"] == "error":
+        where = "" if msg.get("partition") is None else f" partition {msg['partition']}"
+        seq = "" if msg.get("seq") is None else f" seq {msg['seq']}"
+        key = "" if msg.get("sow_key") is None else f" (SOW key {msg['sow_key']!r})"
+        click.echo(f"error: topic {msg['topic']}{where}{seq}{key}: {msg['error']}; skipped",
+                   err=True)
+        return
     click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
                f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "
                f"{'change feed' if msg['how'] == 'feed' else 'records'})", err=True)
@@ -670,12 +688,15 @@ def _report_recovery(msg: dict[str, Any]) -> None:
 @click.option("--sub-id", help="Subscription id in the bookmark store.")
 @click.option("--persist-every", type=click.IntRange(min=1), default=10, show_default=True,
               help="Processed messages between two writes of the bookmark.")
+@click.option("--resync", is_flag=True, help="A bookmark older than the change feed: re-read "
+              "the records changed since it, then go live (instead of an error).")
 @_message_limits
 @click.pass_context
 @_friendly
 def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
               bookmark: str | None, client_name: str | None, sub_id: str | None,
-              persist_every: int, count: int | None, timeout: float | None) -> None:
+              persist_every: int, resync: bool, count: int | None,
+              timeout: float | None) -> None:
     """Print the changes of a topic as JSON Lines (one message per line, with a "kind":
     publish, oof, completed, recovery), AMPS subscribe semantics: records published to the
     topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
@@ -691,7 +712,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
         raise click.UsageError("--client-name and --sub-id go together")
     sub = _sow(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
                               client_name=client_name, sub_id=sub_id,
-                              persist_every=persist_every, report=_report_recovery)
+                              persist_every=persist_every, resync=resync,
+                              report=_report_recovery)
     _run_subscription(sub, count, timeout)
 
 

@@ -340,8 +340,10 @@ class Sow:
             sow_key: the SOW key for topics without key fields (1-512 Base64 characters); on a
                 topic with key fields every message is rejected ``bad_sow_key``.
             expiration: message lifetime in seconds (overrides the topic default under policy
-                "override"; ``0`` = never expire); every publish resets the lifetime. Not a
-                finite number >= 0 (or a bool): every message is rejected ``bad_expiration``.
+                "override"; ``0`` = never expire; at most 100 years, 3,155,760,000 s); every
+                publish resets the lifetime. Not a number from 0 to 100 years (or a bool):
+                every message is rejected ``bad_expiration`` (the MessageError of
+                :func:`sow_redis.messages.check_expiration`).
             wait: return only after the workers applied every message (read-your-writes);
                 always so with :attr:`inline`.
             timeout: seconds to wait at most with ``wait`` (see :meth:`handoff`).
@@ -453,7 +455,7 @@ class Sow:
     def subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                   bookmark: str | None = None, client_name: str | None = None,
                   sub_id: str | None = None, persist_every: int = 10,
-                  auto_processed: bool = True,
+                  auto_processed: bool = True, resync: bool = False,
                   report: Callable[[Message], None] | None = None) -> Subscriber:
         """Subscribe to a topic's changes (AMPS ``subscribe``): the records published to it
         that match ``filter`` (the merged record of a delta_publish) and, with ``oof``, an
@@ -471,14 +473,20 @@ class Sow:
                 stored), persist it every ``persist_every`` processed messages and on close.
             auto_processed: a message counts as processed when the next is asked for; False:
                 call :meth:`Subscriber.processed` for each.
+            resync: when the bookmark (given or stored) is older than the change feed
+                retains, re-read the records changed since it (``publish`` messages and a
+                ``recovery`` message with cause ``resync``), then go live; without it such a
+                bookmark raises BookmarkError, and a stored one stays as it was.
+            report: called with each ``recovery`` and ``error`` message.
 
         Raises:
-            UnknownTopicError, FilterSyntaxError, BookmarkError.
+            UnknownTopicError, FilterSyntaxError, BookmarkError (malformed, ahead of the
+            topic, or older than the change feed without ``resync``).
         """
         return self._subscriber(topic, filter=filter, oof=oof, bookmark=bookmark,
                                 client_name=client_name, sub_id=sub_id,
                                 persist_every=persist_every, auto_processed=auto_processed,
-                                report=report)
+                                resync=resync, report=report)
 
     def sow_and_subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                           top_n: int | None = None, order_by: str | None = None,
