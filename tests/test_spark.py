@@ -167,18 +167,135 @@ def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name, tmp_p
 
 
 def test_cli_spark_load(url, topic_name, tmp_path):
+    """stderr not a terminal: nothing on it (no log4j warnings, no pandas FutureWarning, no
+    progress bar); the Java process's stderr went to $SOW_SPARK_LOG."""
     from conftest import run_cli
 
     Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n')
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"k": 1}\n{"k": 2}\n{"nokey": 3}\n')
+    log = tmp_path / "spark.log"
     out = run_cli(url, "spark", "load", "-t", topic_name, str(src), "--master", "local[1]",
-                  timeout=180)
+                  timeout=180, SOW_SPARK_LOG=str(log))
     line = out.stdout.decode().strip().splitlines()[-1]
-    print(line)
+    print(line, out.stderr.decode()[:2000])
     assert line.startswith(f"loaded 3 row(s) into {topic_name}: appended 2, applied 2, "
                            "rejected 1")
     assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [1, 2]
+    assert out.stderr == b""
+    assert "log4j" in log.read_text()  # Spark's log went there
+
+
+def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name, tmp_path):
+    """A missing input, glob, folder or snapshot, an unknown format or topic: one line,
+    exit 1 (2: usage), without starting Spark (SPARK_HOME points nowhere, so a
+    command that started Spark would fail otherwise)."""
+    from conftest import run_cli
+
+    Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
+    ok = tmp_path / "ok.jsonl"
+    ok.write_bytes(b'{"k": 1}\n')
+    csv = tmp_path / "y.csv"
+    csv.write_bytes(b"k\n1\n")
+    cases = [
+        (["load", "-t", topic_name, "nofile.jsonl"], 1, "Error: input not found: 'nofile.jsonl'"),
+        (["load", "-t", topic_name, str(ok), str(tmp_path / "no*.jsonl")], 1,
+         f"Error: no input matches '{tmp_path}/no*.jsonl'"),
+        (["load", "-t", topic_name, str(tmp_path / "x.csv")], 1,
+         f"Error: input not found: '{tmp_path}/x.csv'"),
+        (["load", "-t", topic_name, str(csv)], 1,
+         f"Error: cannot tell the format of [{str(csv)!r}]: give --format json|fix|parquet"),
+        (["load", "-t", "nosuch", str(ok)], 1,
+         "Error: topic 'nosuch' is not defined in the registry (run: sow-redis config apply "
+         "FILE)"),
+        (["resolve-chains", "-t", topic_name, "nofile.fix"], 1,
+         f"Error: topic '{topic_name}' has no chaining key generator"),
+        (["stream", "-t", topic_name, "/nodir"], 1, "Error: folder not found: '/nodir'"),
+        (["stream", "-t", topic_name, str(ok)], 1, f"Error: folder {str(ok)!r} is not a folder"),
+        (["rebuild", "-t", topic_name, "--from", "/nosnap"], 1,
+         "Error: snapshot not found: '/nosnap'"),
+    ]
+    for args, status, line in cases:
+        t0 = time.monotonic()
+        out = run_cli(url, "spark", *args, check=False, SPARK_HOME=str(tmp_path / "nospark"))
+        err = out.stderr.decode().strip().splitlines()
+        print(f"{time.monotonic() - t0:.1f} s", args, out.returncode, err)
+        assert out.returncode == status and err[-1] == line
+        assert len(err) == 1 or status == 2  # click's usage lines come first
+
+
+def test_cli_spark_sql_on_no_topic_is_one_line(url, topic_name):
+    from conftest import run_cli
+
+    Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
+    out = run_cli(url, "spark", "sql", "SELECT * FROM nosuch_table", "--master", "local[1]",
+                  check=False, timeout=180)
+    err = out.stderr.decode().strip().splitlines()
+    print(err)
+    assert out.returncode == 1 and len(err) == 1
+    assert err[0].startswith("Error: the query reads table 'nosuch_table', which is no topic "
+                             "(the topics' views: ") and topic_name in err[0]
+
+
+def test_sql_reads_only_the_topics_it_names_and_spark_errors_are_one_line(
+        spark, url, topic_name, monkeypatch):
+    """spark sql parses the query with Spark's parser first: only the topics it reads are
+    snapshotted (not the others, not a CTE); a parse error, an unknown table and an unknown
+    column come before any snapshot or as one line."""
+    from pyspark.errors import AnalysisException, ParseException
+
+    from sow_redis.spark import snapshot as snap
+    from sow_redis.spark.session import error_line
+
+    sow = Sow(url, inline=True)
+    a, b, c = topic_name + "_a", topic_name + "_b", topic_name + "/c"
+    for name in (a, b, c):
+        sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\npartitions = 2\n')
+        sow.publish(name, [{"k": i, "v": i * 10} for i in range(5)])
+    topics = [sow.topic(x) for x in (a, b, c)]
+    read: list[str] = []
+    real = snap.snapshot
+    monkeypatch.setattr(snap, "snapshot", lambda s, u, t, *x: read.append(t.name) or real(
+        s, u, t, *x))
+    names, ctes = snap.query_tables(
+        spark, f"WITH w AS (SELECT * FROM {a.upper()}) SELECT * FROM w WHERE k IN "
+        f"(SELECT k FROM {snap.view_name(c)}) AND EXISTS (SELECT 1 FROM db.x)")
+    assert names == [a.upper(), snap.view_name(c), "db.x", "w"] and ctes == {"w"}
+    got = snap.sql(spark, url, topics, f"WITH w AS (SELECT * FROM {a.upper()}) SELECT sum(v) "
+                   f"AS s FROM w WHERE k IN (SELECT k FROM {snap.view_name(c)} WHERE k < 3)")
+    assert got.collect()[0]["s"] == 30 and read == [a, c]
+    read.clear()
+    with pytest.raises(ValueError, match=r"reads table 'nosuch', which is no topic"):
+        snap.sql(spark, url, topics, f"SELECT * FROM {b} JOIN nosuch USING (k)")
+    with pytest.raises(ParseException) as parse:
+        snap.sql(spark, url, topics, "SELEC x")
+    assert read == []
+    with pytest.raises(AnalysisException) as analysis:
+        snap.sql(spark, url, topics, f"SELECT nocol FROM {b}")
+    lines = [error_line(parse.value), error_line(analysis.value)]
+    print(lines)
+    assert lines[0] == ("[PARSE_SYNTAX_ERROR] Syntax error at or near 'SELEC'. "
+                        "(SQLSTATE 42601, line 1, pos 0)", True)
+    assert lines[1][0].startswith("[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
+                                  "function parameter with name `nocol` cannot be resolved.")
+    assert lines[1][0].endswith("(SQLSTATE 42703, line 1 pos 7)") and lines[1][1]
+    # a failed task (a Py4JJavaError): the exception the Python task raised
+    from py4j.protocol import Py4JJavaError
+
+    class JavaError:
+        _target_id = "o1"
+
+        def toString(self) -> str:
+            return ("org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 "
+                    "failed: org.apache.spark.api.python.PythonException: Traceback (most "
+                    "recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
+                    "redis.exceptions.ConnectionError: Error 111 connecting to 127.0.0.1:1.\n"
+                    "\n\tat org.apache.spark.api.python.BasePythonRunner.handle(x.scala:1)\n")
+
+    assert error_line(Py4JJavaError("o1.collect", JavaError())) == (
+        "Spark failed: redis.exceptions.ConnectionError: Error 111 connecting to 127.0.0.1:1.",
+        False)
+    assert error_line(ValueError("x")) is None
 
 
 def test_export_is_a_consistent_snapshot_and_sql_agrees_with_python(spark, url, topic_name,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -93,6 +94,42 @@ def input_format(inputs: list[str], fmt: str | None) -> str:
     if exts <= TEXT_FORMATS | {""}:
         return "text"
     raise ValueError(f"cannot tell the format of {inputs!r}: give --format json|fix|parquet")
+
+
+def local_path(path: str) -> str | None:
+    """The local file system path of an input or folder (``file:`` URIs too); None for a URI
+    of another file system (``hdfs://``, ``s3a://``, …), which only Spark can look at."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", path)
+    if scheme is None or len(scheme.group(1)) == 1:  # a path, or a drive letter
+        return path
+    if scheme.group(1).lower() == "file":
+        return re.sub(r"^file:(//[^/]*)?", "", path) or "/"
+    return None
+
+
+def check_inputs(inputs: list[str], fmt: str | None = None) -> None:
+    """What can be known before Spark starts: each local input (file, folder or glob) names
+    something readable, and the format can be told.
+
+    Raises:
+        ValueError: one line naming the first input that does not exist (or a glob that
+            matches nothing, or a file that cannot be read), or the format that cannot be
+            told.
+    """
+    import glob
+
+    for given in inputs:
+        path = local_path(given)
+        if path is None or "{" in path:  # another file system; a Hadoop {a,b} glob
+            continue
+        if glob.has_magic(path):
+            if not glob.glob(path):
+                raise ValueError(f"no input matches {given!r}")
+        elif not os.path.exists(path):
+            raise ValueError(f"input not found: {given!r}")
+        elif not os.access(path, os.R_OK):
+            raise ValueError(f"input not readable: {given!r}")
+    input_format(inputs, fmt)
 
 
 def default_load_id(topic: str, inputs: list[str]) -> str:
