@@ -333,7 +333,7 @@ def test_export_is_a_consistent_snapshot_and_sql_agrees_with_python(spark, url, 
 
 def test_stream_restarted_midway_equals_one_run_and_replays_change_nothing(spark, url,
                                                                           topic_name, tmp_path):
-    from sow_redis.spark.stream import batch_loader, stream
+    from sow_redis.spark.stream import batch_loader, checkpoint_id, stream
 
     sow = Sow(url, inline=True)
     streamed, published = topic_name + "_s", topic_name + "_p"
@@ -363,10 +363,50 @@ def test_stream_restarted_midway_equals_one_run_and_replays_change_nothing(spark
     df = spark.createDataFrame([(ln.decode(),) for ln in days[2]], ["value"])
     seq = sum(int(sow.r.hget(keys.state(streamed, p), "seq") or 0) for p in range(2))
     got: list = []
-    each2 = batch_loader(url, sow.topic(streamed), cp, on_batch=lambda b, r: got.append(r))
+    each2 = batch_loader(url, sow.topic(streamed), checkpoint_id(spark, cp, streamed),
+                         on_batch=lambda b, r: got.append(r))
     each2(df, batches[-1][0])
     assert got[0].appended == 0
     assert sum(int(sow.r.hget(keys.state(streamed, p), "seq") or 0) for p in range(2)) == seq
+
+
+def test_stream_on_a_deleted_and_recreated_checkpoint_is_a_new_stream(spark, url, topic_name,
+                                                                     tmp_path):
+    """The checkpoint folder deleted, then a new day streamed with the same --checkpoint
+    path: Spark numbers its batches from 0 again, and they are applied (the load id carries
+    the id written into the new checkpoint, not the path); a restart keeps the id."""
+    from sow_redis.spark.stream import stream
+
+    sow = Sow(url, inline=True)
+    streamed, published = topic_name + "_s", topic_name + "_p"
+    for name in (streamed, published):
+        sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\nkey_domain = "d"\n'
+                         "partitions = 2\n")
+    cp = tmp_path / "checkpoint"
+    days = [[orjson.dumps({"k": i % 25, "day": d, "i": i}) for i in range(100)]
+            for d in range(2)]
+    batches: list[tuple[int, int, int]] = []
+    ids = []
+    for d, day in enumerate(days):
+        inbox = tmp_path / f"inbox{d}"
+        inbox.mkdir()
+        (inbox / f"day{d}.jsonl").write_bytes(b"\n".join(day) + b"\n")
+        stream(spark, url, sow.topic(streamed), str(inbox), str(cp), once=True,
+               on_batch=lambda b, r, d=d: batches.append((d, b, r.appended)))
+        id_file = cp / "_sow_stream_id"
+        ids.append(id_file.read_text().strip() if id_file.exists() else None)
+        if d == 0:
+            shutil.rmtree(cp)
+        pub = append(sow.r, sow.topic(published), (("publish", ln, None) for ln in day))
+        sow.handoff(published, pub.last_ids)
+    print("batches", batches, "ids", ids)
+    assert batches == [(0, 0, 100), (1, 0, 100)]
+    assert _records(sow, streamed) == _records(sow, published)
+    assert {r["day"] for r in _records(sow, streamed).values()} == {1}
+    from sow_redis.spark.stream import checkpoint_id
+
+    assert None not in ids and ids[0] != ids[1]
+    assert checkpoint_id(spark, str(cp), streamed) == ids[1]  # a restart: the same id
 
 
 # -- resolve-chains ----------------------------------------------------------------------
