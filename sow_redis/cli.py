@@ -1214,23 +1214,33 @@ _spark_input_options = [
               help="Log entries appended per atomic call.")
 @click.option("--separator", help="FIX field separator of the input (default: the topic's), "
               "e.g. ';' or '|'.")
+@click.option("--delta", is_flag=True, help="Each row is a delta_publish: merged into the "
+              "stored record (as sow-redis delta-publish).")
+@click.option("--delete", is_flag=True, help="Each row removes the record a publish of it "
+              "would update (as sow-redis sow-delete --data); rows need only the key fields.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
 @_spark_errors
 def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str | None,
                order_by: str | None, load_id: str | None, batch_size: int,
-               separator: str | None, master: str) -> None:
+               separator: str | None, delta: bool, delete: bool, master: str) -> None:
     """Load JSON Lines, Parquet or FIX log files (files, folders, globs) into a topic with
     Spark: keys computed by the publisher's code in the executors, appended to the partition
-    logs exactly once, applied by the workers' path; bad rows go to the error stream.
+    logs exactly once, applied by the workers' path; bad rows go to the error stream. Rows
+    are publishes, or with --delta delta publishes, with --delete deletes.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t flights data/flights.jsonl
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t fix_orders --delta \\
+          --format fix --separator ';' logs/orders.fix.txt
     """
     from .spark.load import load
 
+    if delta and delete:
+        raise click.UsageError("give at most one of --delta and --delete")
+    cmd = "delta_publish" if delta else "sow_delete" if delete else "publish"
     sow = _sow(ctx)
     t = sow.topic(topic)
     paths = _spark_inputs(inputs, fmt)
@@ -1240,12 +1250,14 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
 
     res = load(session, sow.url, t, paths, fmt,
                [c.strip() for c in order_by.split(",")] if order_by else None, load_id,
-               batch_size, separator=fix_separator(separator) if separator else None)
+               batch_size, separator=fix_separator(separator) if separator else None, cmd=cmd)
     took = time.perf_counter() - started
     if res.chains is not None:
         click.echo(f"chains: {res.chains.ids} new identifier(s), {len(res.chains.conflicts)} "
                    f"conflict(s), pointer-jumping rounds per pass {res.chains.rounds}")
-    click.echo(f"loaded {res.rows} row(s) into {topic}: appended {res.appended}, applied "
+    what = {"publish": "", "delta_publish": " as delta publishes",
+            "sow_delete": " as deletes"}[cmd]
+    click.echo(f"loaded {res.rows} row(s) into {topic}{what}: appended {res.appended}, applied "
                f"{res.applied}, rejected {res.rejected} (in the error stream), skipped "
                f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
 

@@ -166,6 +166,84 @@ def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name, tmp_p
             if e["reason"] == "two_chains"] == ["9"]
 
 
+def test_spark_load_delta_and_delete_equal_the_cli_path(spark, url, topic_name, tmp_path):
+    """spark load --delta and --delete (load(cmd=…)) give, record by record, the SOW of
+    delta-publish / sow-delete --data of the same lines in the same order: on a JSON topic
+    with a hash index (nested objects merge, bad lines rejected alike) and on the real FIX
+    logs (chaining topic fix_orders, the delta-publish demo of the README)."""
+    from sow_redis.spark.load import default_load_id, load
+
+    sow = Sow(url, inline=True)
+    loaded, published = topic_name + "_spark", topic_name + "_cli"
+    for name in (loaded, published):
+        sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\nkey_domain = "kd"\n'
+                         'hash_index = [["/colour"]]\npartitions = 3\n')
+    colours = ["red", "green", "blue"]
+    files = {
+        "publish": [orjson.dumps({"k": i % 60, "colour": colours[i % 3], "v": i,
+                                  "o": {"a": i, "b": 0}}) for i in range(300)],
+        "delta_publish": [orjson.dumps({"k": i % 80, "o": {"b": i}, "w": i} if i % 3 else
+                                       {"k": i % 80, "colour": "black"}) for i in range(200)]
+        + [b"not json", b'{"nokey": 1}'],
+        "sow_delete": [orjson.dumps({"k": i}) for i in range(0, 80, 7)]
+        + [b'{"k": 999}', b'{"nokey": 1}'],
+    }
+    reasons: list[str] = []
+    for cmd, lines in files.items():
+        src = tmp_path / f"{cmd}.jsonl"
+        src.write_bytes(b"\n".join(lines) + b"\n")
+        res = load(spark, url, sow.topic(loaded), [str(src)], cmd=cmd)
+        again = load(spark, url, sow.topic(loaded), [str(src)], cmd=cmd)
+        pub = append(sow.r, sow.topic(published), ((cmd, ln, None) for ln in lines))
+        sow.handoff(published, pub.last_ids)
+        reasons += [x.reason for x in pub.rejected]
+        print(cmd, res, pub.published, len(pub.rejected))
+        assert (res.rows, res.appended, res.rejected) == (
+            len(lines), pub.published, len(pub.rejected))
+        assert again.appended == 0  # the same files and command: the same load id
+    assert default_load_id(loaded, [str(src)]) != default_load_id(loaded, [str(src)],
+                                                                   "sow_delete")
+    a, b = _records(sow, loaded), _records(sow, published)
+    assert a == b and len(a) == 80 - 12
+    assert a[next(k for k, r in a.items() if r["k"] == 1)] == {
+        "k": 1, "colour": "black", "v": 241, "o": {"a": 241, "b": 161}, "w": 161}
+    for colour in ("black", "blue"):
+        assert sorted(r.sow_key for r in sow.sow(loaded, f"/colour = '{colour}'")) == sorted(
+            r.sow_key for r in sow.sow(published, f"/colour = '{colour}'")) != []
+    # the load writes its rejected rows to the error stream; the publisher returns them
+    assert sorted(e["reason"] for e in sow.errors(loaded)) == sorted(reasons) == [
+        "bad_json", "missing_key_field", "missing_key_field"]
+
+    logs = [x for x in sorted((SHARED / "data" / "fix").glob("*")) if x.suffix != ".md"]
+    if not logs:
+        pytest.skip("no FIX logs in ../shared/data/fix")
+    cfg = (ROOT / "examples" / "fix_orders.toml").read_text()
+    import re
+
+    name = re.search(r'name = "([^"]+)"', cfg).group(1)
+    fix_a, fix_b = topic_name + "_fa", topic_name + "_fb"
+    sow.apply_config(cfg.replace(f'name = "{name}"', f'name = "{fix_a}"\nkey_domain = "fd"') +
+                     cfg.replace(f'name = "{name}"', f'name = "{fix_b}"\nkey_domain = "fd"'))
+    logs.sort(key=lambda x: not x.name.startswith("Ireach"))
+    for log in logs:  # as the demo: the Ireach log, then the KOD log
+        sep = b";" if log.name == "Ireach_test_logs.fix.txt" else None
+        res = load(spark, url, sow.topic(fix_a), [str(log)], fmt="fix", separator=sep,
+                   cmd="delta_publish")
+        lines = log.read_bytes().splitlines()
+        pub = append(sow.r, sow.topic(fix_b), (("delta_publish", ln, None) for ln in lines),
+                     fix_separator=sep)
+        sow.handoff(fix_b, pub.last_ids)
+        print(log.name, res, pub.published, pub.skipped)
+        assert (res.appended, res.skipped, res.rejected) == (
+            pub.published, pub.skipped, len(pub.rejected))
+    a, b = _records(sow, fix_a), _records(sow, fix_b)
+    order = [r for r in a.values() if r.get("37") == "UUKO20030300001w"]
+    print(f"FIX delta: {len(a)} records loaded, {len(b)} published; UUKO20030300001w has "
+          f"{len(order[0])} fields")
+    assert a == b and len(a) > 600
+    assert len(order) == 1 and len(order[0]) == 68  # 38 fields when loaded as publishes
+
+
 def test_cli_spark_load(url, topic_name, tmp_path):
     """stderr not a terminal: nothing on it (no log4j warnings, no pandas FutureWarning, no
     progress bar); the Java process's stderr went to $SOW_SPARK_LOG."""
@@ -184,11 +262,21 @@ def test_cli_spark_load(url, topic_name, tmp_path):
     assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [1, 2]
     assert out.stderr == b""
     assert "log4j" in log.read_text()  # Spark's log went there
+    # a key file: --delete removes the records a publish of each line would update
+    keys_file = tmp_path / "keys.jsonl"
+    keys_file.write_bytes(b'{"k": 1}\n{"k": 7}\n')
+    out = run_cli(url, "spark", "load", "-t", topic_name, str(keys_file), "--delete",
+                  "--master", "local[1]", timeout=180)
+    line = out.stdout.decode().strip().splitlines()[-1]
+    print(line)
+    assert line.startswith(f"loaded 2 row(s) into {topic_name} as deletes: appended 2, "
+                           "applied 2, rejected 0")
+    assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [2]
 
 
 def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name, tmp_path):
-    """A missing input, glob, folder or snapshot, an unknown format or topic: one line,
-    exit 1 (2: usage), without starting Spark (SPARK_HOME points nowhere, so a
+    """A missing input, glob, folder or snapshot, an unknown format or topic, --delta with
+    --delete: one line, exit 1 (2: usage), without starting Spark (SPARK_HOME points nowhere, so a
     command that started Spark would fail otherwise)."""
     from conftest import run_cli
 
@@ -210,6 +298,8 @@ def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name,
          "FILE)"),
         (["resolve-chains", "-t", topic_name, "nofile.fix"], 1,
          f"Error: topic '{topic_name}' has no chaining key generator"),
+        (["load", "-t", topic_name, str(ok), "--delta", "--delete"], 2,
+         "Error: give at most one of --delta and --delete"),
         (["stream", "-t", topic_name, "/nodir"], 1, "Error: folder not found: '/nodir'"),
         (["stream", "-t", topic_name, str(ok)], 1, f"Error: folder {str(ok)!r} is not a folder"),
         (["rebuild", "-t", topic_name, "--from", "/nosnap"], 1,
