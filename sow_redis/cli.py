@@ -1134,12 +1134,14 @@ def spark() -> None:
 def _spark_session(master: str) -> Any:
     """The SparkSession of the spark commands; one line when pyspark is missing. With stderr
     not a terminal: no progress bar, and Spark's own log to a file (spark/session.py)."""
-    from .spark.session import get_session
+    from .spark.session import get_session, mute_query_context_loggers
 
     try:
-        return get_session(master, quiet=not sys.stderr.isatty())
+        session = get_session(master, quiet=not sys.stderr.isatty())
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
+    mute_query_context_loggers()  # _spark_errors reports the error, in one line
+    return session
 
 
 def _spark_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -49,7 +49,7 @@ def get_session(master: str = "local[*]", app: str = "sow-redis", quiet: bool = 
     except ImportError:
         raise RuntimeError(INSTALL_HINT) from None
     if quiet:
-        _mute_query_context_loggers()
+        mute_query_context_loggers()
     # Python workers run this interpreter (the one with sow_redis and its dependencies); on a
     # cluster, ship the package and set PYSPARK_PYTHON there (deploy/spark/README.md)
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
@@ -64,10 +64,10 @@ def get_session(master: str = "local[*]", app: str = "sow-redis", quiet: bool = 
     return _create_logging_to_file(builder)
 
 
-def _mute_query_context_loggers() -> None:
-    """pyspark 4 logs every AnalysisException with its Java stack as JSON on stderr (the
-    loggers ``SQLQueryContextLogger`` and ``DataFrameQueryContextLogger``), before the
-    exception reaches the caller, who reports it."""
+def mute_query_context_loggers() -> None:
+    """Silence the loggers with which pyspark 4 logs every AnalysisException as JSON with its
+    Java stack on stderr (``SQLQueryContextLogger``, ``DataFrameQueryContextLogger``) before
+    the exception reaches the caller: for a caller that reports it (the CLI)."""
     try:
         from pyspark.logger import PySparkLogger
     except ImportError:  # an older pyspark: no such loggers
