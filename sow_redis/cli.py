@@ -1168,13 +1168,69 @@ def spark() -> None:
 
 
 def _spark_session(master: str) -> Any:
-    """The SparkSession of the spark commands; one line when pyspark is missing."""
-    from .spark.session import get_session
+    """The SparkSession of the spark commands; one line when pyspark is missing. With stderr
+    not a terminal: no progress bar, and Spark's own log to a file (spark/session.py)."""
+    from .spark.session import get_session, mute_query_context_loggers
 
     try:
-        return get_session(master)
+        session = get_session(master, quiet=not sys.stderr.isatty())
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
+    mute_query_context_loggers()  # _spark_errors reports the error, in one line
+    return session
+
+
+def _spark_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Spark's errors as one line (under :func:`_friendly`): a query or path Spark refused
+    (``AnalysisException``, ``ParseException``, …) as Spark's first line; a failure in
+    Spark (a task, the Java side) as its cause, naming Spark's log file when there is one;
+    ``SOW_DEBUG=1`` shows the traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+            raise
+        except Exception as exc:
+            from .spark.session import error_line, keep_log, log_path
+
+            got = error_line(exc)
+            if got is None or os.environ.get("SOW_DEBUG"):
+                raise
+            text, users = got
+            if sys.stderr.isatty():
+                sys.stderr.write("\r\x1b[K")  # off the line of Spark's progress bar
+            if not users:
+                where = log_path()
+                if where:
+                    keep_log()
+                text += (f" (Spark's log: {where})" if where
+                         else " (SOW_DEBUG=1 shows the traceback)")
+            raise click.ClickException(_one_line(text, _url())) from None
+
+    return wrapper
+
+
+def _spark_inputs(inputs: tuple[str, ...], fmt: str | None) -> list[str]:
+    """The inputs of `spark load` / `resolve-chains`, checked before Spark starts."""
+    from .spark.load import check_inputs
+
+    try:
+        check_inputs(list(inputs), fmt)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    return list(inputs)
+
+
+def _spark_local_dir(path: str, what: str) -> None:
+    """A folder Spark is to read, when on the local file system: it must be there."""
+    from .spark.load import local_path
+
+    local = local_path(path)
+    if local is not None and not os.path.isdir(local):
+        raise click.ClickException(f"{what} {path!r} is not a folder" if os.path.exists(local)
+                                   else f"{what} not found: {path!r}")
 
 
 _spark_input_options = [
@@ -1196,36 +1252,50 @@ _spark_input_options = [
               help="Log entries appended per atomic call.")
 @click.option("--separator", help="FIX field separator of the input (default: the topic's), "
               "e.g. ';' or '|'.")
+@click.option("--delta", is_flag=True, help="Each row is a delta_publish: merged into the "
+              "stored record (as sow-redis delta-publish).")
+@click.option("--delete", is_flag=True, help="Each row removes the record a publish of it "
+              "would update (as sow-redis sow-delete --data); rows need only the key fields.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str | None,
                order_by: str | None, load_id: str | None, batch_size: int,
-               separator: str | None, master: str) -> None:
+               separator: str | None, delta: bool, delete: bool, master: str) -> None:
     """Load JSON Lines, Parquet or FIX log files (files, folders, globs) into a topic with
     Spark: keys computed by the publisher's code in the executors, appended to the partition
-    logs exactly once, applied by the workers' path; bad rows go to the error stream.
+    logs exactly once, applied by the workers' path; bad rows go to the error stream. Rows
+    are publishes, or with --delta delta publishes, with --delete deletes.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t flights data/flights.jsonl
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t fix_orders --delta \\
+          --format fix --separator ';' logs/orders.fix.txt
     """
     from .spark.load import load
 
+    if delta and delete:
+        raise click.UsageError("give at most one of --delta and --delete")
+    cmd = "delta_publish" if delta else "sow_delete" if delete else "publish"
     sow = _sow(ctx)
     t = sow.topic(topic)
+    paths = _spark_inputs(inputs, fmt)
     session = _spark_session(master)
     started = time.perf_counter()
     from .fix import separator as fix_separator
 
-    res = load(session, sow.url, t, list(inputs), fmt,
+    res = load(session, sow.url, t, paths, fmt,
                [c.strip() for c in order_by.split(",")] if order_by else None, load_id,
-               batch_size, separator=fix_separator(separator) if separator else None)
+               batch_size, separator=fix_separator(separator) if separator else None, cmd=cmd)
     took = time.perf_counter() - started
     if res.chains is not None:
         click.echo(f"chains: {res.chains.ids} new identifier(s), {len(res.chains.conflicts)} "
                    f"conflict(s), pointer-jumping rounds per pass {res.chains.rounds}")
-    click.echo(f"loaded {res.rows} row(s) into {topic}: appended {res.appended}, applied "
+    what = {"publish": "", "delta_publish": " as delta publishes",
+            "sow_delete": " as deletes"}[cmd]
+    click.echo(f"loaded {res.rows} row(s) into {topic}{what}: appended {res.appended}, applied "
                f"{res.applied}, rejected {res.rejected} (in the error stream), skipped "
                f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
 
@@ -1239,6 +1309,7 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...],
                          fmt: str | None, order_by: str | None, separator: str | None,
                          dry_run: bool, master: str) -> None:
@@ -1258,9 +1329,10 @@ def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...]
     t = sow.topic(topic)
     if not t.chaining:
         raise click.ClickException(f"topic {topic!r} has no chaining key generator")
+    paths = _spark_inputs(inputs, fmt)
     session = _spark_session(master)
     started = time.perf_counter()
-    res = resolve_chains(session, sow.url, t, list(inputs), fmt,
+    res = resolve_chains(session, sow.url, t, paths, fmt,
                          [c.strip() for c in order_by.split(",")] if order_by else None,
                          fix_separator(separator) if separator else None, write=not dry_run)
     took = time.perf_counter() - started
@@ -1284,6 +1356,7 @@ def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...]
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str | None,
                  once: bool, separator: str | None, master: str) -> None:
     """Feed a topic from a folder of JSON Lines or FIX files with Spark Structured Streaming,
@@ -1299,6 +1372,7 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
 
     sow = _sow(ctx)
     t = sow.topic(topic)
+    _spark_local_dir(directory, "folder")
     session = _spark_session(master)
     cp = checkpoint or os.path.join(directory, f"_sow_checkpoint_{re.sub(r'[^A-Za-z0-9_]', '_', topic)}")
 
@@ -1321,6 +1395,7 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     """Write a consistent snapshot of a topic to Parquet at OUT: record fields as columns,
     plus _sow_key, _sow_expiry_ms, _sow_partition, _sow_seq and _sow_cursor (the sequence and
@@ -1348,6 +1423,7 @@ def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_archive(ctx: click.Context, topic: str, out: str, trim: bool, master: str) -> None:
     """Write a topic's transaction log (OUT/log) and change feed (OUT/changes) to Parquet,
     one Spark task per partition; --trim then removes the archived, applied log entries.
@@ -1376,6 +1452,7 @@ def spark_archive(ctx: click.Context, topic: str, out: str, trim: bool, master: 
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: str | None,
                   master: str) -> None:
     """Rebuild a topic's SOW from a snapshot (spark export) plus the archived and the live
@@ -1391,6 +1468,9 @@ def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: st
 
     sow = _sow(ctx)
     t = sow.topic(topic)
+    _spark_local_dir(snapshot, "snapshot")
+    if archive_dir is not None:
+        _spark_local_dir(archive_dir, "archive")
     session = _spark_session(master)
     try:
         res = rebuild(session, sow.url, t, snapshot, archive_dir)
@@ -1412,9 +1492,11 @@ def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: st
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_sql(ctx: click.Context, query: str, out: str | None, limit: int, master: str) -> None:
     """Run a Spark SQL QUERY over snapshot views of the SOW topics (each topic a view named
-    by its name, characters outside [A-Za-z0-9_] as _), e.g. an AMPS-like view.
+    by its name, characters outside [A-Za-z0-9_] as _), e.g. an AMPS-like view. Only the
+    topics the query names are read.
 
     \b
     Example:
@@ -1425,8 +1507,12 @@ def spark_sql(ctx: click.Context, query: str, out: str | None, limit: int, maste
     from .spark.snapshot import sql
 
     sow = _sow(ctx)
+    topics = list(load_topics(sow.r).values())
     session = _spark_session(master)
-    df = sql(session, sow.url, list(load_topics(sow.r).values()), query)
+    try:
+        df = sql(session, sow.url, topics, query)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     if out:
         writer = df.write.mode("overwrite")
         (writer.option("header", True).csv(out) if out.endswith(".csv") else writer.parquet(out))
