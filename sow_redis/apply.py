@@ -56,7 +56,7 @@ from .logs import fields as event_fields
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .partition_state import read_cursor
-from .scripts import PendingApply, Scripts, attached
+from .scripts import LogApplied, PendingCall, Scripts, attached
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,15 @@ def _transient(exc: BaseException) -> bool:
 
 
 # -- planning ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _LogRun:
+    """Verified plain publishes at the head of the unapplied log, applied by one
+    apply_log.lua call: ``count`` entries, the last of them ``upto``."""
+
+    count: int
+    upto: str
+
+
 @dataclass
 class _Segment:
     """The ops of consecutive entries applied by one Lua call."""
@@ -359,11 +368,14 @@ class PartitionApplier:
         self.fence, self.batch_size = fence, batch_size
         self._planner: _Planner | None = None
         self._cursor: str | None = None  # after the last batch read (None: read it again)
-        self._planned: tuple[_Segment, list] | None = None  # planned, not sent yet
-        self._inflight: tuple[PendingApply, list] | None = None  # sent, reply not read
+        # planned, not sent yet: a segment for apply.lua, or a run of verified publishes for
+        # apply_log.lua (how many, the stream id of the last)
+        self._planned: tuple[_Segment | _LogRun, list] | None = None
+        self._inflight: tuple[PendingCall, _Segment | _LogRun, list] | None = None
         self.drained = False
         """True after a :meth:`step` that found the log drained with nothing left to apply."""
-        self._in_redis = not topic.chaining  # next step: try apply_log.lua first
+        self._in_redis = not topic.chaining  # the next batch may start with prepared publishes
+        self._trusted_skip = 0  # steps before the next look for trusted entries
 
     def _reset(self) -> None:
         self._planner, self._cursor, self._planned = None, None, None
@@ -374,17 +386,24 @@ class PartitionApplier:
             return
         seg, entries = self._planned
         self._planned = None
-        _write_conflicts(self.r, self.topic, seg)
-        self._inflight = (self.scripts.send_apply(self.topic, self.p, self.fence, seg.first,
-                                                  seg.last, seg.rejects, seg.ops), entries)
+        if isinstance(seg, _LogRun):
+            call = self.scripts.send_apply_log(self.topic, self.p, self.fence, seg.count,
+                                               seg.upto)
+        else:
+            _write_conflicts(self.r, self.topic, seg)
+            call = self.scripts.send_apply(self.topic, self.p, self.fence, seg.first, seg.last,
+                                           seg.rejects, seg.ops)
+        self._inflight = (call, seg, entries)
 
     def _settle(self) -> int:
         """Read the reply of the call in flight; returns its entries once applied (0: none,
         or it failed; then everything planned after it is dropped)."""
         if self._inflight is None:
             return 0
-        call, entries = self._inflight
+        call, seg, entries = self._inflight
         self._inflight = None
+        if isinstance(seg, _LogRun):
+            return self._settle_log_run(call, seg)
         try:
             call.result()
             return len(entries)
@@ -407,6 +426,56 @@ class PartitionApplier:
         self._send()
         return done + self._settle()
 
+    TRUSTED_SKIP = 8
+    """Steps without a look for trusted entries after a look found none at the head of the
+    log (entries of clients that append with XADD: verified here instead)."""
+
+    def _apply_trusted(self) -> int | None:
+        """One apply_log.lua call for the trusted entries at the head of the unapplied log
+        (nothing planned or in flight). Returns the entries applied, or None when it applied
+        none before an entry the worker must read (the caller goes on to read the batch)."""
+        try:
+            res = self.scripts.apply_log(self.topic, self.p, self.fence, self.batch_size)
+        except Exception as exc:
+            if _transient(exc):
+                self._reset()
+                raise
+            log.warning("topic %s[%d]: apply_log failed (%s); verifying in the worker",
+                        self.topic.name, self.p, exc)
+            self._trusted_skip = self.TRUSTED_SKIP
+            return None
+        known, self._cursor = self._cursor, res.cursor
+        if res.applied or res.cursor != known:
+            self._planner = None  # its view of the records is older than these writes
+        if res.applied:
+            return res.applied
+        if res.stopped:
+            self._trusted_skip = self.TRUSTED_SKIP
+            return None
+        self.drained = True
+        return 0
+
+    def _settle_log_run(self, call: PendingCall, run: _LogRun) -> int:
+        """The reply of an apply_log.lua call: the entries it applied. When it did not reach
+        the run's last entry (an entry Lua would not take, a write-through that moved the
+        cursor meanwhile) or failed, everything planned after it is dropped and planning
+        starts again from the cursor in Redis (the planned path applies those entries,
+        rejecting what it must)."""
+        try:
+            res: LogApplied = call.result()
+        except Exception as exc:
+            self._reset()
+            if _transient(exc):
+                raise
+            log.warning("topic %s[%d]: apply_log failed (%s); planning in the worker",
+                        self.topic.name, self.p, exc)
+            self._in_redis = False
+            return 0
+        if res.cursor != run.upto:
+            self._reset()
+            self._in_redis = False
+        return res.applied
+
     def step(self) -> int:
         """Read the next batch, send the one planned before, plan the new one; returns the log
         entries whose apply completed during this call. :attr:`drained` tells when nothing
@@ -414,38 +483,50 @@ class PartitionApplier:
 
         A batch that starts with plain publishes whose SOW key and index members this worker
         verified against their data (:func:`~sow_redis.keying.verified_prepared`) is applied
-        by apply_log.lua up to the last of them, without the messages' round trip back."""
+        by apply_log.lua up to the last of them, without the messages' round trip back; like
+        a planned batch, it is verified here while Redis applies the batch before it."""
         self.drained = False
-        if self._cursor is None:
+        done = 0
+        if self._in_redis and not self._trusted_skip:
+            # entries a trusted caller appended: apply_log.lua applies them unread
             done = self._flush()
+            trusted = self._apply_trusted()
+            if trusted is not None:
+                self.drained = self.drained and not done
+                return done + trusted
+        self._trusted_skip = max(0, self._trusted_skip - 1)
+        if self._cursor is None:
+            done += self._flush()
             if self._cursor is None:
                 self._cursor = read_cursor(self.r, self.topic.name, self.p)
-        else:
-            done = 0
         entries = read_log(self.r, self.topic.name, self.p, self._cursor, self.batch_size)
         if not entries:
             done += self._flush()
             self.drained = self._cursor is not None and not done
             return done
         run = [(_decode(sid, fields, self.topic), (sid, fields)) for sid, fields in entries]
+        if any(b"filter" in fields for _sid, fields in entries) and any(
+                isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
+            return self._sequentially(done + self._flush())
+        self._send()  # batch k runs on Redis while batch k+1 is verified or planned here
         if self._in_redis:
             n = 0
             for e, _raw in run:
                 if not (isinstance(e, LogEntry) and verified_prepared(e, self.topic, self.p)):
                     break
                 n += 1
-            self._in_redis = False
             if n:
-                done += self._flush()  # everything planned before lands first
-                if self._cursor is not None:
-                    done += self._apply_in_redis(n, entries[n - 1][0].decode())
-                    # the rest of this batch (if any) is planned in the next step
-                    self._in_redis = n == len(entries)
+                done += self._settle()
+                if self._cursor is None:  # batch k failed: read again from Redis
+                    return done
+                upto = entries[n - 1][0].decode()
+                self._planned = (_LogRun(n, upto), entries[:n])
+                self._cursor = upto
+                self._planner = None  # the run writes records the planner may have read
+                # the rest of this batch (if any) is planned in the next step
+                self._in_redis = n == len(entries)
                 return done
-        if any(b"filter" in fields for _sid, fields in entries) and any(
-                isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
-            return self._sequentially(done + self._flush())
-        self._send()  # batch k runs on Redis while batch k+1 is planned here
+            self._in_redis = False
         if self._planner is None or len(self._planner.state) > self.STATE_MAX:
             self._planner = _Planner(self.r, self.topic, self.p,
                                      resolver(self.r, self.topic, self.p))
@@ -465,26 +546,6 @@ class PartitionApplier:
         self._cursor = seg.last
         self._in_redis = _prepared_publish(run[-1][0], self.topic)
         return done
-
-    def _apply_in_redis(self, count: int, upto: str) -> int:
-        """One apply_log.lua call for the ``count`` verified entries up to stream id ``upto``
-        (nothing planned or in flight); returns the entries it applied. A failed call leaves
-        the entries to the planned path (which applies them, rejecting what it must)."""
-        try:
-            res = self.scripts.apply_log(self.topic, self.p, self.fence, count, upto)
-        except Exception as exc:
-            if _transient(exc):
-                self._reset()
-                raise
-            log.warning("topic %s[%d]: apply_log failed (%s); planning in the worker",
-                        self.topic.name, self.p, exc)
-            self._reset()
-            return 0
-        known, self._cursor = self._cursor, res.cursor
-        if res.applied or res.cursor != known:
-            # its view of the records is older than these writes
-            self._planner = None
-        return res.applied
 
     def _sequentially(self, done: int) -> int:
         """Once nothing is planned or in flight: apply the next batch without overlap

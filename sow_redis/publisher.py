@@ -163,7 +163,7 @@ def _start_jobs(r: Client, topic: TopicConfig, sent: list[int], marks: list[Any]
             enqueue_job(r, topic.name, p, behind=sent.count(p), job_id=job_ids[p])
 
 
-def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThrough,
+def _settle_through(r: Client, topic: TopicConfig, jobs: Settings | None, through: WriteThrough,
                     chunk: dict[int, list[Fields]], job_ids: dict[int, str],
                     replies: list[Any], result: PublishResult, durable: bool = False) -> None:
     """Take the replies of one chunk's write-through calls (one per partition of ``chunk``,
@@ -190,7 +190,7 @@ def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: Writ
         applied, last, marked = taken
         result.last_ids[p] = last
         result.published += len(entries)
-        if marked:
+        if marked and jobs is not None:
             enqueue_job(r, topic.name, p, behind=len(entries) - applied, job_id=job_ids[p])
     if not retry:
         if refused is not None:
@@ -212,7 +212,7 @@ def _settle_through(r: Client, topic: TopicConfig, jobs: Settings, through: Writ
             result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
             result.published += 1
             appended.add(p)
-    if appended:
+    if appended and jobs is not None:
         ensure_jobs(r, topic.name, sorted(appended), jobs,
                     behind={p: len(entries) for p, entries in retry.items()})
     refused = refused or next((x for x in ids if isinstance(x, ResponseError)), None)
@@ -300,13 +300,15 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             XADDs, the job markers of its partitions are set (``SET NX``) and an ingest job
             is enqueued for each marker that was absent (what :func:`jobs.ensure_jobs` does
             in round trips of its own). None: the caller hands the entries over itself.
-            With ``jobs.write_through`` (the default), each chunk's entries of one partition
-            go as one apply_appended.lua call instead of XADDs and a marker: the script
-            appends them and, when the partition's log held no unapplied entry before them,
-            applies the plain publishes there and then; the marker is set (and a job
-            enqueued) only when entries are left for the workers. A call that fails (no
-            right to run scripts, script cache flushed, …) appended nothing: its entries
-            are then appended with XADD and left to the workers.
+            Where the client may run scripts (not the ACL ``publisher`` role, not
+            ``memory://``), each chunk's entries of one partition go as one
+            apply_appended.lua call: the script appends them and records them as trusted
+            (the workers then apply their prepared publishes without reading them); with
+            ``jobs.write_through`` (the default), when the partition's log held no
+            unapplied entry before them, it applies the plain publishes there and then; the
+            marker is set (and a job enqueued) only when entries are left for the workers.
+            A call the server could not run (no script cached, no right to run it) appended
+            nothing: its entries are then appended with XADD and verified by the workers.
         durable: after each chunk, wait until at least one replica of every primary written
             to has it (``WAIT 1``, at most :data:`DURABLE_WAIT_MS`): an acknowledged message
             survives the loss of its primary (replication is asynchronous otherwise).
@@ -334,7 +336,8 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
                                registry_check)
     result = PublishResult()
     batch = XaddBatch(r)
-    through = _write_through(r, jobs)
+    through = _write_through(r)
+    apply_through = jobs is not None and jobs.write_through
     parts: list[int] = []
     grouped: dict[int, list[Fields]] = {}  # with write-through: the chunk's entries by partition
     handled = 0
@@ -356,7 +359,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         sent, n_handled, checked, chunk, job_ids = inflight.popleft()
         try:
             if chunk is not None:
-                assert through is not None and jobs is not None
+                assert through is not None
                 replies = batch.collect(tolerate_from=0)
                 if checked:
                     result.registry_version = _registry_version(replies.pop())
@@ -387,10 +390,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         if parts:
             chunk = None
             job_ids = {p: new_job_id() for p in set(parts)} if jobs is not None else {}
-            if through is not None and jobs is not None:
+            if through is not None:
                 for p in sorted(grouped):
-                    batch.add_packed(through.packed(topic, p, grouped[p], jobs.queued_marker_ttl_ms,
-                                                    job_ids[p]))
+                    batch.add_packed(through.packed(
+                        topic, p, grouped[p], jobs.queued_marker_ttl_ms if jobs else 0,
+                        job_ids.get(p, ""), apply_through))
                 chunk, grouped = grouped, {}
             elif jobs is not None:
                 for p in sorted(job_ids):
@@ -542,7 +546,8 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
     skip = frozenset(topic.skip_msg_types)
     chunk: list[tuple[int, Fields]] = []
     handled = 0
-    through = _write_through(r, jobs)
+    through = _write_through(r)
+    apply_through = jobs is not None and jobs.write_through
 
     def flush() -> None:
         nonlocal chunk, handled, registry_check
@@ -550,13 +555,14 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
             touched = sorted({p for p, _e in chunk})
             sent = [p for p, _e in chunk]
             grouped: dict[int, list[Fields]] = {}
-            job_ids = {p: new_job_id() for p in touched}
+            job_ids = {p: new_job_id() for p in touched} if jobs is not None else {}
             commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-            if jobs is not None and through is not None:
+            if through is not None:
                 for p, entry in chunk:
                     grouped.setdefault(p, []).append(entry)
                 commands += [("execute_command", ("EVALSHA", *through.call(
-                    topic, p, grouped[p], jobs.queued_marker_ttl_ms, job_ids[p])), {})
+                    topic, p, grouped[p], jobs.queued_marker_ttl_ms if jobs else 0,
+                    job_ids.get(p, ""), apply_through)), {})
                     for p in touched]
             else:
                 commands += [("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
@@ -575,7 +581,7 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 registry_check = False
             try:
                 if grouped:
-                    assert jobs is not None and through is not None
+                    assert through is not None
                     _settle_through(r, topic, jobs, through, grouped, job_ids, replies, result,
                                     durable)
                 else:
@@ -763,7 +769,7 @@ class WriteThrough:
         self._scripts = Scripts(r)
         self._loaded = False
         self._warned: set[str] = set()
-        self._packed: dict[tuple[str, int, int], tuple[TopicConfig, bytes, bytes]] = {}
+        self._packed: dict[tuple[str, int, int, bool], tuple[TopicConfig, bytes, bytes]] = {}
         self.applied = 0
         """Entries this client applied by write-through (for benchmarks and tests)."""
         self.refused = False
@@ -785,34 +791,37 @@ class WriteThrough:
         self._loaded = True
 
     def call(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
-             marker_ttl_ms: int, job_id: str) -> list[Any]:
+             marker_ttl_ms: int, job_id: str, through: bool = True) -> list[Any]:
         """The EVALSHA arguments (after the command name) appending ``entries`` to partition
-        ``p``; the script sets the job marker to ``job:<job_id>`` (lifetime ``marker_ttl_ms``
-        milliseconds) when it leaves entries to the workers and no job was outstanding."""
+        ``p`` (applied there with ``through`` when the partition is caught up); the script
+        sets the job marker to ``job:<job_id>`` (lifetime ``marker_ttl_ms`` milliseconds)
+        when it leaves entries to the workers and no job was outstanding (``job_id`` "": no
+        marker)."""
         if not self._loaded:
             self.load()
         sha, ks, argv = self._scripts.apply_appended_call(
-            topic, p, pack_entries(entries), marker_ttl_ms, job_marker_value(job_id))
+            topic, p, pack_entries(entries), marker_ttl_ms, through,
+            job_marker_value(job_id) if job_id else "")
         return [sha, len(ks), *ks, *argv]
 
     def packed(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
-               marker_ttl_ms: int, job_id: str) -> bytes:
+               marker_ttl_ms: int, job_id: str, through: bool = True) -> bytes:
         """The EVALSHA of :meth:`call` packed as RESP. Only the entries and the job id differ
         from one chunk to the next: the rest is packed once per topic definition and
         partition (packing the ~20 arguments took a fifth of a small publish's time)."""
         if not self._loaded:
             self.load()
-        key = (topic.name, p, marker_ttl_ms)
+        key = (topic.name, p, marker_ttl_ms, through)
         hit = self._packed.get(key)
         if hit is None or (hit[0] is not topic and hit[0] != topic):
-            args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms, "")]
+            args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms, "", through)]
             at = 3 + int(args[2]) + 5  # ARGV[6], the entries (see apply_appended.lua)
-            # ARGV[7..11] between the entries and the marker value, ARGV[12], the last
+            # ARGV[7..12] between the entries and the marker value, ARGV[13], the last
             hit = (topic, b"*%d\r\n" % len(args) + resp(args[:at], header=False),
                    resp(args[at + 1:-1], header=False))
             self._packed[key] = hit
         data = pack_entries(entries)
-        value = job_marker_value(job_id).encode()
+        value = job_marker_value(job_id).encode() if job_id else b""
         return (hit[1] + b"$%d\r\n%s\r\n" % (len(data), data) + hit[2]
                 + b"$%d\r\n%s\r\n" % (len(value), value))
 
@@ -846,10 +855,12 @@ class WriteThrough:
             log.warning("topic %s: %s", topic.name, text)
 
 
-def _write_through(r: Client, jobs: Settings | None) -> WriteThrough | None:
-    """The write-through of client ``r`` when ``jobs`` asks for it and the server runs the
-    script for this client's user, else None."""
-    if jobs is None or not jobs.write_through:
+def _write_through(r: Client) -> WriteThrough | None:
+    """The appender of client ``r`` (its entries are appended by apply_appended.lua, which
+    records them as trusted and writes them through where asked), or None where the server
+    runs no script for this client's user (the ACL ``publisher`` role: plain XADD) and on
+    ``memory://`` (fakeredis runs no MessagePack in Lua)."""
+    if isinstance(r, _fake_redis_class()):
         return None
     through = cast(WriteThrough, attached(r, "write_through", WriteThrough))
     if not through.refused and not through.loaded:

@@ -146,7 +146,7 @@ TOPIC = "a.b-c/d_1"
 KEY_BUILDERS = {
     "log", "records", "expiry", "state", "lease", "job_marker", "acks", "index_members",
     "dead_letters", "chain", "chain_conflicts", "index", "changes", "change_times", "loads",
-    "load_staged",
+    "load_staged", "trusted",
     "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED",
     "SWEEP_LEASE"}
 """Every key template of keys.py (functions and constants), each checked below."""
@@ -246,7 +246,7 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
                                                   keys.partition_errors, keys.changes,
                                                   keys.change_times, keys.lease,
                                                   keys.job_marker, keys.loads,
-                                                  keys.load_staged)}
+                                                  keys.load_staged, keys.trusted)}
 
 
 def test_acl_key_patterns_give_each_role_exactly_its_rights_on_what_keys_py_builds():

@@ -13,12 +13,13 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sow_redis.feed.live import ShardListener
 from sow_redis import keys
+from sow_redis.apply import PartitionApplier
 from sow_redis.client import Sow
 from sow_redis.entries import make_entry
 from sow_redis.errors import FencedError
 from sow_redis.events import events_of
+from sow_redis.feed.live import ShardListener
 from sow_redis.jobs import drain_partition
 from sow_redis.messages import index_members, key_of
 from sow_redis.scripts import Scripts
@@ -98,14 +99,14 @@ def test_in_redis_apply_writes_what_the_planned_path_writes(backend_url, topic_n
     script = _script()
     in_redis = {True: 0, False: 0}
     prepared = True
-    real = Scripts.apply_log
+    real = PartitionApplier._settle_log_run
 
-    def spy(self, topic, p, fence, count, upto):
-        res = real(self, topic, p, fence, count, upto)
-        in_redis[prepared] += res.applied
-        return res
+    def spy(self, call, run):
+        applied = real(self, call, run)
+        in_redis[prepared] += applied
+        return applied
 
-    monkeypatch.setattr(Scripts, "apply_log", spy)
+    monkeypatch.setattr(PartitionApplier, "_settle_log_run", spy)
     pubsub = ShardListener(r, [keys.partition_channel(t.name, 0)])
     states, events = [], []
     for prepared in (True, False):

@@ -45,7 +45,7 @@ def test_a_write_through_applies_only_its_own_entries_of_a_caught_up_partition(
     append(r, t, [("publish", b'{"id": 1, "v": 1}', None),
                   ("delta_publish", b'{"id": 1, "w": 2}', None)])
     ids = [sid.decode() for sid, _ in r.xrange(keys.log(topic_name, 0))]
-    wt = _write_through(r, Settings())
+    wt = _write_through(r)
     assert wt is not None
     own = {"cmd": "publish", "data": b'{"id": 2, "v": 3}', "k": key_of({"id": 2}, t, None)}
     applied, last, marked, error = r.evalsha(*wt.call(t, 0, [own], 1000, "j1"))
@@ -75,7 +75,7 @@ def test_a_write_through_of_a_caught_up_partition_applies_in_the_same_call(lonel
     sow.apply_config(cfg(topic_name, 1))
     t = sow.topic(topic_name)
     r = sow.r
-    wt = _write_through(r, Settings())
+    wt = _write_through(r)
     assert wt is not None
     entries = [{"cmd": "publish", "data": b'{"id": %d}' % i, "k": key_of({"id": i}, t, None)}
                for i in range(3)] + [{"cmd": "delta_publish", "data": b'{"id": 0, "x": 1}'}]
@@ -152,7 +152,7 @@ def test_write_through_and_workers_apply_a_mixed_stream_exactly_once(url, topic_
             w.wait(timeout=30)
     listener.join(timeout=5)
     elapsed = time.monotonic() - started
-    wt = _write_through(sow.r, Settings())
+    wt = _write_through(sow.r)
     assert wt is not None
     through = wt.applied
     got = {x.obj()["id"]: x.obj() for x in sow.sow(topic_name)}

@@ -1,17 +1,19 @@
 --[[
-  apply_appended: the publisher's write-through of one chunk to one partition. The script
-  itself appends the chunk's entries to the partition's log (XADD, in order) and, when the
-  log held no unapplied entry before them, applies them there and then, exactly as a worker
-  would (include apply_prepared: same records, expiry scores, index members, sequence,
-  change feed and change block). A publish to a caught-up partition is thereby applied and
-  delivered to subscribers in the publisher's own round trip, with no worker hop.
+  apply_appended: a publisher's append of one chunk to one partition, with its write-through.
+  The script itself appends the chunk's entries to the partition's log (XADD, in order) and,
+  with write-through asked and the log holding no unapplied entry before them, applies them
+  there and then, exactly as a worker would (include apply_prepared: same records, expiry
+  scores, index members, sequence, change feed and change block). A publish to a caught-up
+  partition is thereby applied and delivered to subscribers in the publisher's own round
+  trip, with no worker hop.
 
   Trust: the SOW key ("k") and index members ("m") applied here are those of the entries this
   very call appends, computed by the calling process (sow_redis's publisher, which needs the
   right to run scripts); an entry some other client appended is never applied here, because
-  the call applies nothing when the log holds any unapplied entry before its own. Entries it
-  leaves are applied by the workers, which validate every entry they read from the log
-  (sow_redis/apply.py) and never take "k" or "m" on trust.
+  the call applies nothing when the log holds any unapplied entry before its own. The entries
+  it leaves unapplied are recorded as a trusted range (include apply_prepared add_trusted), so
+  the workers' apply_log.lua applies their prepared publishes without reading them; every
+  other entry of the log (a plain XADD of any client) is read and verified by a worker.
 
   Why it is safe without a fencing token: the script is atomic and starts at the applied
   cursor, so an entry is applied once whoever applies it (the cursor moves past it). A worker
@@ -20,9 +22,10 @@
   During a shape migration (the partition's lease held by a "migrate:" owner) the script
   only appends.
 
-  Job marker: when entries are left unapplied (a delta, a backlog, a migration), the script
-  sets the partition's job marker (SET NX PX) and says so, and the publisher enqueues an
-  ingest job; when it applied everything, no worker is woken for nothing.
+  Job marker: when entries are left unapplied (a delta, a backlog, a migration, append only),
+  the script sets the partition's job marker (SET NX PX; when given one) and says so, and
+  the publisher enqueues an ingest job; when it applied everything, no worker is woken for
+  nothing.
 
   No error reply after the first XADD: the apply runs under pcall, so an error reply always
   means nothing was appended (the publisher then appends the entries itself with XADD).
@@ -41,7 +44,10 @@
     ARGV[8] partition number
     ARGV[9] change feed retention: changes kept per partition (0: no feed, pub/sub only)
     ARGV[10] change feed retention in ms (0: by count only)
-    ARGV[11] job marker lifetime in ms     ARGV[12] job marker value
+    ARGV[11] job marker lifetime in ms
+    ARGV[12] "1": write-through (apply on a caught-up partition), "0": append only
+    ARGV[13] job marker value ("": set no marker; the caller hands the entries over itself)
+    KEYS[14 + n] the partition's trusted ranges (after the lease and the job marker)
 
   Output:
     {entries applied, stream id of the last entry appended, marker, apply error}: marker = 1
@@ -62,9 +68,14 @@ local P = partition_context(chan, topic, partition, nidx)
 local marker = KEYS[13 + nidx]
 local fields = cmsgpack.unpack(ARGV[6])
 
--- entries left after the cursor: make sure a worker comes (SET NX: one job at a time)
-local function hand_over(left)
-  if left and redis.call("SET", marker, ARGV[12], "NX", "PX", ARGV[11]) then
+local trusted_key = KEYS[14 + nidx]
+
+-- entries from the i-th on are left for the workers: a trusted range (this call appended
+-- them), and make sure a worker comes (SET NX: one job at a time)
+local function hand_over(entries, i)
+  if i > #entries then return 0 end
+  add_trusted(trusted_key, entries[i][1], entries[#entries][1])
+  if ARGV[13] ~= "" and redis.call("SET", marker, ARGV[13], "NX", "PX", ARGV[11]) then
     return 1
   end
   return 0
@@ -75,7 +86,7 @@ local migrating = owner and string.sub(owner, 1, 8) == "migrate:"
 local meta = redis.call("HMGET", P.state, "cursor", "seq")
 local cursor = meta[1] or "0-0"
 -- only entries this call appends are applied here: none when others wait before them
-local caught_up = not migrating
+local caught_up = ARGV[12] == "1" and not migrating
   and #redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", 1) == 0
 
 local entries = {}
@@ -85,7 +96,7 @@ end
 local last_id = ""
 if #entries > 0 then last_id = entries[#entries][1] end
 if not caught_up then
-  return {0, last_id, hand_over(#entries > 0), ""}
+  return {0, last_id, hand_over(entries, 1), ""}
 end
 
 local applied = 0
@@ -98,6 +109,6 @@ local ok, err = pcall(function()
   applied = n
 end)
 if not ok then
-  return {0, last_id, hand_over(true), tostring(err)}
+  return {0, last_id, hand_over(entries, 1), tostring(err)}
 end
-return {applied, last_id, hand_over(applied < #entries), ""}
+return {applied, last_id, hand_over(entries, applied + 1), ""}
