@@ -119,3 +119,36 @@ def test_a_forged_entry_before_a_write_through_is_not_applied_by_it(url, topic_n
     assert _drain(sow, t) == 3
     assert sorted(rec.obj()["id"] for rec in sow.sow(t.name)) == [1, 2]
     assert _reasons(sow, t.name) == ["forged_key"]
+
+
+def test_entries_of_a_trusted_appender_are_applied_unread_others_are_verified(
+        url, topic_name, monkeypatch):
+    """A publisher that may run scripts appends through apply_appended.lua, which records the
+    entries it leaves unapplied as a trusted range: a worker applies them without reading
+    them (no verification in Python). An entry appended with a plain XADD, even a correct
+    one, is read and verified first. Ranges the cursor passed are dropped."""
+    from sow_redis import apply as apply_mod
+    from sow_redis.publisher import append
+
+    calls = []
+    real = apply_mod.verified_prepared
+
+    def spy(e, topic, p):
+        calls.append(e.id)
+        return real(e, topic, p)
+
+    monkeypatch.setattr(apply_mod, "verified_prepared", spy)
+    sow = Sow(url)
+    t = _topic(sow, topic_name)
+    res = append(sow.r, t, [("publish", {"id": i, "v": i}, None) for i in range(100)])
+    assert res.published == 100
+    assert sow.r.zcard(keys.trusted(t.name, 0)) == 1
+    assert _drain(sow, t) == 100
+    assert calls == []  # applied unread
+    assert sow.r.zcard(keys.trusted(t.name, 0)) == 0
+    sid = sow.r.xadd(keys.log(t.name, 0), make_entry(
+        "publish", b'{"id": 7, "v": "raw"}', None, None, key_of({"id": 7}, t))).decode()
+    assert _drain(sow, t) == 1
+    assert calls == [sid]
+    assert {r.obj()["id"]: r.obj()["v"] for r in sow.sow(t.name)}[7] == "raw"
+    assert sow.errors(t.name) == []
