@@ -8,7 +8,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import click
 import orjson
@@ -31,10 +31,33 @@ def _one_line(text: str, url: str) -> str:
     return " ".join(text.split())
 
 
+EXIT_PIPE = 141
+"""Exit status when the reader of standard output went away (``sow-redis sow … | head``):
+128 + SIGPIPE, what a shell reports for a Unix tool that SIGPIPE ended."""
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), for commands that were cut short; the commands
+that run until stopped (``subscribe``, ``stats --watch``, …) end with 0 instead."""
+
+
+def _broken_pipe() -> NoReturn:
+    """End quietly, as ``head`` expects of a writer: nothing more goes to standard output
+    (it is pointed at /dev/null so that the interpreter's last flush fails no more), exit
+    status :data:`EXIT_PIPE`."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(EXIT_PIPE)
+
+
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn every error of a command into one line on stderr and exit status 1 (click's own
     usage errors keep status 2): SowError as its message, Redis failures by kind, anything
-    else as an internal error (``SOW_DEBUG=1`` shows the traceback)."""
+    else as an internal error (``SOW_DEBUG=1`` shows the traceback). A closed standard
+    output (``| head``) ends the command quietly with :data:`EXIT_PIPE` (Ctrl-C: see
+    :class:`_Main`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -42,6 +65,8 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            _broken_pipe()
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except SowError as exc:
@@ -107,7 +132,32 @@ def _sow(ctx: click.Context) -> Any:
     return Sow(settings=_settings(ctx), inline=False)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+RUN_UNTIL_STOPPED = frozenset({"subscribe", "sow-and-subscribe", "metrics", "stats --watch"})
+"""Commands that run until Ctrl-C or SIGTERM stops them: that is how they end, status 0."""
+
+
+class _Main(click.Group):
+    """The ``sow-redis`` group: Ctrl-C, wherever it comes (also while a command starts),
+    ends a command that runs until stopped (:data:`RUN_UNTIL_STOPPED`) with status 0, and
+    any other with ``interrupted`` and :data:`EXIT_INTERRUPTED` (click would print
+    ``Aborted!`` and exit 1); a closed standard output as :func:`_broken_pipe`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _broken_pipe()
+        except KeyboardInterrupt:
+            name = ctx.invoked_subcommand or ""
+            if name == "stats" and "--watch" in sys.argv:
+                name = "stats --watch"
+            if name in RUN_UNTIL_STOPPED:
+                raise SystemExit(0) from None
+            click.echo("interrupted", err=True)
+            raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", envvar="SOW_REDIS_URL", default=DEFAULT_REDIS_URL, show_default=True,
               help="Redis to use: redis://, rediss://, unix:// or redis+cluster://host:port "
               "(any node of a Redis Cluster) (env SOW_REDIS_URL).")
@@ -561,7 +611,6 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
 
 
 def _print_table(topic: str, records: list[Any], with_key: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     objs = [r.obj() for r in records]
@@ -576,7 +625,20 @@ def _print_table(topic: str, records: list[Any], with_key: bool) -> None:
     for rec, o in zip(records, objs):
         cells = [orjson.dumps(o[c]).decode().strip('"') if c in o else "" for c in cols]
         table.add_row(*([rec.sow_key] if with_key else []), *cells)
-    Console().print(table)
+    _console_for(table).print(table)
+
+
+def _console_for(table: Any) -> Any:
+    """A rich Console for ``table``: the terminal's width on a terminal; else (a pipe, a
+    file) as wide as the table needs, so that no cell is cut to ``…``."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        console = Console()
+    else:
+        console = Console(width=max(80, Console(width=1 << 20).measure(table).maximum))
+    console.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]  # rich: exit 1
+    return console
 
 
 @main.command("sow-delete")
@@ -607,7 +669,8 @@ def sow_delete(ctx: click.Context, topic: str, filter_: str | None, keys: str | 
 def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> None:
     """Print a subscription's messages as JSON Lines until ``count`` messages, ``timeout``
     seconds without one, Ctrl-C or SIGTERM; each is processed once written. Recoveries go to
-    stderr too. Closing flushes the bookmark store."""
+    stderr too, and first one line saying that the subscription is live (every change from
+    then on is printed). Closing flushes the bookmark store."""
     import signal
 
     from .feed.subscriber import to_line
@@ -617,6 +680,8 @@ def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> Non
 
     previous = signal.signal(signal.SIGTERM, on_term)
     out = sys.stdout.buffer
+    click.echo(f"live on {sub.topic.name} ({sub.topic.partitions} partition(s)): every change "
+               "from now on is printed; Ctrl-C stops", err=True)
     try:
         with sub:
             def write(msg: dict[str, Any]) -> None:
@@ -785,6 +850,11 @@ def stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: boo
       sow-redis --redis-url redis://127.0.0.1:6390/0 stats --watch
       sow-redis --redis-url redis://127.0.0.1:6390/0 stats --json -t orders
     """
+    _stats(ctx, topics, as_json, watch, interval)
+
+
+def _stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: bool,
+           interval: float) -> None:
     from .config import load_topics
     from .status import topic_stats, with_rates
 
@@ -805,29 +875,28 @@ def stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: boo
         for n in names:
             sys.stdout.buffer.write(orjson.dumps(with_rates(before[n], after[n])) + b"\n")
         return
-    from rich.console import Console
     from rich.live import Live
 
-    console = Console() if sys.stdout.isatty() else Console(width=180)
     time.sleep(interval)
     after = reading()
     if not watch:
-        console.print(_stats_table([with_rates(before[n], after[n]) for n in names]))
+        table = _stats_table([with_rates(before[n], after[n]) for n in names])
+        _console_for(table).print(table)
         return
-    try:
-        with Live(console=console, auto_refresh=False) as live:
-            while True:
-                rows = [with_rates(before[n], after[n]) for n in names]
-                if as_json:
-                    for row in rows:
-                        sys.stdout.buffer.write(orjson.dumps(row) + b"\n")
-                    sys.stdout.flush()
-                else:
-                    live.update(_stats_table(rows), refresh=True)
-                time.sleep(interval)
-                before, after = after, reading()
-    except KeyboardInterrupt:
-        pass
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=180)
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            rows = [with_rates(before[n], after[n]) for n in names]
+            if as_json:
+                for row in rows:
+                    sys.stdout.buffer.write(orjson.dumps(row) + b"\n")
+                sys.stdout.flush()
+            else:
+                live.update(_stats_table(rows), refresh=True)
+            time.sleep(interval)
+            before, after = after, reading()
 
 
 def _stats_table(rows: list[dict[str, Any]]) -> Any:
