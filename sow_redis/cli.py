@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, NoReturn
 
 import click
@@ -339,7 +339,8 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 """``publish`` exit status: every line published (or skipped); an error (unknown topic,
 unreadable file, a --sow-key the topic cannot take: nothing published; Redis unreachable); a
 usage error (click); some lines rejected, the others published; ``--wait`` timed out (the
-published messages are in the log and will be applied; takes precedence over 3)."""
+published messages are in the log and will be applied; takes precedence over 3). Ctrl-C:
+:data:`EXIT_INTERRUPTED`."""
 
 SAMPLES = 5
 """Rejected lines shown one by one after the per-reason counts."""
@@ -396,9 +397,156 @@ def _report_rejected(rejected: list[Any]) -> dict[str, int]:
     return reasons
 
 
+STREAM_FLUSH_S = 0.2
+"""Longest time in seconds a line read from a pipe or terminal waits before it is published
+(``tail -f log | sow-redis publish -t T -``): what has arrived by then is sent."""
+
+STREAM_MAX_LINES = 50_000
+"""Most lines from a pipe published in one :func:`~sow_redis.publisher.append` call (a fast
+pipe is published in blocks of at most this many lines or :data:`STREAM_FLUSH_S`)."""
+
+
+class _Interrupt:
+    """Ctrl-C while ``publish`` reads its input: the first SIGINT only sets :attr:`hit`, so
+    reading stops at the next line and what was read is still sent and counted; a second
+    one raises KeyboardInterrupt (as :meth:`hard` does for the first one once reading is
+    over). Restores the previous handler on exit."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._hard = False
+
+    def _handler(self, *_a: object) -> None:
+        if self.hit or self._hard:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def hard(self) -> None:
+        """From now on Ctrl-C raises KeyboardInterrupt at once."""
+        self._hard = True
+
+    def __enter__(self) -> _Interrupt:
+        import signal
+        import threading
+
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _is_stream(fh: BinaryIO) -> bool:
+    """Whether ``fh`` is a pipe, socket or terminal (lines arrive over time), not a file."""
+    import stat
+
+    try:
+        return not stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):
+        return False  # no file descriptor (a test's BytesIO): read as a file
+
+
+def _stream_blocks(fd: int, limit: int, overlong: dict[int, int], stop: _Interrupt,
+                   flush_s: float = STREAM_FLUSH_S,
+                   max_lines: int = STREAM_MAX_LINES) -> Iterator[list[bytes]]:
+    """The lines arriving on ``fd`` (a pipe), in blocks: a block is given once
+    ``flush_s`` seconds have passed since its first line arrived, at ``max_lines`` lines, or
+    at end of input, so a slow stream is published as it comes. Lines as :func:`_lines`
+    gives them (an over-long one as :data:`OVERLONG`, noted in ``overlong``). Stops at
+    end of input or when ``stop.hit`` (checked at least every ``flush_s`` seconds)."""
+    import select
+
+    buf = bytearray()
+    block: list[bytes] = []
+    n = 0
+    skipping = -1  # bytes of an over-long line read past so far, -1: none
+    deadline = 0.0
+    eof = False
+    while True:
+        if stop.hit:  # Ctrl-C: send the lines taken so far, nothing more
+            if block:
+                yield block
+            return
+        while True:  # complete lines out of buf
+            nl = buf.find(b"\n")
+            if skipping >= 0:
+                if nl < 0:
+                    skipping += len(buf)
+                    buf.clear()
+                    break
+                n += 1
+                overlong[n] = skipping + len(buf[:nl].rstrip(b"\r"))
+                block.append(OVERLONG)
+                skipping = -1
+            elif nl < 0:
+                if len(buf) > limit:
+                    skipping = len(buf)
+                    buf.clear()
+                break
+            elif nl > limit:
+                n += 1
+                overlong[n] = len(buf[:nl].rstrip(b"\r"))
+                block.append(OVERLONG)
+            else:
+                n += 1
+                block.append(bytes(buf[:nl]).rstrip(b"\r"))
+            del buf[:nl + 1]
+            if len(block) == 1:
+                deadline = time.monotonic() + flush_s
+        if eof:
+            if skipping >= 0:
+                n += 1
+                overlong[n] = skipping + len(buf)
+                block.append(OVERLONG)
+            elif buf:
+                block.append(bytes(buf).rstrip(b"\r"))
+            if block:
+                yield block
+            return
+        now = time.monotonic()
+        if block and (len(block) >= max_lines or now >= deadline):
+            yield block
+            block = []
+            continue
+        wait = min(flush_s, deadline - now) if block else flush_s
+        readable, _w, _x = select.select([fd], [], [], max(0.0, wait))
+        if readable:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                buf += chunk
+            else:
+                eof = True
+
+
+def _rest_of(fh: BinaryIO) -> int | None:
+    """Lines left unread in the file ``fh`` (counted now); None for a stream."""
+    if _is_stream(fh) or not fh.seekable():
+        return None
+    n, last = 0, b"\n"
+    while chunk := fh.read(1 << 20):
+        n += chunk.count(b"\n")
+        last = chunk[-1:]
+    return n + (last != b"\n")
+
+
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
              wait: bool, timeout: float, expiration: float | None,
              separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
+    with _Interrupt() as stop:
+        _publish_until(ctx, stop, topic, file, cmd, sow_key, wait, timeout, expiration,
+                       separator, retry_s, durable)
+
+
+def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, cmd: str,
+                   sow_key: str | None, wait: bool, timeout: float, expiration: float | None,
+                   separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
+    """:func:`_publish` (see ``publish --help``); ``stop``: Ctrl-C ends the reading, then
+    the counts are printed and the exit status is :data:`EXIT_INTERRUPTED`."""
     from .errors import WaitTimeout
     from .publisher import PublishResult, append
 
@@ -417,9 +565,20 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         size = os.path.getsize(file)
     started = time.perf_counter()
     limit, overlong = t.max_message_bytes + LINE_SLACK, dict[int, int]()
-    items = ((cmd, line, sow_key, expiration) for line in _lines(fh, limit, overlong))
+
+    def items(lines: Iterable[bytes]) -> Iterator[Any]:
+        for line in lines:
+            yield (cmd, line, sow_key, expiration)
+            if stop.hit:
+                return
+
+    blocks: Iterator[Iterable[bytes]]
+    if _is_stream(fh):
+        blocks = _stream_blocks(fh.fileno(), limit, overlong, stop)
+    else:
+        blocks = iter([_lines(fh, limit, overlong)])
     show_bar = size > 0 and sys.stderr.isatty()
-    result: PublishResult
+    result = PublishResult()
     if retry_s > 0:  # ride out a Redis outage (reported once on stderr), then go on
         from functools import partial
 
@@ -431,12 +590,21 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
 
         with Progress(transient=True) as progress:
             task = progress.add_task(f"publishing to {topic}", total=size)
-            result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                            on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
-                            durable=durable)
+            for block in blocks:
+                result.merge(append(
+                    sow.r, t, items(block), start=result.read + 1, fix_separator=sep,
+                    jobs=sow.job_settings,
+                    on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
+                    durable=durable))
     else:
-        result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                        durable=durable)
+        for block in blocks:
+            result.merge(append(sow.r, t, items(block), start=result.read + 1,
+                                fix_separator=sep, jobs=sow.job_settings, durable=durable))
+            if stop.hit:
+                break
+    interrupted = stop.hit
+    stop.hard()
+    not_sent = _rest_of(fh) if interrupted else None
     if fh is not sys.stdin.buffer:
         fh.close()
     if overlong:
@@ -447,6 +615,7 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             if x.position in overlong else x for x in result.rejected]
     timed_out: WaitTimeout | None = None
     started_jobs = sow.job_settings is not None  # append(jobs=…) started the workers
+    wait = wait and not interrupted
     try:
         if retry_s > 0:
             from .outage import call_through_outage
@@ -457,6 +626,8 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             sow.handoff(t, result.last_ids, wait, timeout, jobs_started=started_jobs)
     except WaitTimeout as exc:
         timed_out = exc
+    except KeyboardInterrupt:
+        interrupted, wait = True, False
     elapsed = time.perf_counter() - started
     reasons = _report_rejected(result.rejected)
     why = (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) + ")") if reasons else ""
@@ -467,6 +638,13 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     click.echo(f"published {result.published} message(s) to {topic}{skipped}, rejected "
                f"{len(result.rejected)}{why}; read {result.read} line(s); {elapsed:.2f} s, "
                f"{rate:,.0f} msg/s{applied}")
+    if interrupted:
+        rest = ("the rest of standard input" if not_sent is None
+                else f"{not_sent} line(s) of {file}")
+        click.echo(f"interrupted: appended {result.published} message(s) to the log of "
+                   f"{topic} (they will be applied), rejected {len(result.rejected)}; not sent: "
+                   f"{rest} after line {result.read}", err=True)
+        ctx.exit(EXIT_INTERRUPTED)
     if timed_out is not None:
         click.echo(f"Error: --wait timed out: {timed_out}; the {result.published} published "
                    "message(s) are in the transaction log and will be applied when workers run",
@@ -521,6 +699,10 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
     On a FIX topic a line is a FIX message (a log prefix before 8=FIX is skipped).
     Rejected lines are counted by reason on stderr, with a few examples.
 
+    From a pipe (FILE -), what has arrived is published within 0.2 s (tail -f … |).
+    Ctrl-C stops reading: what was read is still sent, then the counts are printed
+    (appended, rejected, not sent).
+
     \b
     Exit status:
       0  every line published (or skipped)
@@ -528,6 +710,7 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
       2  usage error
       3  some lines rejected (the others were published)
       4  --wait timed out (the messages are in the log and will be applied)
+      130  Ctrl-C (what was appended stays in the log and will be applied)
 
     \b
     Example:

@@ -132,6 +132,77 @@ def test_subscribe_says_when_it_is_live(lonely_url, topic):
     assert proc.returncode == 0 and b'"id":42' in out
 
 
+# -- 2 and 9. publish: Ctrl-C, a slow input stream -----------------------------------
+def test_ctrl_c_during_publish_of_a_file_prints_the_counts(lonely_url, topic, tmp_path):
+    """SIGINT while a big file is being published: the lines read are still sent, then the
+    counts (appended, rejected, not sent) and status 130, never `Aborted!`."""
+    n = 400_000
+    f = tmp_path / "big.jsonl"
+    f.write_bytes(b"".join(b'{"id": %d}\n' % i if i % 1000 else b"bad\n" for i in range(1, n + 1)))
+    proc = spawn(lonely_url, "publish", "-t", topic, str(f))
+    wait_until(lambda: log_len(lonely_url, topic) > 2000, 60, "publish started")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    out, err = out.decode(), err.decode()
+    print(out, err)
+    assert proc.returncode == EXIT_INTERRUPTED, (proc.returncode, err)
+    assert "Aborted!" not in err and "Traceback" not in err
+    import re
+
+    m = re.search(r"published (\d+) message\(s\) to \S+, rejected (\d+) .*; read (\d+) line",
+                  out)
+    assert m, out
+    published, rejected, read = map(int, m.groups())
+    assert published == log_len(lonely_url, topic)  # what it says is what is in the log
+    assert published + rejected == read < n
+    assert rejected == read // 1000
+    stop = re.search(rf"interrupted: appended {published} message\(s\) to the log of {topic} "
+                     rf"\(they will be applied\), rejected {rejected}; not sent: (\d+) line\(s\) "
+                     rf"of {re.escape(str(f))} after line {read}", err)
+    assert stop, err
+    assert int(stop.group(1)) == n - read
+
+
+def test_ctrl_c_on_a_slow_stream_sends_what_arrived(lonely_url, topic):
+    """`tail -f log | publish -`: each line is published within 0.2 s of its arrival (not
+    held back for a block of 1,000-10,000), and Ctrl-C ends with the counts, status 130."""
+    proc = spawn(lonely_url, "publish", "-t", topic, "-", stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    for i in range(3):
+        sent = time.monotonic()
+        proc.stdin.write(b'{"id": %d}\n' % i)
+        proc.stdin.flush()
+        took = wait_until(lambda i=i: log_len(lonely_url, topic) == i + 1, 10,
+                          f"line {i + 1} published")
+        print(f"line {i + 1}: in the log after {took * 1000:.0f} ms")
+        assert time.monotonic() - sent < 1.5  # 0.2 s, plus a slow start-up for the first
+    proc.stdin.write(b'{"id": ')  # half a line: not sent
+    proc.stdin.flush()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "Aborted!" not in err.decode()
+    assert f"published 3 message(s) to {topic}, rejected 0; read 3 line(s)" in out.decode()
+    assert (f"interrupted: appended 3 message(s) to the log of {topic} (they will be applied), "
+            "rejected 0; not sent: the rest of standard input after line 3") in err.decode()
+    assert log_len(lonely_url, topic) == 3
+
+
+def test_slow_stream_then_end_of_input_exits_0(lonely_url, topic):
+    proc = spawn(lonely_url, "publish", "-t", topic, "-", stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(b'{"id": 1}\n{"id": 2}\n')
+    proc.stdin.flush()
+    wait_until(lambda: log_len(lonely_url, topic) == 2, 10, "two lines published")
+    proc.stdin.write(b'{"id": 3}')  # the last line without a line break
+    proc.stdin.close()
+    proc.wait(timeout=30)
+    out, err = proc.stdout.read(), proc.stderr.read()
+    assert proc.returncode == 0, err
+    assert f"published 3 message(s) to {topic}, rejected 0; read 3 line(s)" in out.decode()
+
+
 # -- 9. a table in a pipe -------------------------------------------------------------------
 def test_table_into_a_pipe_keeps_every_column_whole(lonely_url, topic):
     wide = {f"column_{i}": f"value-{i}-" + "x" * 10 for i in range(12)}
