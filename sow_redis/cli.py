@@ -337,10 +337,10 @@ def _separator(text: str | None) -> bytes | None:
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
 """``publish`` exit status: every line published (or skipped); an error (unknown topic,
-unreadable file, a --sow-key the topic cannot take: nothing published; Redis unreachable); a
-usage error (click); some lines rejected, the others published; ``--wait`` timed out (the
-published messages are in the log and will be applied; takes precedence over 3). Ctrl-C:
-:data:`EXIT_INTERRUPTED`."""
+unreadable file, a --sow-key the topic cannot take, --durable without a replica, every line
+rejected: nothing published; Redis unreachable); a usage error (click); some lines rejected,
+the others published; ``--wait`` timed out (the published messages are in the log and will
+be applied; takes precedence over 3). Ctrl-C: :data:`EXIT_INTERRUPTED`."""
 
 SAMPLES = 5
 """Rejected lines shown one by one after the per-reason counts."""
@@ -523,6 +523,26 @@ def _stream_blocks(fd: int, limit: int, overlong: dict[int, int], stop: _Interru
                 eof = True
 
 
+_SEPARATORS = {b"\x01": "SOH", b";": "';'", b"|": "'|'", b"^": "'^'", b",": "','"}
+"""FIX field separators :func:`_fix_hint` recognises, as ``--separator`` takes them."""
+
+
+def _fix_hint(sample: list[bytes], sep: bytes) -> str | None:
+    """A hint for FIX lines rejected as ``bad_fix``: the separator ``sample`` lines seem to
+    use (the character most often before ``<tag>=``), when it is not ``sep``."""
+    counts = dict.fromkeys(_SEPARATORS, 0)
+    for line in sample:
+        for m in re.finditer(rb"(\D)\d{1,5}=", line):
+            if m.group(1) in counts:
+                counts[m.group(1)] += 1
+    found = max(counts, key=lambda k: counts[k])
+    if counts[found] < 2 or found == sep:
+        return None
+    used = _SEPARATORS.get(sep, repr(sep.decode(errors="replace")))
+    return (f"hint: the lines look separated by {_SEPARATORS[found]}, not by {used}: "
+            f"try --separator {_SEPARATORS[found]}")
+
+
 def _rest_of(fh: BinaryIO) -> int | None:
     """Lines left unread in the file ``fh`` (counted now); None for a stream."""
     if _is_stream(fh) or not fh.seekable():
@@ -532,6 +552,22 @@ def _rest_of(fh: BinaryIO) -> int | None:
         n += chunk.count(b"\n")
         last = chunk[-1:]
     return n + (last != b"\n")
+
+
+def _check_durable(r: Any, url: str) -> None:
+    """--durable: refuse at once, before anything is sent, when a primary has no replica
+    (WAIT 1 would only time out, each chunk after it was stored)."""
+    from .connection import primaries_without_replica
+
+    lonely = primaries_without_replica(r)
+    if lonely:
+        where = (f"the server at {redact(url)} has" if lonely == ["the server"]
+                 else f"primar{'y' if len(lonely) == 1 else 'ies'} {', '.join(lonely)} "
+                      f"of {redact(url)} {'has' if len(lonely) == 1 else 'have'}")
+        raise click.ClickException(
+            f"--durable needs a replica, and {where} none (INFO replication: "
+            "connected_slaves:0): nothing was published; publish without --durable or add a "
+            "replica")
 
 
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
@@ -554,6 +590,8 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
     t = sow.topic(topic)
     _check_sow_key_option(t, sow_key)
     sep = _separator(separator)
+    if durable:
+        _check_durable(sow.r, sow.url)
     fh: BinaryIO
     if file == "-":
         fh, size = sys.stdin.buffer, 0
@@ -565,9 +603,12 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
         size = os.path.getsize(file)
     started = time.perf_counter()
     limit, overlong = t.max_message_bytes + LINE_SLACK, dict[int, int]()
+    sample: list[bytes] = []  # the first lines, for a hint on rejections
 
     def items(lines: Iterable[bytes]) -> Iterator[Any]:
         for line in lines:
+            if len(sample) < 5:
+                sample.append(line)
             yield (cmd, line, sow_key, expiration)
             if stop.hit:
                 return
@@ -630,6 +671,10 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
         interrupted, wait = True, False
     elapsed = time.perf_counter() - started
     reasons = _report_rejected(result.rejected)
+    if "bad_fix" in reasons and t.message_type == "fix":
+        hint = _fix_hint(sample, sep or t.field_separator.encode())
+        if hint:
+            click.echo(hint, err=True)
     why = (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) + ")") if reasons else ""
     rate = result.published / elapsed if elapsed > 0 else 0.0
     skipped = (f", skipped {result.skipped} (MsgType in skip_msg_types: "
@@ -650,6 +695,10 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
                    "message(s) are in the transaction log and will be applied when workers run",
                    err=True)
         ctx.exit(EXIT_TIMEOUT)
+    if result.rejected and result.published == 0:
+        click.echo(f"Error: nothing was published: all {len(result.rejected)} line(s) "
+                   "were rejected", err=True)
+        ctx.exit(EXIT_ERROR)
     if result.rejected:
         ctx.exit(EXIT_REJECTED)
 
@@ -706,7 +755,8 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
     \b
     Exit status:
       0  every line published (or skipped)
-      1  error (unknown topic, unreadable file, a --sow-key the topic cannot take, …)
+      1  error (unknown topic, unreadable file, a --sow-key the topic cannot take,
+         --durable without a replica, every line rejected: nothing published)
       2  usage error
       3  some lines rejected (the others were published)
       4  --wait timed out (the messages are in the log and will be applied)

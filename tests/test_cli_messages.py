@@ -1,0 +1,84 @@
+"""What the command line says, and with which exit status (issue 27, defect 7 and the smaller
+items of 9): --durable without a replica, a FIX file with the wrong separator, an unknown
+expirer topic, the banners and summaries of the expirer and `worker --burst`, the RECENT
+bookmark error, `config show` as TOML, the group helps' examples, the dashboard on a busy
+port, and no Redis password in the process list."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import client, run_cli
+
+from sow_redis import keys
+from sow_redis.cli import main
+from sow_redis.config import parse_topics
+
+
+def invoke(url: str, *args: str, input: bytes | None = None):
+    """The CLI in this process (click's runner): output and exit status."""
+    return CliRunner().invoke(main, ["--redis-url", url, *args], input=input,
+                              catch_exceptions=False)
+
+
+def log_len(url: str, topic: str, partitions: int) -> int:
+    r = client(url)
+    return sum(r.xlen(keys.log(topic, p)) for p in range(partitions))
+
+
+def apply(url: str, tmp_path: Path, text: str) -> None:
+    conf = tmp_path / f"{uuid.uuid4().hex[:6]}.toml"
+    conf.write_text(text)
+    res = invoke(url, "config", "apply", str(conf))
+    assert res.exit_code == 0, res.output
+
+
+# -- 7. --durable without a replica ---------------------------------------------------------
+def test_durable_without_replica_says_so_at_once(lonely_url, tmp_path, topic_name):
+    apply(lonely_url, tmp_path, f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n')
+    started = time.monotonic()
+    res = invoke(lonely_url, "publish", "-t", topic_name, "--durable", input=b'{"id": 1}\n')
+    took = time.monotonic() - started
+    print(f"{took:.2f} s: {res.output}")
+    assert res.exit_code == 1 and took < 5
+    assert res.output.strip().splitlines() == [
+        f"Error: --durable needs a replica, and the server at {lonely_url} has none (INFO "
+        "replication: connected_slaves:0): nothing was published; publish without --durable "
+        "or add a replica"]
+    assert log_len(lonely_url, topic_name, 8) == 0
+
+
+def test_durable_with_replicas_publishes(redis_cluster, monkeypatch, tmp_path, topic_name):
+    """The check lets a cluster whose primaries all have a replica through."""
+    url, control, _c = redis_cluster
+    monkeypatch.setenv("SOW_CONTROL_URL", control)
+    apply(url, tmp_path, f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n')
+    res = invoke(url, "publish", "-t", topic_name, "--durable", input=b'{"id": 1}\n{"id": 2}\n')
+    assert res.exit_code == 0, res.output
+    assert f"published 2 message(s) to {topic_name}" in res.output
+
+
+# -- 9. FIX lines with another separator ------------------------------------------------------
+def test_fix_file_with_the_wrong_separator_hints_and_exits_1(lonely_url, tmp_path, topic_name):
+    apply(lonely_url, tmp_path, f'[[topic]]\nname = "{topic_name}"\nmessage_type = "fix"\n'
+          'key = ["/37"]\n')  # separator SOH
+    lines = b"".join(b"2018/02/23 19:14:25 8=FIX.4.2;9=1;35=8;37=O%d;55=IBM;38=5;10=1;\n" % i
+                     for i in range(330))
+    res = invoke(lonely_url, "publish", "-t", topic_name, input=lines)
+    print(res.output)
+    assert res.exit_code == 1
+    assert "rejected 330 line(s):" in res.output
+    assert "hint: the lines look separated by ';', not by SOH: try --separator ';'" in res.output
+    assert "Error: nothing was published: all 330 line(s) were rejected" in res.output
+    assert log_len(lonely_url, topic_name, 8) == 0
+    ok = invoke(lonely_url, "publish", "-t", topic_name, "--separator", ";", input=lines)
+    assert ok.exit_code == 0 and "published 330 message(s)" in ok.output
+    assert "hint" not in ok.output
