@@ -1408,7 +1408,10 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
         raise click.ClickException(f"rq-dashboard cannot start: {exc} "
                                    "(reinstall: pip install -e .)") from None
     Redis.from_url(url, socket_connect_timeout=2.0, **tls_options(url)).ping()
-    env = dict(os.environ)
+    _check_port_free(bind, port)
+    # the Redis URL (it may hold a password) goes in the environment, never in argv, which
+    # `ps` shows to every user: rq-dashboard reads RQ_DASHBOARD_<OPTION> variables
+    env = dict(os.environ, RQ_DASHBOARD_REDIS_URL=url)
     if username:
         # handed over in the environment, not argv, so `ps` does not show the password
         env.update(RQ_DASHBOARD_USERNAME=username, RQ_DASHBOARD_PASSWORD=password or "")
@@ -1423,7 +1426,27 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
     # --json: sow_redis jobs are JSON; the dashboard must never unpickle a job payload
     # sow_redis.dashboard: rq-dashboard whose workers page reads the jobs as JSON too
     os.execve(sys.executable, [sys.executable, "-m", "sow_redis.dashboard", "--bind", bind,
-                               "--port", str(port), "--redis-url", url, "--json"], env)
+                               "--port", str(port), "--json"], env)
+
+
+def _check_port_free(bind: str, port: int) -> None:
+    """Refuse, in one line, a port another process listens on (checked the way the HTTP
+    server binds it: SO_REUSEADDR), before rq-dashboard starts and says it runs there."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"dashboard: cannot use --bind {bind}: {exc}") from None
+    family, _t, _p, _c, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise click.ClickException(
+                f"dashboard: cannot listen on {bind}:{port}: {exc.strerror or exc} (another "
+                "process uses that port: give --port)") from None
 
 
 # -- spark ------------------------------------------------------------------------------

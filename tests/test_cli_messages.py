@@ -82,3 +82,79 @@ def test_fix_file_with_the_wrong_separator_hints_and_exits_1(lonely_url, tmp_pat
     ok = invoke(lonely_url, "publish", "-t", topic_name, "--separator", ";", input=lines)
     assert ok.exit_code == 0 and "published 330 message(s)" in ok.output
     assert "hint" not in ok.output
+
+
+# -- 9. dashboard ---------------------------------------------------------------------------
+def test_dashboard_on_a_busy_port_is_one_line(lonely_url):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        res = run_cli(lonely_url, "dashboard", "--port", str(port), check=False, timeout=30)
+    err = res.stderr.decode()
+    print(err)
+    assert res.returncode == 1 and "Running on" not in err and "rq-dashboard on" not in err
+    assert err.splitlines() == [
+        f"Error: dashboard: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another process uses that port: give --port)"]
+
+
+# -- 9. no password in the process list -----------------------------------------------------
+SECRET = "pw-in-argv-" + uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def with_password(lonely_server):
+    """A user with a password on the module's server; yields its URL."""
+    r = client(lonely_server)
+    name = f"u{uuid.uuid4().hex[:6]}"
+    r.acl_setuser(name, enabled=True, passwords=[f"+{SECRET}"], keys=["*"], channels=["*"],
+                  commands=["+@all"])
+    yield lonely_server.replace("redis://", f"redis://{name}:{SECRET}@")
+    r.acl_deluser(name)
+
+
+def _argvs() -> dict[int, bytes]:
+    out = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_password_is_in_no_argv_of_up_and_its_children(with_password, tmp_path):
+    data = tmp_path / "up"
+    env = dict(os.environ, SOW_REDIS_URL=with_password)
+    env.pop("SOW_CONTROL_URL", None)
+    up = subprocess.run([sys.executable, "-m", "sow_redis.cli", "--config", "none.toml", "up",
+                         "--workers", "1", "--detach", "--data-dir", str(data)],
+                        env=env, capture_output=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    try:
+        pid = int((data / "up.pid").read_text().split()[0])
+        shown = [a for p, a in _argvs().items() if SECRET.encode() in a]
+        ours = [a for a in _argvs().values() if b"sow_redis" in a]
+        print(f"up pid {pid}; sow_redis processes: {len(ours)}")
+        assert len(ours) >= 3  # up, a worker, the expirer
+        assert shown == []
+    finally:
+        subprocess.run([sys.executable, "-m", "sow_redis.cli", "down", "--data-dir", str(data)],
+                       env=env, capture_output=True, timeout=120)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_password_is_not_in_the_dashboards_argv(with_password, tmp_path):
+    from test_dashboard import Dashboard
+
+    d = Dashboard(with_password, tmp_path)
+    try:
+        status, _page = d.wait_page()
+        assert status == 200
+        argv = Path(f"/proc/{d.proc.pid}/cmdline").read_bytes()
+        assert b"sow_redis.dashboard" in argv and SECRET.encode() not in argv
+    finally:
+        d.stop()
