@@ -973,6 +973,9 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
     """
     if (client_name is None) != (sub_id is None):
         raise click.UsageError("--client-name and --sub-id go together")
+    if client_name is None and bookmark is not None and bookmark.strip().upper() == "RECENT":
+        raise click.UsageError("--bookmark RECENT needs the bookmark store: give --client-name "
+                               "and --sub-id")
     sub = _sow(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
                               client_name=client_name, sub_id=sub_id,
                               persist_every=persist_every, report=_report_recovery)
@@ -1265,6 +1268,13 @@ def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
     from .worker import run_worker
 
     settings = _settings(ctx)
+    control = control_url_for(settings.redis_url, settings.control_url)
+    started = time.monotonic()
+    pending = _pending_entries(settings) if burst else 0  # fails first: one line
+    click.echo(f"worker{' --burst' if burst else ''}: queue 'sow' on {redact(control)}, "
+               f"applying to {redact(settings.redis_url)}"
+               + ("; drains every partition, then exits" if burst else "; Ctrl-C stops it"),
+               err=True)
     run_worker(settings, burst=burst, name=name)
     if burst:
         from .connection import connect
@@ -1274,6 +1284,19 @@ def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
         if left:
             where = "; ".join(f"{t} partitions {','.join(map(str, ps))}" for t, ps in left.items())
             raise click.ClickException(f"worker --burst: entries remain unapplied: {where}")
+        click.echo(f"worker --burst: every partition applied ({pending:,} log entr"
+                   f"{'y' if pending == 1 else 'ies'} waited at start); "
+                   f"{time.monotonic() - started:.1f} s", err=True)
+
+
+def _pending_entries(settings: Settings) -> int:
+    """Log entries not yet applied, over every topic (:func:`status.topic_status`)."""
+    from .config import load_topics
+    from .connection import connect
+    from .status import topic_status
+
+    r = connect(settings.redis_url)
+    return sum(topic_status(r, t)["pending"] for t in load_topics(r).values())
 
 
 @main.command()
@@ -1290,11 +1313,40 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 expirer
     """
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from .config import load_topics
     from .expirer import run_expirer
 
-    n = run_expirer(_settings(ctx), burst=burst, topics=topics or None)
+    settings = _settings(ctx)
+    sow = _sow(ctx)
+    try:
+        known = load_topics(sow.r)
+    except (RedisConnectionError, RedisTimeoutError):
+        if burst:
+            raise
+        known = None  # the expirer waits for Redis (one line when the outage starts)
+    if known is not None:
+        for name in topics:
+            if name not in known:
+                sow.topic(name)  # raises UnknownTopicError: one line, status 1
+        served = [known[n] for n in (topics or sorted(known))]
+        expiring = [t.name for t in served if t.expiration_enabled]
+        enabled = (f"; {len(expiring)} with expiration enabled"
+                   + (f" ({', '.join(expiring[:5])}{', …' if len(expiring) > 5 else ''})"
+                      if expiring else ""))
+    click.echo(f"expirer{' --burst' if burst else ''} on {redact(settings.redis_url)}: "
+               + (f"topic(s) {', '.join(topics)}" if topics else "every topic")
+               + (enabled if known is not None else "")
+               + ("" if burst else "; Ctrl-C stops it"), err=True)
+    started = time.monotonic()
+    n = run_expirer(settings, burst=burst, topics=topics or None)
     if burst:
         click.echo(f"expired {n} record(s)")
+    else:
+        click.echo(f"expirer stopped: expired {n:,} record(s) in "
+                   f"{time.monotonic() - started:.0f} s", err=True)
 
 
 @main.command()

@@ -84,6 +84,43 @@ def test_fix_file_with_the_wrong_separator_hints_and_exits_1(lonely_url, tmp_pat
     assert "hint" not in ok.output
 
 
+# -- 9. expirer and worker ------------------------------------------------------------------
+def test_expirer_burst_unknown_topic_is_one_line(lonely_url):
+    res = run_cli(lonely_url, "expirer", "--burst", "-t", "nosuch", check=False)
+    assert res.returncode == 1 and res.stdout == b""
+    assert res.stderr.decode() == ("Error: topic 'nosuch' is not defined in the registry "
+                                   "(run: sow-redis config apply FILE)\n")
+
+
+def test_expirer_and_worker_burst_print_a_banner_and_a_summary(lonely_url, tmp_path,
+                                                                 topic_name):
+    apply(lonely_url, tmp_path, f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n'
+          'expiration = "enabled"\npartitions = 2\n')
+    run_cli(lonely_url, "publish", "-t", topic_name, "--expiration", "0.05",
+            input=b'{"id": 1}\n{"id": 2}\n')
+    w = run_cli(lonely_url, "worker", "--burst")
+    err = w.stderr.decode().splitlines()
+    assert err[0] == (f"worker --burst: queue 'sow' on {lonely_url}, applying to {lonely_url}; "
+                      "drains every partition, then exits")
+    assert err[-1].startswith("worker --burst: every partition applied (")
+    time.sleep(0.1)
+    e = run_cli(lonely_url, "expirer", "--burst", "-t", topic_name)
+    assert e.stderr.decode().splitlines()[0] == (
+        f"expirer --burst on {lonely_url}: topic(s) {topic_name}; 1 with expiration enabled "
+        f"({topic_name})")
+    assert e.stdout.decode() == "expired 2 record(s)\n"
+
+
+# -- 9. RECENT ------------------------------------------------------------------------------
+def test_recent_bookmark_error_names_the_flags(lonely_url, tmp_path, topic_name):
+    apply(lonely_url, tmp_path, f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n')
+    res = invoke(lonely_url, "subscribe", "-t", topic_name, "--bookmark", "RECENT")
+    assert res.exit_code == 2
+    assert ("--bookmark RECENT needs the bookmark store: give --client-name and --sub-id"
+            in res.output)
+    assert "client_name" not in res.output and "sub_id" not in res.output
+
+
 # -- 9. dashboard ---------------------------------------------------------------------------
 def test_dashboard_on_a_busy_port_is_one_line(lonely_url):
     with socket.socket() as busy:
