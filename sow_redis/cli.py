@@ -195,7 +195,14 @@ def main(ctx: click.Context, redis_url: str, control_url: str | None, config_pat
 # -- config -----------------------------------------------------------------------------
 @main.group()
 def config() -> None:
-    """Topic definitions: validate a TOML file and store it in Redis."""
+    """Topic definitions: validate a TOML file and store it in Redis, print what is stored,
+    translate an AMPS configuration.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config apply sow.toml
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config show > stored.toml
+    """
 
 
 @config.command("apply")
@@ -283,17 +290,24 @@ def config_import_amps(file: str, output: str | None) -> None:
 @config.command("show")
 @click.pass_context
 @_friendly
-def config_show(ctx: click.Context) -> None:
-    """Print the topic definitions stored in Redis, one JSON object per line.
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per topic and line "
+              "(every field, as stored) instead of TOML.")
+def config_show(ctx: click.Context, as_json: bool) -> None:
+    """Print the topic definitions stored in Redis as a TOML configuration that
+    `config apply` accepts (fields at their default left out), by topic name.
 
     \b
     Example:
-      sow-redis --redis-url redis://127.0.0.1:6390/0 config show
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config show > sow.toml
     """
-    from .config import load_topics
+    from .config import load_topics, to_toml
 
-    for t in sorted(load_topics(_sow(ctx).r).values(), key=lambda t: t.name):
-        click.echo(t.to_json().decode())
+    topics = sorted(load_topics(_sow(ctx).r).values(), key=lambda t: t.name)
+    if as_json:
+        for t in topics:
+            click.echo(t.to_json().decode())
+    elif topics:
+        click.echo(to_toml(topics), nl=False)
 
 
 # -- publish ----------------------------------------------------------------------------
@@ -1505,7 +1519,13 @@ def _check_port_free(bind: str, port: int) -> None:
 @main.group()
 def spark() -> None:
     """The data pipeline on Spark (pyspark, the 'spark' extra): bulk loads into a SOW, chain
-    resolution, streaming, snapshots, log archives, rebuilds and SQL."""
+    resolution, streaming, snapshots, log archives, rebuilds and SQL.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t flights data/flights.jsonl
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark sql "SELECT count(*) FROM flights"
+    """
 
 
 def _spark_session(master: str) -> Any:

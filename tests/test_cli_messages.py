@@ -121,6 +121,38 @@ def test_recent_bookmark_error_names_the_flags(lonely_url, tmp_path, topic_name)
     assert "client_name" not in res.output and "sub_id" not in res.output
 
 
+# -- 9. config show -------------------------------------------------------------------------
+def test_config_show_prints_toml_that_config_apply_takes(lonely_url, tmp_path, topic_name):
+    text = (f'[[topic]]\nname = "{topic_name}a"\nkey = ["/id", "/b/c"]\npartitions = 3\n'
+            'hash_index = [["/x"], ["/y", "/z"]]\nexpiration = "30s"\n'
+            'expiration_policy = "min"\nidle_expiration = "1h"\nmax_message_bytes = 2048\n'
+            'change_retention = { age = "10m", count = 5000 }\n'
+            f'[[topic]]\nname = "{topic_name}b"\nmessage_type = "fix"\nfield_separator = ";"\n'
+            'key_generator = { type = "chaining", primary = "/11", secondary = ["/41"], '
+            'validation = true }\npartition_by = ["/1"]\nchange_retention = 0\n'
+            f'dead_letter = "{topic_name}a"\n'
+            f'[[topic]]\nname = "{topic_name}c"\nkey_domain = "shared"\nkey = ["/k"]\n')
+    apply(lonely_url, tmp_path, text)
+    shown = invoke(lonely_url, "config", "show")
+    assert shown.exit_code == 0
+    mine = parse_topics(shown.output)
+    want = {t.name: t for t in parse_topics(text)}
+    got = {t.name: t for t in mine if t.name.startswith(topic_name)}
+    assert got == want
+    # and config apply takes it back as it is (nothing changes: same definitions)
+    again = tmp_path / "shown.toml"
+    again.write_text(shown.output)
+    assert invoke(lonely_url, "config", "apply", str(again)).exit_code == 0
+    as_json = invoke(lonely_url, "config", "show", "--json").output.splitlines()
+    assert any(f'"name":"{topic_name}a"' in line for line in as_json)
+
+
+@pytest.mark.parametrize("group", ["config", "spark"])
+def test_group_help_has_an_example(group):
+    out = CliRunner().invoke(main, [group, "--help"]).output
+    assert "Example:" in out and f"sow-redis --redis-url redis://127.0.0.1:6390/0 {group} " in out
+
+
 # -- 9. dashboard ---------------------------------------------------------------------------
 def test_dashboard_on_a_busy_port_is_one_line(lonely_url):
     with socket.socket() as busy:
