@@ -39,10 +39,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import os
 import random
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -52,10 +50,10 @@ from typing import Any
 import orjson
 from benchlib import (
     BenchError,
+    Workers,
     applied_counts,
     machine_info,
     private_redis,
-    proc_cpu_s,
     redis_cpu_s,
     write_json,
 )
@@ -128,63 +126,6 @@ def make_messages(n: int, nkeys: int, size: int) -> list[bytes]:
         obj["pad"] = "x" * max(0, size - base)
         out.append(orjson.dumps(obj))
     return out
-
-
-# -- processes ----------------------------------------------------------------------------
-class Workers:
-    """W ``python -m sow_redis.cli worker`` processes (not burst)."""
-
-    def __init__(self, url: str, count: int, logdir: Path, batch_size: int):
-        self.url, self.count, self.logdir = url, count, logdir
-        self.env = dict(os.environ, SOW_REDIS_URL=url, SOW_BATCH_SIZE=str(batch_size))
-        self.names = [f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}-{i}" for i in range(count)]
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
-
-    def start(self) -> None:
-        for name in self.names:
-            log = self.logdir / f"{name}.log"
-            self.logs.append(log)
-            with open(log, "wb") as fh:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "sow_redis.cli", "worker", "--name", name],
-                    env=self.env, cwd=str(ROOT), stdout=fh, stderr=subprocess.STDOUT,
-                    start_new_session=True))
-
-    def _check_alive(self) -> None:
-        for p, log in zip(self.procs, self.logs):
-            if p.poll() is not None:
-                tail = log.read_text(errors="replace")[-2000:]
-                raise BenchError(f"worker exited with {p.returncode}:\n{tail}")
-
-    def wait_registered(self, r: Redis, timeout_s: float = 60.0) -> None:
-        from rq import Worker
-
-        # --name is a prefix: rq lists each worker as <name>-<host>-<pid>-<random>
-        deadline = time.monotonic() + timeout_s
-        while True:
-            have = [w.name for w in Worker.all(connection=r)]
-            if all(any(h.startswith(n + "-") for h in have) for n in self.names):
-                return
-            self._check_alive()
-            if time.monotonic() > deadline:
-                raise BenchError(f"workers not registered in rq after {timeout_s:g} s")
-            time.sleep(POLL_S)
-
-    def cpu_s(self) -> float:
-        return sum(proc_cpu_s(p.pid) for p in self.procs if p.poll() is None)
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.procs = []
 
 
 # -- helpers ------------------------------------------------------------------------------
@@ -260,7 +201,7 @@ def run_sow(url: str, r: Redis, msgs: list[bytes], workers: int, args: argparse.
     out["publish"] = {"seconds": t1 - t0, "msg_s": rate(n, t1 - t0),
                       "redis_cpu_s": redis_cpu_s(r) - cpu0, "publisher_cpu_s": pcpu1 - pcpu0}
 
-    ws = Workers(url, workers, logdir, args.batch_size)
+    ws = Workers(url, workers, logdir, {"SOW_BATCH_SIZE": str(args.batch_size)})
     try:
         t0 = time.perf_counter()
         ws.start()

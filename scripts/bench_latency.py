@@ -52,8 +52,7 @@ import uuid
 from typing import Any
 
 import orjson
-from bench_ingest import Workers
-from benchlib import BenchError, machine_info, private_redis, write_json
+from benchlib import BenchError, Workers, machine_info, private_redis, write_json
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
@@ -327,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         with private_redis("sow-lat-") as server:
             r = Redis.from_url(server.url)
             result["machine"] = machine_info(r)
-            ws = Workers(server.url, args.workers, server.workdir, 500)
+            ws = Workers(server.url, args.workers, server.workdir, {"SOW_BATCH_SIZE": "500"})
             ws.start()
             ws.wait_registered(r)
             if not args.no_nats and shutil.which("nats-server"):

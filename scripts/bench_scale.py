@@ -47,8 +47,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_ingest import Workers, make_messages, rate, topic_config, verify
-from benchlib import BenchError, machine_info, redis_cpu_s, write_json
+from bench_ingest import make_messages, rate, topic_config, verify
+from benchlib import BenchError, Workers, machine_info, redis_cpu_s, write_json
 from rich.console import Console
 from rich.table import Table
 
@@ -124,7 +124,7 @@ def run_one(plane: Plane, workers: int, msgs: list[bytes], args: argparse.Namesp
     r = plane.client()
     settings = Settings.from_env(redis_url=plane.url, control_url=plane.control_url,
                                  batch_size=args.batch_size)
-    w = Workers(plane.url, workers, logdir, args.batch_size)
+    w = Workers(plane.url, workers, logdir, {"SOW_BATCH_SIZE": str(args.batch_size)})
     if plane.control_url:
         w.env["SOW_CONTROL_URL"] = plane.control_url
     out: dict[str, Any] = {"plane": plane.name, "workers": workers}

@@ -56,9 +56,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_ingest import Workers
 from benchlib import (
     BenchError,
+    Workers,
     applied_counts,
     cpu_by_group,
     cpu_by_group_since,
@@ -139,7 +139,7 @@ def snapshot(r: Redis, t: TopicConfig) -> dict[bytes, bytes]:
 def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: Path,
             timeout_s: float) -> dict[str, Any]:
     apply_topics(r, [t])
-    ws = Workers(url, workers, tmp, Settings().batch_size)
+    ws = Workers(url, workers, tmp)
     ws.start()
     try:
         ws.wait_registered(r)
@@ -174,7 +174,7 @@ def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int
     apply_topics(r, [t])
     with open(path, "rb") as fh:
         res = append(r, t, (("publish", line, None) for line in fh))
-    ws = Workers(url, workers, tmp, Settings().batch_size)
+    ws = Workers(url, workers, tmp)
     ws.start()
     try:
         ws.wait_registered(r)

@@ -41,8 +41,8 @@ import uuid
 from typing import Any
 
 import orjson
-from bench_ingest import Workers, topic_config
-from benchlib import BenchError, machine_info, private_redis, write_json
+from bench_ingest import topic_config
+from benchlib import BenchError, Workers, machine_info, private_redis, write_json
 from redis import Redis
 from rich.console import Console
 from rich.table import Table
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                     env_before = os.environ.get("SOW_LINGER_MS")
                     if linger != "default":
                         os.environ["SOW_LINGER_MS"] = linger
-                    ws = Workers(server.url, w, tmp, settings.batch_size)
+                    ws = Workers(server.url, w, tmp, {"SOW_BATCH_SIZE": str(settings.batch_size)})
                     if env_before is None:
                         os.environ.pop("SOW_LINGER_MS", None)
                     else:

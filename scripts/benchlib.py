@@ -9,14 +9,20 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sow_redis.server import free_port, spawn_redis
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class BenchError(RuntimeError):
@@ -164,3 +170,60 @@ def applied_counts(r: Any, t: Any) -> tuple[int, int, int]:
         pipe.hget(keys.state(t.name, p), "seq")
     res = pipe.execute()
     return sum(res[0::2]), sum(int(s or 0) for s in res[1::2]), error_count(r, t)
+
+
+class Workers:
+    """W ``python -m sow_redis.cli worker`` processes (not burst), logging to ``logdir``;
+    ``env``: more environment variables for them (e.g. ``SOW_BATCH_SIZE``)."""
+
+    def __init__(self, url: str, count: int, logdir: Path, env: dict[str, str] | None = None):
+        self.url, self.count, self.logdir = url, count, logdir
+        self.env = dict(os.environ, SOW_REDIS_URL=url, **(env or {}))
+        self.names = [f"bench-{os.getpid()}-{uuid.uuid4().hex[:6]}-{i}" for i in range(count)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def start(self) -> None:
+        for name in self.names:
+            log = self.logdir / f"{name}.log"
+            self.logs.append(log)
+            with open(log, "wb") as fh:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "sow_redis.cli", "worker", "--name", name],
+                    env=self.env, cwd=str(ROOT), stdout=fh, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+
+    def _check_alive(self) -> None:
+        for p, log in zip(self.procs, self.logs):
+            if p.poll() is not None:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise BenchError(f"worker exited with {p.returncode}:\n{tail}")
+
+    def wait_registered(self, r: Any, timeout_s: float = 60.0) -> None:
+        from rq import Worker
+
+        # --name is a prefix: rq lists each worker as <name>-<host>-<pid>-<random>
+        deadline = time.monotonic() + timeout_s
+        while True:
+            have = [w.name for w in Worker.all(connection=r)]
+            if all(any(h.startswith(n + "-") for h in have) for n in self.names):
+                return
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"workers not registered in rq after {timeout_s:g} s")
+            time.sleep(0.005)
+
+    def cpu_s(self) -> float:
+        return sum(proc_cpu_s(p.pid) for p in self.procs if p.poll() is None)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []

@@ -32,8 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_ingest import Workers, make_messages, topic_config
-from benchlib import applied_counts, private_redis, proc_cpu_s, redis_cpu_s, write_json
+from bench_ingest import make_messages, topic_config
+from benchlib import Workers, applied_counts, private_redis, proc_cpu_s, redis_cpu_s, write_json
 from redis import Redis
 
 from sow_redis.config import apply_topics
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     with private_redis("sow-live-") as server:
         r = Redis.from_url(server.url)
         settings = Settings.from_env(redis_url=server.url, batch_size=a.batch_size)
-        ws = Workers(server.url, a.workers, server.workdir, a.batch_size)
+        ws = Workers(server.url, a.workers, server.workdir, {"SOW_BATCH_SIZE": str(a.batch_size)})
         try:
             ws.start()
             ws.wait_registered(r)

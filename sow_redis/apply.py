@@ -28,7 +28,16 @@ from typing import Any, cast
 
 import orjson
 from redis import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 
 from . import chaining, keys, streamids
 from .chaining import ChainConflict
@@ -42,12 +51,12 @@ from .errors import (
     MessageError,
     ScriptArgsError,
 )
-from .keying import KeyResolver, Resolved, resolver
+from .keying import KeyResolver, Resolved, check_members, resolver, verified_prepared
 from .logs import fields as event_fields
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .partition_state import read_cursor
-from .scripts import LogApplied, PendingApply, Scripts, attached
+from .scripts import LogApplied, PendingCall, Scripts, attached
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +116,18 @@ _SERVER_STATES = frozenset(("OOM", "BUSY", "LOADING", "READONLY", "NOSCRIPT", "M
                             "NOPERM", "MISCONF"))
 """Error reply codes that describe the server's state, not the entries being applied."""
 
+_SERVER_ERRORS = (OutOfMemoryError, ReadOnlyError, NoScriptError, NoPermissionError,
+                  BusyLoadingError, AuthenticationError)
+"""redis-py's classes of such replies: it takes the code (``OOM``, ``READONLY`` …) off their
+text, so they are known by class (an out-of-memory reply once rejected the entries of the
+batch that met it to the error stream)."""
+
 
 def _transient(exc: BaseException) -> bool:
     """True for failures that say nothing about the entries (lease lost, record changed,
     Redis unreachable, out of memory, read-only replica, …): never turned into rejections.
     An error reply of the apply script itself (a Lua runtime error) is the entries' fault."""
-    if isinstance(exc, (FencedError, ConflictError)):
+    if isinstance(exc, (FencedError, ConflictError, *_SERVER_ERRORS)):
         return True
     if isinstance(exc, ResponseError):
         return str(exc).split(" ", 1)[0] in _SERVER_STATES
@@ -120,6 +135,15 @@ def _transient(exc: BaseException) -> bool:
 
 
 # -- planning ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _LogRun:
+    """Verified plain publishes at the head of the unapplied log, applied by one
+    apply_log.lua call: ``count`` entries, the last of them ``upto``."""
+
+    count: int
+    upto: str
+
+
 @dataclass
 class _Segment:
     """The ops of consecutive entries applied by one Lua call."""
@@ -217,6 +241,7 @@ class _Planner:
                 continue
             try:
                 res = self.keyer.resolve(e)
+                check_members(e, self.topic, res.sow_key)
             except RedisError:
                 raise
             except Exception as exc:
@@ -314,17 +339,21 @@ class PartitionApplier:
     ``FencedError`` and Redis errors are raised. A batch holding a ``sow_delete`` by filter is
     applied on its own, after everything before it (the filter must see all of that).
 
-    A publisher's write-through (lua/apply_appended.lua) may apply the plain publishes at the
-    head of the log between two batches: a planned batch the cursor has moved into is refused
-    (``ConflictError``: planned again), and the planner is dropped whenever the cursor is not
-    where this applier left it.
+    A publisher's write-through (lua/apply_appended.lua) or a Spark load (lua/apply_load.lua)
+    may apply entries of a caught-up partition between two batches: a planned batch the
+    cursor has moved into is refused (``ConflictError``: planned again), and the planner is
+    dropped whenever the cursor is not where this applier left it.
 
-    Plain publishes prepared by sow_redis's publisher (the SOW key and index members already
-    in the entry) need no planning: while the log starts with such entries, :meth:`step` lets
-    ``apply_log.lua`` read and apply them inside Redis (one call, no round trip of the
-    messages), and plans here only from the first entry it leaves (a delta, a delete, a
-    message expiration, a chaining topic's entry, an entry of another client). After a
-    planned batch that ends with such a publish, it tries the script again.
+    Nothing read from the log is taken on trust. A plain publish that carries the SOW key and
+    index members sow_redis's publisher computed (fields ``k``/``m``) needs no planning once
+    this worker has checked them against the data
+    (:func:`~sow_redis.keying.verified_prepared`): while a batch starts with such entries,
+    :meth:`step` lets ``apply_log.lua`` apply them inside Redis up to the last one checked
+    (one call, no round trip of the messages back), and plans here from the first entry
+    it leaves (a delta, a delete, a message expiration, a chaining topic's entry, an entry
+    without ``k``, and one whose ``k`` or ``m`` is not what its data gives, which the planner
+    rejects to the error stream as ``forged_key`` / ``forged_members``). After a planned
+    batch that ends with such a publish, it tries the script again.
 
     Call :meth:`step` until :attr:`drained`, and :meth:`finish` always (``finally``) before
     the lease is released.
@@ -339,11 +368,14 @@ class PartitionApplier:
         self.fence, self.batch_size = fence, batch_size
         self._planner: _Planner | None = None
         self._cursor: str | None = None  # after the last batch read (None: read it again)
-        self._planned: tuple[_Segment, list] | None = None  # planned, not sent yet
-        self._inflight: tuple[PendingApply, list] | None = None  # sent, reply not read
+        # planned, not sent yet: a segment for apply.lua, or a run of verified publishes for
+        # apply_log.lua (how many, the stream id of the last)
+        self._planned: tuple[_Segment | _LogRun, list] | None = None
+        self._inflight: tuple[PendingCall, _Segment | _LogRun, list] | None = None
         self.drained = False
         """True after a :meth:`step` that found the log drained with nothing left to apply."""
-        self._in_redis = not topic.chaining  # next step: try apply_log.lua first
+        self._in_redis = not topic.chaining  # the next batch may start with prepared publishes
+        self._trusted_skip = 0  # steps before the next look for trusted entries
 
     def _reset(self) -> None:
         self._planner, self._cursor, self._planned = None, None, None
@@ -354,17 +386,24 @@ class PartitionApplier:
             return
         seg, entries = self._planned
         self._planned = None
-        _write_conflicts(self.r, self.topic, seg)
-        self._inflight = (self.scripts.send_apply(self.topic, self.p, self.fence, seg.first,
-                                                  seg.last, seg.rejects, seg.ops), entries)
+        if isinstance(seg, _LogRun):
+            call = self.scripts.send_apply_log(self.topic, self.p, self.fence, seg.count,
+                                               seg.upto)
+        else:
+            _write_conflicts(self.r, self.topic, seg)
+            call = self.scripts.send_apply(self.topic, self.p, self.fence, seg.first, seg.last,
+                                           seg.rejects, seg.ops)
+        self._inflight = (call, seg, entries)
 
     def _settle(self) -> int:
         """Read the reply of the call in flight; returns its entries once applied (0: none,
         or it failed; then everything planned after it is dropped)."""
         if self._inflight is None:
             return 0
-        call, entries = self._inflight
+        call, seg, entries = self._inflight
         self._inflight = None
+        if isinstance(seg, _LogRun):
+            return self._settle_log_run(call, seg)
         try:
             call.result()
             return len(entries)
@@ -387,37 +426,79 @@ class PartitionApplier:
         self._send()
         return done + self._settle()
 
-    @property
-    def wants_log_apply(self) -> bool:
-        """True when the next :meth:`step` starts with one apply_log.lua call and nothing
-        else (nothing planned or in flight): a caller serving several partitions can make
-        these calls together (:meth:`Scripts.apply_logs`) and hand each its reply."""
-        return self._in_redis and self._planned is None and self._inflight is None
+    TRUSTED_SKIP = 8
+    """Steps without a look for trusted entries after a look found none at the head of the
+    log (entries of clients that append with XADD: verified here instead)."""
 
-    def step(self, given: LogApplied | Exception | None = None) -> int:
+    def _apply_trusted(self) -> int | None:
+        """One apply_log.lua call for the trusted entries at the head of the unapplied log
+        (nothing planned or in flight). Returns the entries applied, or None when it applied
+        none before an entry the worker must read (the caller goes on to read the batch)."""
+        try:
+            res = self.scripts.apply_log(self.topic, self.p, self.fence, self.batch_size)
+        except Exception as exc:
+            if _transient(exc):
+                self._reset()
+                raise
+            log.warning("topic %s[%d]: apply_log failed (%s); verifying in the worker",
+                        self.topic.name, self.p, exc)
+            self._trusted_skip = self.TRUSTED_SKIP
+            return None
+        known, self._cursor = self._cursor, res.cursor
+        if res.applied or res.cursor != known:
+            self._planner = None  # its view of the records is older than these writes
+        if res.applied:
+            return res.applied
+        if res.stopped:
+            self._trusted_skip = self.TRUSTED_SKIP
+            return None
+        self.drained = True
+        return 0
+
+    def _settle_log_run(self, call: PendingCall, run: _LogRun) -> int:
+        """The reply of an apply_log.lua call: the entries it applied. When it did not reach
+        the run's last entry (an entry Lua would not take, a write-through that moved the
+        cursor meanwhile) or failed, everything planned after it is dropped and planning
+        starts again from the cursor in Redis (the planned path applies those entries,
+        rejecting what it must)."""
+        try:
+            res: LogApplied = call.result()
+        except Exception as exc:
+            self._reset()
+            if _transient(exc):
+                raise
+            log.warning("topic %s[%d]: apply_log failed (%s); planning in the worker",
+                        self.topic.name, self.p, exc)
+            self._in_redis = False
+            return 0
+        if res.cursor != run.upto:
+            self._reset()
+            self._in_redis = False
+        return res.applied
+
+    def step(self) -> int:
         """Read the next batch, send the one planned before, plan the new one; returns the log
         entries whose apply completed during this call. :attr:`drained` tells when nothing
-        was left. ``given``: the reply (or exception) of this step's apply_log.lua call,
-        made by the caller (only when :attr:`wants_log_apply`)."""
+        was left.
+
+        A batch that starts with plain publishes whose SOW key and index members this worker
+        verified against their data (:func:`~sow_redis.keying.verified_prepared`) is applied
+        by apply_log.lua up to the last of them, without the messages' round trip back; like
+        a planned batch, it is verified here while Redis applies the batch before it."""
         self.drained = False
-        if self._in_redis:
+        done = 0
+        if self._in_redis and not self._trusted_skip:
+            # entries a trusted caller appended: apply_log.lua applies them unread
             done = self._flush()
-            res = self._apply_in_redis(given)
-            if res is not None:
-                done += res.applied
-                if not res.stopped:
-                    self.drained = not done
-                    return done
-                if res.applied:
-                    return done
+            trusted = self._apply_trusted()
+            if trusted is not None:
+                self.drained = self.drained and not done
+                return done + trusted
+        self._trusted_skip = max(0, self._trusted_skip - 1)
+        if self._cursor is None:
+            done += self._flush()
             if self._cursor is None:
                 self._cursor = read_cursor(self.r, self.topic.name, self.p)
-        elif self._cursor is None:
-            done = self._flush()
-            if self._cursor is None:
-                self._cursor = read_cursor(self.r, self.topic.name, self.p)
-        else:
-            done = 0
         entries = read_log(self.r, self.topic.name, self.p, self._cursor, self.batch_size)
         if not entries:
             done += self._flush()
@@ -427,7 +508,25 @@ class PartitionApplier:
         if any(b"filter" in fields for _sid, fields in entries) and any(
                 isinstance(e, LogEntry) and e.is_filter_delete for e, _raw in run):
             return self._sequentially(done + self._flush())
-        self._send()  # batch k runs on Redis while batch k+1 is planned here
+        self._send()  # batch k runs on Redis while batch k+1 is verified or planned here
+        if self._in_redis:
+            n = 0
+            for e, _raw in run:
+                if not (isinstance(e, LogEntry) and verified_prepared(e, self.topic, self.p)):
+                    break
+                n += 1
+            if n:
+                done += self._settle()
+                if self._cursor is None:  # batch k failed: read again from Redis
+                    return done
+                upto = entries[n - 1][0].decode()
+                self._planned = (_LogRun(n, upto), entries[:n])
+                self._cursor = upto
+                self._planner = None  # the run writes records the planner may have read
+                # the rest of this batch (if any) is planned in the next step
+                self._in_redis = n == len(entries)
+                return done
+            self._in_redis = False
         if self._planner is None or len(self._planner.state) > self.STATE_MAX:
             self._planner = _Planner(self.r, self.topic, self.p,
                                      resolver(self.r, self.topic, self.p))
@@ -445,33 +544,8 @@ class PartitionApplier:
             return done
         self._planned = (seg, entries)
         self._cursor = seg.last
-        self._in_redis = not self.topic.chaining and _prepared_publish(run[-1][0], self.topic)
+        self._in_redis = _prepared_publish(run[-1][0], self.topic)
         return done
-
-    def _apply_in_redis(self, given: LogApplied | Exception | None = None) -> LogApplied | None:
-        """One apply_log.lua call (nothing planned or in flight; ``given``: its reply, made by
-        the caller); leaves the in-Redis mode when the script stopped before an entry to
-        plan, or failed (None; the planned path then applies those entries, rejecting what it
-        must)."""
-        try:
-            if isinstance(given, Exception):
-                raise given
-            res = given if given is not None else self.scripts.apply_log(
-                self.topic, self.p, self.fence, self.batch_size)
-        except Exception as exc:
-            if _transient(exc):
-                raise
-            log.warning("topic %s[%d]: apply_log failed (%s); planning in the worker",
-                        self.topic.name, self.p, exc)
-            self._in_redis = False
-            return None
-        known, self._cursor = self._cursor, res.cursor
-        if res.applied or res.cursor != known:
-            # its view of the records is older than these writes, or than those a publisher's
-            # write-through (lua/apply_appended.lua) made since this worker's last batch
-            self._planner = None
-        self._in_redis = not res.stopped
-        return res
 
     def _sequentially(self, done: int) -> int:
         """Once nothing is planned or in flight: apply the next batch without overlap
@@ -496,7 +570,8 @@ class PartitionApplier:
 
 
 def _prepared_publish(e: LogEntry | Exception, topic: TopicConfig) -> bool:
-    """True for an entry that apply_log.lua applies itself (see :class:`PartitionApplier`)."""
+    """True for an entry apply_log.lua may apply itself once verified (see
+    :class:`PartitionApplier`): a candidate for the next step's in-Redis apply."""
     return (isinstance(e, LogEntry) and e.command is Command.PUBLISH
             and e.prepared_key is not None and e.expiration_s is None
             and (not topic.hash_index or b"m" in e.fields))

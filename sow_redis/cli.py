@@ -349,12 +349,13 @@ def _separator(text: str | None) -> bytes | None:
         raise click.BadParameter(str(exc), param_hint="--separator") from None
 
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT, EXIT_REFUSED = 0, 1, 2, 3, 4, 5
 """``publish`` exit status: every line published (or skipped); an error (unknown topic,
 unreadable file, a --sow-key the topic cannot take, --durable without a replica, every line
 rejected: nothing published; Redis unreachable); a usage error (click); some lines rejected,
 the others published; ``--wait`` timed out (the published messages are in the log and will
-be applied; takes precedence over 3). Ctrl-C: :data:`EXIT_INTERRUPTED`."""
+be applied; takes precedence over 3); Redis refused the rest after some were published (out
+of memory, read-only: the counts say what was appended). Ctrl-C: :data:`EXIT_INTERRUPTED`."""
 
 SAMPLES = 5
 """Rejected lines shown one by one after the per-reason counts."""
@@ -597,9 +598,11 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
                    separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
     """:func:`_publish` (see ``publish --help``); ``stop``: Ctrl-C ends the reading, then
     the counts are printed and the exit status is :data:`EXIT_INTERRUPTED`."""
-    from .errors import WaitTimeout
+    from .errors import PublishInterrupted, WaitTimeout, refusal
+    from .messages import check_expiration
     from .publisher import PublishResult, append
 
+    check_expiration(expiration)  # --expiration beyond 100 years: one line, nothing sent
     sow = _sow(ctx)
     t = sow.topic(topic)
     _check_sow_key_option(t, sow_key)
@@ -640,26 +643,31 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
         from .outage import append_through_outage
 
         append = partial(append_through_outage, retry_s=retry_s)
-    if show_bar:
-        from rich.progress import Progress
+    refused: PublishInterrupted | None = None
+    try:
+        if show_bar:
+            from rich.progress import Progress
 
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"publishing to {topic}", total=size)
+            with Progress(transient=True) as progress:
+                task = progress.add_task(f"publishing to {topic}", total=size)
+                for block in blocks:
+                    result.merge(append(
+                        sow.r, t, items(block), start=result.read + 1, fix_separator=sep,
+                        jobs=sow.job_settings,
+                        on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
+                        durable=durable))
+        else:
             for block in blocks:
-                result.merge(append(
-                    sow.r, t, items(block), start=result.read + 1, fix_separator=sep,
-                    jobs=sow.job_settings,
-                    on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
-                    durable=durable))
-    else:
-        for block in blocks:
-            result.merge(append(sow.r, t, items(block), start=result.read + 1,
-                                fix_separator=sep, jobs=sow.job_settings, durable=durable))
-            if stop.hit:
-                break
-    interrupted = stop.hit
+                result.merge(append(sow.r, t, items(block), start=result.read + 1,
+                                    fix_separator=sep, jobs=sow.job_settings, durable=durable))
+                if stop.hit:
+                    break
+    except PublishInterrupted as exc:  # some were appended (else the refusal is raised)
+        refused = exc
+        result.merge(exc.result)
+    ctrl_c = stop.hit and refused is None
     stop.hard()
-    not_sent = _rest_of(fh) if interrupted else None
+    not_sent = _rest_of(fh) if ctrl_c else None
     if fh is not sys.stdin.buffer:
         fh.close()
     if overlong:
@@ -670,9 +678,11 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
             if x.position in overlong else x for x in result.rejected]
     timed_out: WaitTimeout | None = None
     started_jobs = sow.job_settings is not None  # append(jobs=…) started the workers
-    wait = wait and not interrupted
+    wait = wait and not ctrl_c
     try:
-        if retry_s > 0:
+        if refused is not None:
+            pass  # Redis refuses writes: no --wait
+        elif retry_s > 0:
             from .outage import call_through_outage
 
             call_through_outage(lambda: sow.handoff(t, result.last_ids, wait, timeout,
@@ -682,7 +692,7 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
     except WaitTimeout as exc:
         timed_out = exc
     except KeyboardInterrupt:
-        interrupted, wait = True, False
+        ctrl_c, wait = True, False
     elapsed = time.perf_counter() - started
     reasons = _report_rejected(result.rejected)
     if "bad_fix" in reasons and t.message_type == "fix":
@@ -697,7 +707,13 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
     click.echo(f"published {result.published} message(s) to {topic}{skipped}, rejected "
                f"{len(result.rejected)}{why}; read {result.read} line(s); {elapsed:.2f} s, "
                f"{rate:,.0f} msg/s{applied}")
-    if interrupted:
+    if refused is not None:
+        click.echo(f"Error: Redis refused the publish after line {result.read}: "
+                   f"{refusal(refused.cause)}; the {result.published} published message(s) are in "
+                   "the transaction log and will be applied; the lines after it were not sent",
+                   err=True)
+        ctx.exit(EXIT_REFUSED)
+    if ctrl_c:
         rest = ("the rest of standard input" if not_sent is None
                 else f"{not_sent} line(s) of {file}")
         click.echo(f"interrupted: appended {result.published} message(s) to the log of "
@@ -725,7 +741,8 @@ _publish_options = [
     click.option("--wait", is_flag=True, help="Return only after the workers applied everything."),
     click.option("--timeout", default=300.0, show_default=True, help="Seconds --wait waits."),
     click.option("--expiration", type=click.FloatRange(min=0),
-                 help="Message lifetime in seconds (0 = never expire); overrides the topic's."),
+                 help="Message lifetime in seconds (0 = never expire, at most 100 years); "
+                 "overrides the topic's."),
     click.option("--separator", help="FIX topics: field separator of FILE (SOH, ';', '|'); "
                  "default: the topic's field_separator."),
     click.option("--retry-s", type=click.FloatRange(min=0), default=60.0, show_default=True,
@@ -774,6 +791,7 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
       2  usage error
       3  some lines rejected (the others were published)
       4  --wait timed out (the messages are in the log and will be applied)
+      5  Redis refused the rest after some were published (out of memory, read-only)
       130  Ctrl-C (what was appended stays in the log and will be applied)
 
     \b
@@ -850,8 +868,9 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
         return
     for rec in records:
         if with_key:
-            out.write(b'{"sow_key":"%s","seq":%d,"expiry_ms":%d,"data":%s}\n'
-                      % (rec.sow_key.encode(), rec.seq, rec.expiry_ms, rec.data))
+            key = rec.sow_key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            out.write(b'{"sow_key":%s,"seq":%d,"expiry_ms":%d,"data":%s}\n'
+                      % (orjson.dumps(key), rec.seq, rec.expiry_ms, rec.data))
         else:
             out.write(rec.data + b"\n")
     out.flush()
@@ -932,7 +951,13 @@ def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> Non
     try:
         with sub:
             def write(msg: dict[str, Any]) -> None:
-                out.write(to_line(msg))
+                try:
+                    line = to_line(msg)
+                except (TypeError, ValueError) as exc:  # one error line; the others go on
+                    _report_recovery({**msg, "kind": "error", "data": None,
+                                      "error": f"the message cannot be written as JSON ({exc})"})
+                    return
+                out.write(line)
                 out.flush()
 
             sub.run(write, count=count, timeout=timeout)
@@ -951,6 +976,14 @@ def _message_limits(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _report_recovery(msg: dict[str, Any]) -> None:
+    """One stderr line per ``recovery`` or ``error`` message of a subscription."""
+    if msg["kind"] == "error":
+        where = "" if msg.get("partition") is None else f" partition {msg['partition']}"
+        seq = "" if msg.get("seq") is None else f" seq {msg['seq']}"
+        key = "" if msg.get("sow_key") is None else f" (SOW key {msg['sow_key']!r})"
+        click.echo(f"error: topic {msg['topic']}{where}{seq}{key}: {msg['error']}; skipped",
+                   err=True)
+        return
     click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
                f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "
                f"{'change feed' if msg['how'] == 'feed' else 'records'})", err=True)
@@ -968,12 +1001,15 @@ def _report_recovery(msg: dict[str, Any]) -> None:
 @click.option("--sub-id", help="Subscription id in the bookmark store.")
 @click.option("--persist-every", type=click.IntRange(min=1), default=10, show_default=True,
               help="Processed messages between two writes of the bookmark.")
+@click.option("--resync", is_flag=True, help="A bookmark older than the change feed: re-read "
+              "the records changed since it, then go live (instead of an error).")
 @_message_limits
 @click.pass_context
 @_friendly
 def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
               bookmark: str | None, client_name: str | None, sub_id: str | None,
-              persist_every: int, count: int | None, timeout: float | None) -> None:
+              persist_every: int, resync: bool, count: int | None,
+              timeout: float | None) -> None:
     """Print the changes of a topic as JSON Lines (one message per line, with a "kind":
     publish, oof, completed, recovery), AMPS subscribe semantics: records published to the
     topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
@@ -992,7 +1028,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
                                "and --sub-id")
     sub = _sow(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
                               client_name=client_name, sub_id=sub_id,
-                              persist_every=persist_every, report=_report_recovery)
+                              persist_every=persist_every, resync=resync,
+                              report=_report_recovery)
     _run_subscription(sub, count, timeout)
 
 
@@ -1529,13 +1566,69 @@ def spark() -> None:
 
 
 def _spark_session(master: str) -> Any:
-    """The SparkSession of the spark commands; one line when pyspark is missing."""
-    from .spark.session import get_session
+    """The SparkSession of the spark commands; one line when pyspark is missing. With stderr
+    not a terminal: no progress bar, and Spark's own log to a file (spark/session.py)."""
+    from .spark.session import get_session, mute_query_context_loggers
 
     try:
-        return get_session(master)
+        session = get_session(master, quiet=not sys.stderr.isatty())
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
+    mute_query_context_loggers()  # _spark_errors reports the error, in one line
+    return session
+
+
+def _spark_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Spark's errors as one line (under :func:`_friendly`): a query or path Spark refused
+    (``AnalysisException``, ``ParseException``, …) as Spark's first line; a failure in
+    Spark (a task, the Java side) as its cause, naming Spark's log file when there is one;
+    ``SOW_DEBUG=1`` shows the traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+            raise
+        except Exception as exc:
+            from .spark.session import error_line, keep_log, log_path
+
+            got = error_line(exc)
+            if got is None or os.environ.get("SOW_DEBUG"):
+                raise
+            text, users = got
+            if sys.stderr.isatty():
+                sys.stderr.write("\r\x1b[K")  # off the line of Spark's progress bar
+            if not users:
+                where = log_path()
+                if where:
+                    keep_log()
+                text += (f" (Spark's log: {where})" if where
+                         else " (SOW_DEBUG=1 shows the traceback)")
+            raise click.ClickException(_one_line(text, _url())) from None
+
+    return wrapper
+
+
+def _spark_inputs(inputs: tuple[str, ...], fmt: str | None) -> list[str]:
+    """The inputs of `spark load` / `resolve-chains`, checked before Spark starts."""
+    from .spark.load import check_inputs
+
+    try:
+        check_inputs(list(inputs), fmt)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    return list(inputs)
+
+
+def _spark_local_dir(path: str, what: str) -> None:
+    """A folder Spark is to read, when on the local file system: it must be there."""
+    from .spark.load import local_path
+
+    local = local_path(path)
+    if local is not None and not os.path.isdir(local):
+        raise click.ClickException(f"{what} {path!r} is not a folder" if os.path.exists(local)
+                                   else f"{what} not found: {path!r}")
 
 
 _spark_input_options = [
@@ -1557,36 +1650,50 @@ _spark_input_options = [
               help="Log entries appended per atomic call.")
 @click.option("--separator", help="FIX field separator of the input (default: the topic's), "
               "e.g. ';' or '|'.")
+@click.option("--delta", is_flag=True, help="Each row is a delta_publish: merged into the "
+              "stored record (as sow-redis delta-publish).")
+@click.option("--delete", is_flag=True, help="Each row removes the record a publish of it "
+              "would update (as sow-redis sow-delete --data); rows need only the key fields.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str | None,
                order_by: str | None, load_id: str | None, batch_size: int,
-               separator: str | None, master: str) -> None:
+               separator: str | None, delta: bool, delete: bool, master: str) -> None:
     """Load JSON Lines, Parquet or FIX log files (files, folders, globs) into a topic with
     Spark: keys computed by the publisher's code in the executors, appended to the partition
-    logs exactly once, applied by the workers' path; bad rows go to the error stream.
+    logs exactly once, applied by the workers' path; bad rows go to the error stream. Rows
+    are publishes, or with --delta delta publishes, with --delete deletes.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t flights data/flights.jsonl
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t fix_orders --delta \\
+          --format fix --separator ';' logs/orders.fix.txt
     """
     from .spark.load import load
 
+    if delta and delete:
+        raise click.UsageError("give at most one of --delta and --delete")
+    cmd = "delta_publish" if delta else "sow_delete" if delete else "publish"
     sow = _sow(ctx)
     t = sow.topic(topic)
+    paths = _spark_inputs(inputs, fmt)
     session = _spark_session(master)
     started = time.perf_counter()
     from .fix import separator as fix_separator
 
-    res = load(session, sow.url, t, list(inputs), fmt,
+    res = load(session, sow.url, t, paths, fmt,
                [c.strip() for c in order_by.split(",")] if order_by else None, load_id,
-               batch_size, separator=fix_separator(separator) if separator else None)
+               batch_size, separator=fix_separator(separator) if separator else None, cmd=cmd)
     took = time.perf_counter() - started
     if res.chains is not None:
         click.echo(f"chains: {res.chains.ids} new identifier(s), {len(res.chains.conflicts)} "
                    f"conflict(s), pointer-jumping rounds per pass {res.chains.rounds}")
-    click.echo(f"loaded {res.rows} row(s) into {topic}: appended {res.appended}, applied "
+    what = {"publish": "", "delta_publish": " as delta publishes",
+            "sow_delete": " as deletes"}[cmd]
+    click.echo(f"loaded {res.rows} row(s) into {topic}{what}: appended {res.appended}, applied "
                f"{res.applied}, rejected {res.rejected} (in the error stream), skipped "
                f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
 
@@ -1600,6 +1707,7 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...],
                          fmt: str | None, order_by: str | None, separator: str | None,
                          dry_run: bool, master: str) -> None:
@@ -1619,9 +1727,10 @@ def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...]
     t = sow.topic(topic)
     if not t.chaining:
         raise click.ClickException(f"topic {topic!r} has no chaining key generator")
+    paths = _spark_inputs(inputs, fmt)
     session = _spark_session(master)
     started = time.perf_counter()
-    res = resolve_chains(session, sow.url, t, list(inputs), fmt,
+    res = resolve_chains(session, sow.url, t, paths, fmt,
                          [c.strip() for c in order_by.split(",")] if order_by else None,
                          fix_separator(separator) if separator else None, write=not dry_run)
     took = time.perf_counter() - started
@@ -1645,6 +1754,7 @@ def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...]
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str | None,
                  once: bool, separator: str | None, master: str) -> None:
     """Feed a topic from a folder of JSON Lines or FIX files with Spark Structured Streaming,
@@ -1660,6 +1770,7 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
 
     sow = _sow(ctx)
     t = sow.topic(topic)
+    _spark_local_dir(directory, "folder")
     session = _spark_session(master)
     cp = checkpoint or os.path.join(directory, f"_sow_checkpoint_{re.sub(r'[^A-Za-z0-9_]', '_', topic)}")
 
@@ -1682,6 +1793,7 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     """Write a consistent snapshot of a topic to Parquet at OUT: record fields as columns,
     plus _sow_key, _sow_expiry_ms, _sow_partition, _sow_seq and _sow_cursor (the sequence and
@@ -1709,6 +1821,7 @@ def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_archive(ctx: click.Context, topic: str, out: str, trim: bool, master: str) -> None:
     """Write a topic's transaction log (OUT/log) and change feed (OUT/changes) to Parquet,
     one Spark task per partition; --trim then removes the archived, applied log entries.
@@ -1737,6 +1850,7 @@ def spark_archive(ctx: click.Context, topic: str, out: str, trim: bool, master: 
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: str | None,
                   master: str) -> None:
     """Rebuild a topic's SOW from a snapshot (spark export) plus the archived and the live
@@ -1752,6 +1866,9 @@ def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: st
 
     sow = _sow(ctx)
     t = sow.topic(topic)
+    _spark_local_dir(snapshot, "snapshot")
+    if archive_dir is not None:
+        _spark_local_dir(archive_dir, "archive")
     session = _spark_session(master)
     try:
         res = rebuild(session, sow.url, t, snapshot, archive_dir)
@@ -1773,9 +1890,11 @@ def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: st
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
+@_spark_errors
 def spark_sql(ctx: click.Context, query: str, out: str | None, limit: int, master: str) -> None:
     """Run a Spark SQL QUERY over snapshot views of the SOW topics (each topic a view named
-    by its name, characters outside [A-Za-z0-9_] as _), e.g. an AMPS-like view.
+    by its name, characters outside [A-Za-z0-9_] as _), e.g. an AMPS-like view. Only the
+    topics the query names are read.
 
     \b
     Example:
@@ -1786,8 +1905,12 @@ def spark_sql(ctx: click.Context, query: str, out: str | None, limit: int, maste
     from .spark.snapshot import sql
 
     sow = _sow(ctx)
+    topics = list(load_topics(sow.r).values())
     session = _spark_session(master)
-    df = sql(session, sow.url, list(load_topics(sow.r).values()), query)
+    try:
+        df = sql(session, sow.url, topics, query)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     if out:
         writer = df.write.mode("overwrite")
         (writer.option("header", True).csv(out) if out.endswith(".csv") else writer.parquet(out))

@@ -27,15 +27,16 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import keys
 from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
-from .errors import BookmarkError, WaitTimeout
+from .errors import BookmarkError, MessageError, PublishInterrupted, WaitTimeout
 from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
 from .jobs import drain_partition, ensure_jobs
+from .partition_state import read_cursors
 from .publisher import (
     NOT_READ,
     PublishResult,
@@ -50,6 +51,7 @@ from .records import Record
 from .settings import Settings
 from .sowkey import check_key_list
 from .streamids import parse as parse_id
+from .streamids import reached
 
 LEASE_POLL_S = 0.01
 """Seconds an inline apply sleeps while another process holds a partition's lease."""
@@ -338,8 +340,10 @@ class Sow:
             sow_key: the SOW key for topics without key fields (1-512 Base64 characters); on a
                 topic with key fields every message is rejected ``bad_sow_key``.
             expiration: message lifetime in seconds (overrides the topic default under policy
-                "override"; ``0`` = never expire); every publish resets the lifetime. Not a
-                finite number >= 0 (or a bool): every message is rejected ``bad_expiration``.
+                "override"; ``0`` = never expire; at most 100 years, 3,155,760,000 s); every
+                publish resets the lifetime. Not a number from 0 to 100 years (or a bool):
+                every message is rejected ``bad_expiration`` (the MessageError of
+                :func:`sow_redis.messages.check_expiration`).
             wait: return only after the workers applied every message (read-your-writes);
                 always so with :attr:`inline`.
             timeout: seconds to wait at most with ``wait`` (see :meth:`handoff`).
@@ -408,22 +412,50 @@ class Sow:
         elif keys is not None:
             ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})
         else:
-            res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)],
-                         durable=self.durable)
+            try:
+                res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)],
+                             durable=self.durable)
+            except (PublishInterrupted, OutOfMemoryError) as exc:
+                res = self._delete_now(t, _to_bytes(data), sow_key, exc)
             if res.rejected:
-                from .errors import MessageError
-
                 rej = res.rejected[0]
                 raise MessageError(rej.reason, rej.detail)
             ids = res.last_ids
-        self.handoff(t, ids, True, timeout)
+        # a delete applied in its own call (delete_now.lua; also out of memory, when a job
+        # could not be enqueued) needs no worker
+        cursors = read_cursors(self.r, t.name, ids)
+        self.handoff(t, {p: sid for p, sid in ids.items() if not reached(cursors[p], sid)},
+                     True, timeout)
         return delete_counts(self.r, t, ids)
+
+    def _delete_now(self, t: TopicConfig, data: bytes, sow_key: str | None,
+                    refused: Exception) -> PublishResult:
+        """A sow_delete by data whose append Redis refused as out of memory: applied at once
+        on its caught-up partition (``delete_now.lua``, flagged ``allow-oom``), so a user
+        can free memory; ``refused`` is raised again otherwise."""
+        from .publisher import prepare
+        from .scripts import Scripts
+
+        checked = None
+        cause = refused.cause if isinstance(refused, PublishInterrupted) else refused
+        if isinstance(cause, OutOfMemoryError):
+            try:
+                checked = prepare(t, ("sow_delete", data, sow_key))
+            except MessageError:
+                checked = None
+        if checked is None or not checked[1].get("k"):  # chaining topics: the workers' key
+            raise refused
+        p, entry = checked
+        done = Scripts(self.r).delete_now(t, p, entry, [str(entry["k"])])
+        if done is None:
+            raise refused
+        return PublishResult(published=1, last_ids={p: done[1]})
 
     # live events ---------------------------------------------------------------------
     def subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                   bookmark: str | None = None, client_name: str | None = None,
                   sub_id: str | None = None, persist_every: int = 10,
-                  auto_processed: bool = True,
+                  auto_processed: bool = True, resync: bool = False,
                   report: Callable[[Message], None] | None = None) -> Subscriber:
         """Subscribe to a topic's changes (AMPS ``subscribe``): the records published to it
         that match ``filter`` (the merged record of a delta_publish) and, with ``oof``, an
@@ -441,14 +473,20 @@ class Sow:
                 stored), persist it every ``persist_every`` processed messages and on close.
             auto_processed: a message counts as processed when the next is asked for; False:
                 call :meth:`Subscriber.processed` for each.
+            resync: when the bookmark (given or stored) is older than the change feed
+                retains, re-read the records changed since it (``publish`` messages and a
+                ``recovery`` message with cause ``resync``), then go live; without it such a
+                bookmark raises BookmarkError, and a stored one stays as it was.
+            report: called with each ``recovery`` and ``error`` message.
 
         Raises:
-            UnknownTopicError, FilterSyntaxError, BookmarkError.
+            UnknownTopicError, FilterSyntaxError, BookmarkError (malformed, ahead of the
+            topic, or older than the change feed without ``resync``).
         """
         return self._subscriber(topic, filter=filter, oof=oof, bookmark=bookmark,
                                 client_name=client_name, sub_id=sub_id,
                                 persist_every=persist_every, auto_processed=auto_processed,
-                                report=report)
+                                resync=resync, report=report)
 
     def sow_and_subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                           top_n: int | None = None, order_by: str | None = None,

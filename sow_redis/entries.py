@@ -8,11 +8,12 @@ any Redis client) has the fields ``cmd`` (``publish`` | ``delta_publish`` | ``so
 
 sow_redis's publisher adds what it already computed while validating (:func:`make_entry`):
 ``k``, the SOW key of the message (any topic without a chaining key generator), and ``m``, the
-record's hash-index members (a ``publish`` on a topic with hash indexes). Workers take ``k`` as
-the entry's SOW key instead of computing it again, and ``apply_log.lua`` applies a ``publish``
-carrying ``k`` (and ``m`` where indexes exist) and no ``expiration`` without the worker reading
-it at all, trusting that the publisher validated it. Another client writing to a log must
-leave both out; the worker then validates the entry and computes them.
+record's hash-index members (a ``publish`` on a topic with hash indexes). Both are hints,
+never trusted as read (any client with the right to append may write them): a worker checks
+them against the data (:mod:`sow_redis.keying`) and rejects an entry whose ``k`` or ``m`` is
+not what the topic's definition gives (reasons ``forged_key``, ``forged_members``,
+``wrong_partition``); verified, they spare the messages' round trip back to Redis
+(``apply_log.lua``). Another client writing to a log should leave both out.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ Lua scripts report expected outcomes as error replies of the form
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .publisher import PublishResult
+
 
 class SowError(Exception):
     """Base of every error sow_redis raises on purpose."""
@@ -62,6 +67,34 @@ class BadURLError(SowError):
         self.url = url
         self.reason = reason
         super().__init__(f"invalid Redis URL {url!r}: {reason}")
+
+
+def refusal(exc: Exception) -> str:
+    """One line for an error reply of Redis, with the code redis-py takes off its own
+    exception classes put back (``OOM …``, ``READONLY …``, ``NOPERM …``)."""
+    from redis import exceptions as rex
+
+    codes = ((rex.OutOfMemoryError, "out of memory: OOM"), (rex.ReadOnlyError, "READONLY"),
+             (rex.NoPermissionError, "NOPERM"))
+    for cls, code in codes:
+        if isinstance(exc, cls):
+            return f"{code} {exc}"
+    return str(exc)
+
+
+class PublishInterrupted(SowError):
+    """Redis refused part of a publish (out of memory under ``noeviction``, a read-only
+    replica, an ACL refusal): ``result`` (a :class:`sow_redis.publisher.PublishResult`) says
+    what was appended to the log before and around the refusal (those messages will be
+    applied), the rest was not sent; ``cause`` is the refusal."""
+
+    def __init__(self, result: PublishResult, cause: Exception) -> None:
+        published = result.published
+        super().__init__(f"Redis refused the publish ({refusal(cause)}); {published} "
+                         "message(s) were "
+                         "appended before that and will be applied, the rest were not sent")
+        self.result = result
+        self.cause = cause
 
 
 class NotDurableError(SowError):

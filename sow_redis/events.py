@@ -27,10 +27,16 @@ in-process ``memory://`` backend, whose Lua has no MessagePack)::
   ms since the epoch on the Redis server clock, 0 = none; ``data``: the record's JSON text.
 
 :func:`parse_block` decodes either encoding into a :class:`ChangeBlock` of
-:class:`ChangeEvent` dicts (``data`` decoded). The change feed keeps blocks for the topic's
+:class:`ChangeEvent` dicts (``data`` decoded). Whatever bytes a record or key holds, every
+block that Lua wrote decodes: a change whose SOW key or data cannot be decoded (not UTF-8, not
+a JSON object, NaN text, nested deeper than the JSON decoder goes) becomes an event with
+``error`` (what could not be decoded) and ``data`` None, so a reader accounts for its ``seq``,
+reports it and goes on. An expiry beyond any clock reads as
+:data:`sow_redis.records.MAX_EXPIRY_MS`. The change feed keeps blocks for the topic's
 ``change_retention`` (age and count per partition, defaults 1 h and 100,000 changes): the
-oldest blocks are trimmed as new ones come (by count at every block, by age each time the
-partition's sequence crosses a multiple of 64). A block's time is also indexed in
+oldest blocks are trimmed as new ones come (by count at every block, keeping whole blocks down
+to the one holding the oldest change to keep, so a block of more changes than the count stays;
+by age each time the partition's sequence crosses a multiple of 64). A block's time is also indexed in
 ``{sow:<topic>:<p>}:changes:t`` (ZSET first seq → ms).
 
 The expirer publishes one more message when it removes an idle topic (``idle_expiration``):
@@ -47,8 +53,12 @@ from typing import Any, TypedDict
 import msgpack
 import orjson
 
+from .records import MAX_EXPIRY_MS, expiry_of
+
 OPS = ("publish", "delta_publish", "sow_delete")
 """``op`` of a change event."""
+
+_OPS = frozenset(OPS)
 
 REASONS = ("deleted", "expired")
 """``reason`` of a removal (``sow_delete`` event)."""
@@ -56,7 +66,9 @@ REASONS = ("deleted", "expired")
 
 class ChangeEvent(TypedDict, total=False):
     """One change (see the module docstring). :func:`events_of` adds ``topic`` and
-    ``partition`` from its block; ``reason`` only on removals."""
+    ``partition`` from its block; ``reason`` only on removals; ``error`` only on a change
+    that cannot be decoded (``data`` is None then, ``sow_key`` the key with its undecodable
+    bytes shown as ``\\xNN``)."""
 
     topic: str
     partition: int
@@ -66,7 +78,8 @@ class ChangeEvent(TypedDict, total=False):
     id: str
     reason: str
     expiry_ms: int
-    data: dict[str, Any]
+    data: dict[str, Any] | None
+    error: str
 
 
 class ChangeBlock(TypedDict):
@@ -84,31 +97,119 @@ EVENT_WIDTH = 7
 """Fields per change in a block."""
 
 
+def _unpack(raw: bytes) -> Any:
+    """The block's array; strings that are not UTF-8 keep their bytes as lone surrogates
+    (``surrogateescape``) for :func:`_change` to report."""
+    if raw[:1] != b"[":
+        return msgpack.unpackb(raw, raw=False, unicode_errors="surrogateescape")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:  # memory://: cjson copies a string's bytes as they are
+        import json
+
+        return json.loads(raw.decode("utf-8", "surrogateescape"))
+
+
+def _text(value: Any) -> str:
+    """A field as text: bytes (a MessagePack bin) decoded keeping bad bytes as surrogates."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return value if isinstance(value, str) else str(value)
+
+
+def _shown(text: str) -> str:
+    """Text with any undecodable byte shown as ``\\xNN`` (printable, encodable)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _change(fields: list[Any], seq: int) -> ChangeEvent:
+    """One change of a block, ``seq`` its position (the block's first + index)."""
+    op, key, _seq, sid, reason, expiry, data = fields
+    ev: ChangeEvent = {"op": _text(op), "seq": _seq if type(_seq) is int else seq,
+                       "id": _text(sid), "expiry_ms": expiry_of(expiry)}
+    if reason:
+        ev["reason"] = _text(reason)
+    if ev["op"] not in OPS:
+        ev["sow_key"], ev["data"] = _shown(_text(key)), None
+        ev["error"] = f"unknown op {_shown(ev['op'])[:40]!r}"
+        return ev
+    ev.update(decode_change(_text(key), data))
+    return ev
+
+
+def decode_change(sow_key: str, data: Any) -> ChangeEvent:
+    """``sow_key`` and ``data`` (JSON object text, str or bytes) of a change or a stored record,
+    decoded as a reader can use them: ``{"sow_key", "data"}``, or with ``error`` (what cannot
+    be decoded; ``data`` None, undecodable key bytes shown as ``\\xNN``). A key read with
+    ``surrogateescape`` (as :func:`sow_redis.records.decode` does) is checked here."""
+    ev: ChangeEvent = {"sow_key": sow_key, "data": None}
+    if not sow_key.isascii() and not _is_utf8(sow_key):
+        ev["sow_key"], ev["error"] = _shown(sow_key), "the SOW key is not UTF-8"
+        return ev
+    try:
+        obj = orjson.loads(data if isinstance(data, (bytes, str)) else b"")
+    except orjson.JSONDecodeError as exc:
+        ev["error"] = ("the data is not UTF-8" if not _is_utf8(_text(data))
+                       else f"the data is not JSON the reader can decode ({exc})")
+        return ev
+    if isinstance(obj, dict):
+        ev["data"] = obj
+    else:
+        ev["error"] = f"the data is a JSON {type(obj).__name__}, not an object"
+    return ev
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_block(raw: bytes) -> ChangeBlock:
     """Decode one change block (MessagePack, or JSON on ``memory://``) as published on a
-    topic's channel or kept in its change feed.
+    topic's channel or kept in its change feed. A change that cannot be decoded is an event
+    with ``error`` (see the module docstring); it never fails the block.
 
     Raises:
-        ValueError: not a change block (e.g. a ``topic_removed`` message).
+        ValueError: not a change block (e.g. a ``topic_removed`` message, or bytes no
+            sow_redis script wrote).
     """
     try:
-        arr = orjson.loads(raw) if raw[:1] == b"[" else msgpack.unpackb(raw, raw=False)
+        arr = _unpack(raw)
     except Exception as exc:
         raise ValueError(f"not a change block: {exc}") from None
     if not isinstance(arr, list) or len(arr) < 5 or (len(arr) - 5) % EVENT_WIDTH:
         raise ValueError("not a change block")
     topic, partition, first, last, ms = arr[:5]
+    if not isinstance(topic, (str, bytes)) or not all(
+            type(x) is int for x in (partition, first, last, ms)):
+        raise ValueError("not a change block: bad header")
+    topic = _shown(_text(topic))
     events: list[ChangeEvent] = []
-    for i in range(5, len(arr), EVENT_WIDTH):
+    for n, i in enumerate(range(5, len(arr), EVENT_WIDTH)):
         op, key, seq, sid, reason, expiry, data = arr[i:i + EVENT_WIDTH]
-        ev: ChangeEvent = {"topic": topic, "partition": partition, "op": op, "sow_key": key,
-                           "seq": int(seq), "id": sid, "expiry_ms": int(expiry),
-                           "data": orjson.loads(data)}
+        try:  # the common case, inline (a subscriber decodes every change)
+            if op not in _OPS or not key.isascii():
+                raise ValueError
+            obj = orjson.loads(data)
+            if type(obj) is not dict:
+                raise ValueError
+        except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
+            ev = _change(arr[i:i + EVENT_WIDTH], first + n)
+            ev["topic"], ev["partition"] = topic, partition
+            events.append(ev)
+            continue
+        ev = {"topic": topic, "partition": partition, "op": op, "sow_key": key,
+              "seq": seq if type(seq) is int else first + n, "id": sid,
+              "expiry_ms": expiry if type(expiry) is int and 0 <= expiry <= MAX_EXPIRY_MS
+              else expiry_of(expiry), "data": obj}
         if reason:
             ev["reason"] = reason
         events.append(ev)
-    return {"topic": topic, "partition": int(partition), "first": int(first),
-            "last": int(last), "ms": int(ms), "events": events}
+    return {"topic": topic, "partition": partition, "first": first, "last": last, "ms": ms,
+            "events": events}
 
 
 def due_times(raw: bytes) -> list[int]:
@@ -133,6 +234,17 @@ def events_of(raw: bytes) -> list[ChangeEvent]:
         return parse_block(raw)["events"]
     except ValueError:
         return []
+
+
+def is_topic_removed(raw: bytes) -> bool:
+    """True for the message of :func:`topic_removed`."""
+    if raw[:1] != b"{":
+        return False
+    try:
+        msg = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(msg, dict) and msg.get("op") == "topic_removed"
 
 
 def topic_removed(topic: str) -> bytes:

@@ -22,7 +22,7 @@ from .config import TopicConfig
 from .connection import Client
 from .entries import Command, LogEntry
 from .errors import MessageError
-from .messages import check_supplied_key, key_of, partition_for
+from .messages import check_supplied_key, index_members, key_of, partition_for
 
 
 @dataclass(slots=True)
@@ -52,6 +52,43 @@ def _check_partition(obj: dict[str, Any], topic: TopicConfig, key: str, p: int) 
         raise MessageError("wrong_partition", f"message belongs to partition {part}")
 
 
+def verified_prepared(entry: LogEntry, topic: TopicConfig, p: int) -> bool:
+    """True when ``entry`` is a plain ``publish`` that apply_log.lua may apply from the log
+    itself: it carries the SOW key (field ``k``) and, on a topic with hash indexes, the index
+    members (``m``) that the topic's definition gives for its data in partition ``p``, and no
+    message expiration. False for anything else (the worker plans it, rejecting a forged
+    ``k`` or ``m`` to the error stream with its reason)."""
+    if (entry.command is not Command.PUBLISH or entry.prepared_key is None
+            or entry.obj is None or entry.expiration_s is not None or topic.chaining):
+        return False
+    try:
+        key = key_of(entry.obj, topic, entry.sow_key)
+        if key != entry.prepared_key or partition_for(entry.obj, topic, key) != p:
+            return False
+    except MessageError:
+        return False
+    if not topic.hash_index:
+        return b"m" not in entry.fields
+    return entry.fields.get(b"m") == index_members(entry.obj, topic, key).encode()
+
+
+def check_members(entry: LogEntry, topic: TopicConfig, key: str) -> None:
+    """Refuse index members (field ``m``) that are not those the topic's definition gives
+    for the entry's data: only a ``publish`` on a topic with hash indexes carries them.
+
+    Raises:
+        MessageError: ``forged_members``.
+    """
+    given = entry.fields.get(b"m")
+    if given is None:
+        return
+    if entry.command is Command.PUBLISH and topic.hash_index and entry.obj is not None \
+            and given == index_members(entry.obj, topic, key).encode():
+        return
+    raise MessageError("forged_members", f"field m {given[:80]!r} is not the hash-index "
+                       "members of the data")
+
+
 class PlainKeys:
     """Generated keys (key fields + key domain) or publisher-supplied keys."""
 
@@ -62,11 +99,13 @@ class PlainKeys:
         pass
 
     def resolve(self, entry: LogEntry) -> Resolved:
-        if entry.prepared_key:  # computed by sow_redis's publisher from this very message
-            return Resolved(entry.prepared_key)
         assert entry.obj is not None
         key = key_of(entry.obj, self.topic, entry.sow_key)
         _check_partition(entry.obj, self.topic, key, self.p)
+        if entry.prepared_key is not None and entry.prepared_key != key:
+            # a publisher's "k" is a hint, checked here, never taken on trust (ARCHITECTURE §3)
+            raise MessageError("forged_key", f"field k {entry.prepared_key[:80]!r} is not the "
+                               f"SOW key of the data ({key})")
         return Resolved(key)
 
 
@@ -92,6 +131,9 @@ class ChainKeys:
 
     def resolve(self, entry: LogEntry) -> Resolved:
         assert entry.obj is not None
+        if entry.prepared_key is not None:
+            raise MessageError("forged_key", "field k on a chaining topic: the SOW key of a "
+                               "chain is resolved by the workers, never supplied")
         check_supplied_key(self.topic, entry.sow_key)
         _check_partition(entry.obj, self.topic, "", self.p)
         res = self.chains.resolve(entry.obj, self._ids.pop(entry.id, None))

@@ -36,6 +36,11 @@ LAST_USED = "sow:last_used"
 ``idle_expiration``."""
 
 
+SWEEP_LEASE = "sow:sweep"
+"""STRING: the owner id of the worker process that sweeps all partitions now (one sweeper at
+a time, ``SET NX PX``; see :mod:`sow_redis.jobs`)."""
+
+
 SLOTS = 16384
 """Hash slots of a Redis Cluster."""
 
@@ -99,6 +104,15 @@ def lease(topic: str, p: int) -> str:
 def job_marker(topic: str, p: int) -> str:
     """STRING set while an ingest job for the partition is queued or running."""
     return partition_tag(topic, p) + ":job"
+
+
+def trusted(topic: str, p: int) -> str:
+    """ZSET (score 0, by member) of the ranges of log entries a caller with the right to run
+    scripts appended and left unapplied (``lua/apply_appended.lua``): member
+    ``<last id>:<first id>``, each id padded to ``<15 digits>-<10 digits>`` so members sort
+    as the ids do. ``apply_log.lua`` applies the prepared publishes inside these ranges
+    without the worker reading them; any other entry is verified by the worker first."""
+    return partition_tag(topic, p) + ":trusted"
 
 
 def acks(topic: str, p: int) -> str:
@@ -223,5 +237,5 @@ def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
         out += [lease(topic, p), job_marker(topic, p), loads(topic, p),
-                load_staged(topic, p)]
+                load_staged(topic, p), trusted(topic, p)]
     return out

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from .chaining import chain_values
-from .config import TopicConfig
+from .config import MAX_DURATION_MS, TopicConfig
 from .errors import MessageError
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
 from .streamids import ms_of
@@ -381,11 +381,18 @@ def unwrap(line: bytes) -> tuple[bytes, dict[str, Any]]:
                            "levels") from None
 
 
+MAX_EXPIRATION_S = MAX_DURATION_MS // 1000
+"""Longest message expiration in seconds: 100 years (3,155,760,000 s), the bound of a topic's
+``expiration`` (:data:`sow_redis.config.MAX_DURATION_MS`)."""
+
+
 def check_expiration(value: Any) -> float | None:
-    """A message expiration in seconds (None when absent).
+    """A message expiration in seconds (None when absent), from 0 to :data:`MAX_EXPIRATION_S`
+    (100 years).
 
     Raises:
-        MessageError: ``bad_expiration`` (not a finite number >= 0; a boolean is not a number).
+        MessageError: ``bad_expiration`` (not a finite number from 0 to 100 years in seconds;
+            a boolean is not a number).
     """
     if value is None or value in (b"", ""):
         return None
@@ -398,6 +405,9 @@ def check_expiration(value: Any) -> float | None:
         raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got {value!r}") from None
     if not secs >= 0 or secs == float("inf"):
         raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got {value!r}")
+    if secs > MAX_EXPIRATION_S:
+        raise MessageError("bad_expiration", f"expiration can be at most 100 years "
+                           f"({MAX_EXPIRATION_S} s), got {value!r}")
     return secs
 
 

@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .errors import PublishInterrupted
 from .logs import fields
 
 if TYPE_CHECKING:
@@ -38,6 +40,11 @@ log = logging.getLogger(__name__)
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
 """Errors that mean Redis does not answer (``BusyLoadingError``, raised while it loads its
 AOF after a restart, is a ``ConnectionError``)."""
+
+REDIS_STUCK = (RedisConnectionError, RedisTimeoutError, OutOfMemoryError)
+""":data:`REDIS_DOWN`, and Redis refusing writes for want of memory (``maxmemory`` under
+``noeviction``): the processes that keep running (workers, the expirer) ride out both the
+same way, with backoff, and go on by themselves when Redis answers or memory is freed."""
 
 BACKOFF_MIN_S = 0.1
 """First pause in seconds before a publisher sends again; it doubles per failure."""
@@ -54,6 +61,11 @@ ten chunks a block gave 3.0-4.6 s (the same within this machine's noise). The pr
 outage, up to this many messages of the block in flight are appended again."""
 
 
+MEMORY_CALM_S = 5.0
+"""Seconds without an out-of-memory refusal that end such an episode (see
+:meth:`Outage.answered`)."""
+
+
 class Outage:
     """The Redis outages one component of this process sees (thread-safe).
 
@@ -68,6 +80,8 @@ class Outage:
         self.component = component
         self.reported = 0
         self._since: float | None = None
+        self._last_failure = 0.0
+        self._memory = False  # the outage is Redis refusing writes for want of memory
         self._lock = threading.Lock()
 
     @property
@@ -82,18 +96,31 @@ class Outage:
             True when this call logged (the outage starts now).
         """
         with self._lock:
+            self._last_failure = time.monotonic()
             if self._since is not None:
                 return False
-            self._since = time.monotonic()
+            self._since = self._last_failure
+            self._memory = isinstance(exc, OutOfMemoryError)
             self.reported += 1
+        if isinstance(exc, OutOfMemoryError):  # Redis answers, but refuses writes
+            log.warning("%s: redis is out of memory (maxmemory, noeviction: %s); retrying "
+                        "with backoff until memory is freed, reported once", self.component,
+                        " ".join(str(exc).split()),
+                        extra=fields("redis_out_of_memory", component=self.component))
+            return True
         log.warning("%s: redis unreachable (%s); retrying with backoff, reported once until "
                     "it answers", self.component, " ".join(str(exc).split()),
                     extra=fields("redis_unreachable", component=self.component))
         return True
 
     def answered(self) -> None:
-        """Note that Redis answered; after an outage, one INFO line with its length."""
+        """Note that Redis answered; after an outage, one INFO line with its length. Out of
+        memory, Redis answers some writes and refuses others while the memory in use hovers
+        at the limit: that episode ends only after :data:`MEMORY_CALM_S` seconds without a
+        refusal."""
         with self._lock:
+            if self._memory and time.monotonic() - self._last_failure < MEMORY_CALM_S:
+                return
             since, self._since = self._since, None
         if since is not None:
             down_s = round(time.monotonic() - since, 1)
@@ -176,5 +203,9 @@ def append_through_outage(r: Client, topic: TopicConfig, items: Iterable[Item], 
         if not block:
             return result
         send = functools.partial(append, r, topic, block, start=start, **kwargs)
-        result.merge(call_through_outage(send, retry_s))
+        try:
+            result.merge(call_through_outage(send, retry_s))
+        except PublishInterrupted as exc:  # count the earlier blocks too
+            result.merge(exc.result)
+            raise PublishInterrupted(result, exc.cause) from exc.cause
         start += len(block)

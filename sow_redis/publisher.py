@@ -15,18 +15,24 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, cast
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    RedisError,
+    ResponseError,
+)
 
 from . import keys
 from .config import TopicConfig
 from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
-from .errors import MessageError, NotDurableError, WaitTimeout
+from .errors import MessageError, NotDurableError, PublishInterrupted, WaitTimeout
 from .fix import to_message
-from .jobs import OWNER, enqueue_job, ensure_jobs
+from .jobs import enqueue_job, ensure_jobs, job_marker_value, new_job_id
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
-from .scripts import Scripts, attached
+from .scripts import Scripts, attached, pack_entries
 from .settings import Settings
 from .streamids import ms_of, reached
 
@@ -141,27 +147,77 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
     return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key, members)
 
 
-def _start_jobs(r: Client, topic: TopicConfig, jobs: Settings, through: WriteThrough | None,
-                sent: list[int], marks: list[Any]) -> None:
+def _start_jobs(r: Client, topic: TopicConfig, sent: list[int], marks: list[Any],
+                job_ids: dict[int, str]) -> None:
     """After a chunk appended to partitions ``sent`` (one per entry, in order): enqueue an
-    ingest job for each partition whose job marker the chunk's write set (``marks``: one
-    reply per partition touched, ascending, of the ``SET NX`` or, with ``through``, of the
-    write-through call), and make sure of a job where a write-through call failed.
+    ingest job (id ``job_ids[p]``) for each partition whose job marker the chunk's write set
+    (``marks``: the replies of the ``SET NX`` of each partition touched, ascending).
 
     Raises:
         ResponseError: a ``SET NX`` of a marker was refused.
     """
-    touched = sorted(set(sent))
-    if through is not None:  # the write-through calls set the markers
-        marks, failed = through.settle(topic, marks)
-        if failed:
-            ensure_jobs(r, topic.name, [touched[i] for i in failed], jobs,
-                        behind={touched[i]: sent.count(touched[i]) for i in failed})
-    for p, set_now in zip(touched, marks):
+    for p, set_now in zip(sorted(set(sent)), marks):
         if isinstance(set_now, ResponseError):
             raise set_now
         if set_now:  # entries wait for the workers and no job was outstanding for p
-            enqueue_job(r, topic.name, p, behind=sent.count(p))
+            enqueue_job(r, topic.name, p, behind=sent.count(p), job_id=job_ids[p])
+
+
+def _settle_through(r: Client, topic: TopicConfig, jobs: Settings | None, through: WriteThrough,
+                    chunk: dict[int, list[Fields]], job_ids: dict[int, str],
+                    replies: list[Any], result: PublishResult, durable: bool = False) -> None:
+    """Take the replies of one chunk's write-through calls (one per partition of ``chunk``,
+    ascending): count what was appended, enqueue a job (id ``job_ids[p]``) where a call set
+    the job marker, and append the entries of each call the server could not run (no
+    script, no right to run it: an error reply appended nothing) with plain XADDs, making
+    sure of a job for them.
+
+    Raises:
+        ResponseError: a call Redis refused for its own state (out of memory, read-only …;
+            nothing of it was appended, and it is not appended otherwise either), after the
+            others were counted.
+    """
+    retry: dict[int, list[Fields]] = {}
+    refused: ResponseError | None = None
+    for (p, entries), reply in zip(sorted(chunk.items()), replies):
+        taken = through.settle(topic, reply)
+        if taken is None:
+            if isinstance(reply, (NoScriptError, NoPermissionError)):
+                retry[p] = entries
+            else:
+                refused = refused or reply
+            continue
+        applied, last, marked = taken
+        result.last_ids[p] = last
+        result.published += len(entries)
+        if marked and jobs is not None:
+            enqueue_job(r, topic.name, p, behind=len(entries) - applied, job_id=job_ids[p])
+    if not retry:
+        if refused is not None:
+            raise refused
+        return
+    order = [(p, e) for p, entries in sorted(retry.items()) for e in entries]
+    commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("xadd", (keys.log(topic.name, p), e), {}) for p, e in order]
+    if durable:
+        ids = _send_chunk(r, commands, durable)
+    else:  # every reply read: what was appended is counted even when Redis refused some
+        pipe = r.pipeline(transaction=False)
+        for _m, args, _k in commands:
+            pipe.xadd(*args)
+        ids = pipe.execute(raise_on_error=False)
+    appended: set[int] = set()
+    for (p, _e), sid in zip(order, ids):
+        if not isinstance(sid, Exception):
+            result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+            result.published += 1
+            appended.add(p)
+    if appended and jobs is not None:
+        ensure_jobs(r, topic.name, sorted(appended), jobs,
+                    behind={p: len(entries) for p, entries in retry.items()})
+    refused = refused or next((x for x in ids if isinstance(x, ResponseError)), None)
+    if refused is not None:
+        raise refused
 
 
 class _ReadFailed(Exception):
@@ -244,11 +300,15 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             XADDs, the job markers of its partitions are set (``SET NX``) and an ingest job
             is enqueued for each marker that was absent (what :func:`jobs.ensure_jobs` does
             in round trips of its own). None: the caller hands the entries over itself.
-            With ``jobs.write_through`` (the default), each chunk's write carries one
-            apply_appended.lua call per partition it touched instead of the marker: the plain
-            publishes at the head of a caught-up partition's log are applied there and then,
-            and the marker is set (and a job enqueued) only when entries are left for the
-            workers. A failed write-through call loses nothing: the workers apply the entries.
+            Where the client may run scripts (not the ACL ``publisher`` role, not
+            ``memory://``), each chunk's entries of one partition go as one
+            apply_appended.lua call: the script appends them and records them as trusted
+            (the workers then apply their prepared publishes without reading them); with
+            ``jobs.write_through`` (the default), when the partition's log held no
+            unapplied entry before them, it applies the plain publishes there and then; the
+            marker is set (and a job enqueued) only when entries are left for the workers.
+            A call the server could not run (no script cached, no right to run it) appended
+            nothing: its entries are then appended with XADD and verified by the workers.
         durable: after each chunk, wait until at least one replica of every primary written
             to has it (``WAIT 1``, at most :data:`DURABLE_WAIT_MS`): an acknowledged message
             survives the loss of its primary (replication is asynchronous otherwise).
@@ -263,59 +323,88 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     Raises:
         Whatever iterating ``items`` raises (e.g. an OSError reading a file), after appending
         the items validated before it (a note on the exception says how many were published);
-        Redis errors; NotDurableError: with ``durable``, no replica confirmed a chunk in
-        time (its messages are in the log of the primary, not acknowledged).
+        PublishInterrupted: Redis refused a command (out of memory under ``noeviction``, a
+        read-only replica, …) after some messages were appended: its ``result`` counts
+        them; nothing after the refusal was sent; the refusal itself (``ResponseError``:
+        ``OutOfMemoryError``, ``NoPermissionError`` …) when nothing was appended;
+        connection errors;
+        NotDurableError: with ``durable``, no replica confirmed a chunk in time (its
+        messages are in the log of the primary, not acknowledged).
     """
     if durable or is_cluster(r):
         return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs, durable,
                                registry_check)
     result = PublishResult()
     batch = XaddBatch(r)
-    through = _write_through(r) if jobs is not None and jobs.write_through else None
+    through = _write_through(r)
+    apply_through = jobs is not None and jobs.write_through
     parts: list[int] = []
+    grouped: dict[int, list[Fields]] = {}  # with write-through: the chunk's entries by partition
     handled = 0
-    # (partitions, items handled, registry version read after them), sent
-    inflight: deque[tuple[list[int], int, bool]] = deque()
+    # (partitions, items handled, registry version read after them, write-through chunk,
+    # job id per partition touched), sent
+    inflight: deque[tuple[list[int], int, bool, dict[int, list[Fields]] | None,
+                          dict[int, str]]] = deque()
     check = registry_check
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
     skip = frozenset(topic.skip_msg_types)
+    refused: list[ResponseError] = []  # Redis refused a command (OOM, READONLY, NOPERM …)
 
     def settle() -> None:
-        """Read the replies of the oldest chunk in flight."""
+        """Read the replies of the oldest chunk in flight (a refusal is kept in ``refused``
+        after what was appended is counted; no more chunks are sent after it)."""
         if not inflight:
             return
-        sent, n_handled, checked = inflight.popleft()
-        replies = batch.collect(tolerate_from=len(sent))
-        if checked:
-            result.registry_version = _registry_version(replies.pop())
-        for p, sid in zip(sent, replies):
-            result.last_ids[p] = sid.decode()
-        result.published += len(sent)
-        if jobs is not None:
-            _start_jobs(r, topic, jobs, through, sent, replies[len(sent):])
+        sent, n_handled, checked, chunk, job_ids = inflight.popleft()
+        try:
+            if chunk is not None:
+                assert through is not None
+                replies = batch.collect(tolerate_from=0)
+                if checked:
+                    result.registry_version = _registry_version(replies.pop())
+                _settle_through(r, topic, jobs, through, chunk, job_ids, replies, result)
+            else:
+                replies = batch.collect(tolerate_from=0)
+                if checked:
+                    result.registry_version = _registry_version(replies.pop())
+                for p, sid in zip(sent, replies):
+                    if isinstance(sid, ResponseError):
+                        refused.append(sid)
+                        continue
+                    result.last_ids[p] = sid.decode()
+                    result.published += 1
+                if jobs is not None:
+                    _start_jobs(r, topic, sent, replies[len(sent):], job_ids)
+        except ResponseError as exc:
+            refused.append(exc)
         if on_chunk:
             on_chunk(n_handled)
 
     def flush(last: bool = False) -> None:
         """Send the chunk validated so far; Redis appends it while the next chunks are
         validated here (at most :data:`IN_FLIGHT` chunks wait for their replies)."""
-        nonlocal parts, handled, check
+        nonlocal parts, grouped, handled, check
         if len(inflight) >= IN_FLIGHT:
             settle()
         if parts:
-            if through is not None and jobs is not None:
-                for p in sorted(set(parts)):
-                    batch.add_packed(through.packed(topic, p, parts.count(p),
-                                                    jobs.marker_ttl_ms))
+            chunk = None
+            job_ids = {p: new_job_id() for p in set(parts)} if jobs is not None else {}
+            if through is not None:
+                for p in sorted(grouped):
+                    batch.add_packed(through.packed(
+                        topic, p, grouped[p], jobs.queued_marker_ttl_ms if jobs else 0,
+                        job_ids.get(p, ""), apply_through))
+                chunk, grouped = grouped, {}
             elif jobs is not None:
-                for p in sorted(set(parts)):
-                    batch.add_set_nx(keys.job_marker(topic.name, p).encode(), OWNER.encode(),
-                                     jobs.marker_ttl_ms)
+                for p in sorted(job_ids):
+                    batch.add_set_nx(keys.job_marker(topic.name, p).encode(),
+                                     job_marker_value(job_ids[p]).encode(),
+                                     jobs.queued_marker_ttl_ms)
             if check:
                 batch.add_packed(_GET_REGISTRY_VERSION)
             batch.send()
-            inflight.append((parts, handled, check))
+            inflight.append((parts, handled, check, chunk, job_ids))
             check = False
         elif on_chunk and handled:
             on_chunk(handled)
@@ -329,10 +418,15 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             if checked is None:
                 continue
             p, entry = checked
-            batch.add(log_keys[p], entry)
+            if through is not None:
+                grouped.setdefault(p, []).append(entry)
+            else:
+                batch.add(log_keys[p], entry)
             parts.append(p)
             if len(parts) >= CHUNK:
                 flush()
+                if refused:
+                    break
     except _ReadFailed as failed:
         try:
             flush(last=True)
@@ -340,12 +434,24 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             batch.close()
         _read_failed(r, topic, start, result, failed)
     try:
-        flush(last=True)
+        if not refused:
+            flush(last=True)
+        while inflight:
+            settle()
     finally:
         batch.close()
     if result.last_ids:
         _touch_used(r, topic, result.last_ids)
+    if refused:
+        raise _interrupted(result, refused[0])
     return result
+
+
+def _interrupted(result: PublishResult, refusal: Exception) -> Exception:
+    """What a publish raises when Redis refused a command: PublishInterrupted (with
+    ``result``) when something was appended before, else the refusal itself (e.g. the
+    NoPermissionError of a user who may not publish, the OutOfMemoryError of a full Redis)."""
+    return PublishInterrupted(result, refusal) if result.published else refusal
 
 
 DURABLE_WAIT_MS = 5000
@@ -353,11 +459,12 @@ DURABLE_WAIT_MS = 5000
 
 
 def _send_chunk(r: Client, commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
-                durable: bool) -> list[Any]:
+                durable: bool, tolerate: bool = False) -> list[Any]:
     """Run ``(method, args, kwargs)`` commands (each on one key, the key first; or
     ``("execute_command", ("EVALSHA", sha, numkeys, key, …), {})``, whose error replies are
     returned in place, not raised) in order of the replies; with ``durable``, followed on each
-    node by ``WAIT 1`` on the connection that wrote them.
+    node by ``WAIT 1`` on the connection that wrote them. ``tolerate`` (not ``durable``):
+    every error reply is returned in place.
 
     Raises:
         NotDurableError: a node's WAIT counted no replica within :data:`DURABLE_WAIT_MS`;
@@ -367,7 +474,13 @@ def _send_chunk(r: Client, commands: list[tuple[str, tuple[Any, ...], dict[str, 
         pipe = r.pipeline(transaction=False)
         for method, args, kwargs in commands:
             getattr(pipe, method)(*args, **kwargs)
-        return _raise_first(commands, pipe.execute(raise_on_error=False))
+        replies = pipe.execute(raise_on_error=False)
+        if not tolerate:
+            return _raise_first(commands, replies)
+        for reply in replies:  # a lost connection is raised; error replies stay in place
+            if isinstance(reply, Exception) and not isinstance(reply, ResponseError):
+                raise reply
+        return replies
     # WAIT counts the replicas that have the writes of its own connection: one plain pipeline
     # per node (a cluster's pipeline would spread commands over pooled connections)
     groups: dict[str, tuple[Any, list[int]]] = {}
@@ -433,32 +546,58 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
     skip = frozenset(topic.skip_msg_types)
     chunk: list[tuple[int, Fields]] = []
     handled = 0
-    through = _write_through(r) if jobs is not None and jobs.write_through else None
+    through = _write_through(r)
+    apply_through = jobs is not None and jobs.write_through
 
     def flush() -> None:
         nonlocal chunk, handled, registry_check
         if chunk:
-            commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
-                ("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
             touched = sorted({p for p, _e in chunk})
             sent = [p for p, _e in chunk]
-            if jobs is not None and through is not None:
+            grouped: dict[int, list[Fields]] = {}
+            job_ids = {p: new_job_id() for p in touched} if jobs is not None else {}
+            commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+            if through is not None:
+                for p, entry in chunk:
+                    grouped.setdefault(p, []).append(entry)
                 commands += [("execute_command", ("EVALSHA", *through.call(
-                    topic, p, sent.count(p), jobs.marker_ttl_ms)), {}) for p in touched]
-            elif jobs is not None:
-                commands += [("set", (keys.job_marker(topic.name, p), OWNER),
-                              {"nx": True, "px": jobs.marker_ttl_ms}) for p in touched]
+                    topic, p, grouped[p], jobs.queued_marker_ttl_ms if jobs else 0,
+                    job_ids.get(p, ""), apply_through)), {})
+                    for p in touched]
+            else:
+                commands += [("xadd", (log_keys[p], entry), {}) for p, entry in chunk]
+                if jobs is not None:
+                    commands += [("set", (keys.job_marker(topic.name, p),
+                                          job_marker_value(job_ids[p])),
+                                  {"nx": True, "px": jobs.queued_marker_ttl_ms}) for p in touched]
             if registry_check:
                 commands.append(("get", (keys.REGISTRY_VERSION,), {}))
-            replies = _send_chunk(r, commands, durable)
+            try:
+                replies = _send_chunk(r, commands, durable, tolerate=not durable)
+            except ResponseError as exc:  # durable: what the chunk appended is unknown
+                raise _interrupted(result, exc) from exc
             if registry_check:
                 result.registry_version = _registry_version(replies.pop())
                 registry_check = False
-            for (p, _e), sid in zip(chunk, replies):
-                result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
-            result.published += len(chunk)
-            if jobs is not None:
-                _start_jobs(r, topic, jobs, through, sent, replies[len(chunk):])
+            try:
+                if grouped:
+                    assert through is not None
+                    _settle_through(r, topic, jobs, through, grouped, job_ids, replies, result,
+                                    durable)
+                else:
+                    error = None
+                    for (p, _e), sid in zip(chunk, replies):
+                        if isinstance(sid, ResponseError):
+                            error = error or sid
+                            continue
+                        result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+                        result.published += 1
+                    if jobs is not None:
+                        _start_jobs(r, topic, sent, replies[len(chunk):], job_ids)
+                    if error is not None:
+                        raise error
+            except ResponseError as exc:
+                raise _interrupted(result, exc) from exc
         if on_chunk and handled:
             on_chunk(handled)
         chunk, handled = [], 0
@@ -619,77 +758,117 @@ class XaddBatch:
 
 class WriteThrough:
     """The publisher's side of apply_appended.lua, one per client (:func:`_write_through`):
-    the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA in each
-    chunk's write; the script also sets the partition's job marker when it leaves entries to
-    the workers (then :func:`append` enqueues a job), so no worker is woken when it applied
-    everything. A reply that is an error (the server lost its script cache, a Redis error) is
-    logged once per kind and loses nothing: :func:`append` makes sure a job comes for those
-    entries (:func:`jobs.ensure_jobs`)."""
+    the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA per partition
+    in each chunk's write, carrying that partition's entries, which it appends and applies
+    (when the partition is caught up) or leaves to the workers, setting the job marker
+    (then :func:`append` enqueues a job). An error reply (no right to run scripts, the server
+    lost its script cache, out of memory) appended nothing: :func:`append` appends those
+    entries with XADD; it is logged once per kind."""
 
     def __init__(self, r: Client) -> None:
         self._scripts = Scripts(r)
         self._loaded = False
         self._warned: set[str] = set()
-        self._packed: dict[tuple[str, int, int], tuple[TopicConfig, bytes, bytes]] = {}
+        self._packed: dict[tuple[str, int, int, bool], tuple[TopicConfig, bytes, bytes]] = {}
         self.applied = 0
         """Entries this client applied by write-through (for benchmarks and tests)."""
+        self.refused = False
+        """True once the server refused the script to this client's user (ACL ``NOPERM``,
+        e.g. the ``publisher`` role): its later chunks are appended with XADD."""
 
-    def call(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int) -> list[Any]:
-        """The EVALSHA arguments (after the command name) for ``count`` entries of
-        partition ``p``; the script sets the job marker (lifetime ``marker_ttl_ms``
-        milliseconds) when it leaves entries to the workers."""
+    @property
+    def loaded(self) -> bool:
+        """True once the script was loaded (and not lost since)."""
+        return self._loaded
+
+    def load(self) -> None:
+        """``SCRIPT LOAD`` the script (before sending it as a bare EVALSHA).
+
+        Raises:
+            NoPermissionError: the client's user may not run scripts.
+        """
+        self._scripts.load("apply_appended")
+        self._loaded = True
+
+    def call(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
+             marker_ttl_ms: int, job_id: str, through: bool = True) -> list[Any]:
+        """The EVALSHA arguments (after the command name) appending ``entries`` to partition
+        ``p`` (applied there with ``through`` when the partition is caught up); the script
+        sets the job marker to ``job:<job_id>`` (lifetime ``marker_ttl_ms`` milliseconds)
+        when it leaves entries to the workers and no job was outstanding (``job_id`` "": no
+        marker)."""
         if not self._loaded:
-            self._scripts.load("apply_appended")
-            self._loaded = True
-        sha, ks, argv = self._scripts.apply_appended_call(topic, p, count, marker_ttl_ms, OWNER)
+            self.load()
+        sha, ks, argv = self._scripts.apply_appended_call(
+            topic, p, pack_entries(entries), marker_ttl_ms, through,
+            job_marker_value(job_id) if job_id else "")
         return [sha, len(ks), *ks, *argv]
 
-    def packed(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int) -> bytes:
-        """The EVALSHA of :meth:`call` packed as RESP. Only ``count`` differs from one chunk
-        to the next: the rest is packed once per topic definition and partition (packing the
-        ~20 arguments took a fifth of a small publish's time)."""
+    def packed(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
+               marker_ttl_ms: int, job_id: str, through: bool = True) -> bytes:
+        """The EVALSHA of :meth:`call` packed as RESP. Only the entries and the job id differ
+        from one chunk to the next: the rest is packed once per topic definition and
+        partition (packing the ~20 arguments took a fifth of a small publish's time)."""
         if not self._loaded:
-            self.call(topic, p, count, marker_ttl_ms)  # loads the script
-        key = (topic.name, p, marker_ttl_ms)
+            self.load()
+        key = (topic.name, p, marker_ttl_ms, through)
         hit = self._packed.get(key)
         if hit is None or (hit[0] is not topic and hit[0] != topic):
-            args = [b"EVALSHA", *self.call(topic, p, count, marker_ttl_ms)]
-            at = 3 + int(args[2]) + 5  # ARGV[6], the count (see apply_appended.lua)
+            args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms, "", through)]
+            at = 3 + int(args[2]) + 5  # ARGV[6], the entries (see apply_appended.lua)
+            # ARGV[7..12] between the entries and the marker value, ARGV[13], the last
             hit = (topic, b"*%d\r\n" % len(args) + resp(args[:at], header=False),
-                   resp(args[at + 1:], header=False))
+                   resp(args[at + 1:-1], header=False))
             self._packed[key] = hit
-        n = b"%d" % count
-        return hit[1] + b"$%d\r\n%s\r\n" % (len(n), n) + hit[2]
+        data = pack_entries(entries)
+        value = job_marker_value(job_id).encode() if job_id else b""
+        return (hit[1] + b"$%d\r\n%s\r\n" % (len(data), data) + hit[2]
+                + b"$%d\r\n%s\r\n" % (len(value), value))
 
-    def settle(self, topic: TopicConfig, replies: list[Any]) -> tuple[list[int], list[int]]:
-        """Take the replies of one chunk's write-through calls.
+    def settle(self, topic: TopicConfig, reply: Any) -> tuple[int, str, bool] | None:
+        """Take the reply of one write-through call.
 
         Returns:
-            ``(marker set: 1 or 0 per call, positions of the calls that failed)``; a failed
-            call's entries are the workers' (the caller makes sure a job comes).
+            ``(entries applied, stream id of the last entry appended, job marker set)``;
+            None for an error reply (nothing was appended).
         """
-        marks: list[int] = []
-        failed: list[int] = []
-        for i, reply in enumerate(replies):
-            if isinstance(reply, ResponseError):
-                marks.append(0)
-                failed.append(i)
-                text = str(reply)
-                if text.startswith("NOSCRIPT"):
-                    self._loaded = False
-                kind = text.split(" ", 1)[0]
-                if kind not in self._warned:
-                    self._warned.add(kind)
-                    log.warning("topic %s: write-through failed (%s); the workers apply "
-                                "those entries", topic.name, text)
-            else:
-                self.applied += int(reply[0])
-                marks.append(int(reply[2]))
-        return marks, failed
+        if isinstance(reply, ResponseError):
+            # redis-py takes the code (NOSCRIPT, NOPERM) off the text of its own classes
+            if isinstance(reply, NoScriptError):
+                self._loaded = False
+            elif isinstance(reply, NoPermissionError):
+                self.refused = True
+            if isinstance(reply, (NoScriptError, NoPermissionError)):
+                self._warn(topic, type(reply).__name__, f"write-through failed ({reply}); "
+                           "the entries are appended with XADD and applied by the workers")
+            return None
+        applied, last, marked, error = reply
+        if error:
+            self._warn(topic, "apply", f"write-through apply failed ({error!r}); the workers "
+                       "apply those entries")
+        self.applied += int(applied)
+        return int(applied), last.decode() if isinstance(last, bytes) else last, bool(marked)
+
+    def _warn(self, topic: TopicConfig, kind: str, text: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("topic %s: %s", topic.name, text)
 
 
-def _write_through(r: Client) -> WriteThrough:
-    return cast(WriteThrough, attached(r, "write_through", WriteThrough))
+def _write_through(r: Client) -> WriteThrough | None:
+    """The appender of client ``r`` (its entries are appended by apply_appended.lua, which
+    records them as trusted and writes them through where asked), or None where the server
+    runs no script for this client's user (the ACL ``publisher`` role: plain XADD) and on
+    ``memory://`` (fakeredis runs no MessagePack in Lua)."""
+    if isinstance(r, _fake_redis_class()):
+        return None
+    through = cast(WriteThrough, attached(r, "write_through", WriteThrough))
+    if not through.refused and not through.loaded:
+        try:
+            through.load()
+        except NoPermissionError:  # e.g. the ACL publisher role: no scripts
+            through.refused = True
+    return None if through.refused else through
 
 
 TOUCH_EVERY_S = 1.0
@@ -720,20 +899,65 @@ def touch(r: Client, topic: str, last_ids: dict[int, str] | None = None) -> None
         ms = max(ms_of(sid) for sid in last_ids.values())
     else:
         ms = server_ms(r)
-    r.hset(keys.LAST_USED, topic, ms)
+    try:
+        r.hset(keys.LAST_USED, topic, ms)
+    except OutOfMemoryError:  # a query still reads when Redis is out of memory
+        pass
 
 
 def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields) -> dict[int, str]:
     """Append a ``sow_delete`` by filter or by SOW keys to every partition's log.
 
+    A delete by SOW keys is appended and applied in one call where the partition is caught
+    up (``delete_now.lua``; a write-through for deletes), also when Redis is out of memory
+    (``maxmemory`` under ``noeviction`` refuses every plain append; the script is flagged
+    ``allow-oom``): deleting records is how a user frees memory. The other partitions, a
+    client that may not run scripts and ``memory://`` get a plain append for the workers.
+
     Returns:
         partition → stream id of the delete command.
+
+    Raises:
+        PublishInterrupted: Redis refused the append of some partition (out of memory with
+            unapplied entries waiting there, or for a delete by filter, which needs the
+            workers; read-only, …): its ``result.last_ids`` has the partitions done.
     """
+    entry: Fields = {"cmd": "sow_delete", **fields}
+    out: dict[int, str] = {}
+    if "keys" in fields and not isinstance(r, _fake_redis_class()):
+        scripts = Scripts(r)
+        sow_keys = str(fields["keys"]).split(",")
+        try:
+            for p in range(topic.partitions):
+                done = scripts.delete_now(topic, p, entry, sow_keys)
+                if done is not None:
+                    out[p] = done[1]
+        except NoPermissionError:  # e.g. the ACL publisher role: no scripts
+            pass
+    rest = [p for p in range(topic.partitions) if p not in out]
     pipe = r.pipeline(transaction=False)
-    for p in range(topic.partitions):
-        pipe.xadd(keys.log(topic.name, p), {"cmd": "sow_delete", **fields})
-    return {p: (sid.decode() if isinstance(sid, bytes) else sid)
-            for p, sid in enumerate(pipe.execute())}
+    for p in rest:
+        pipe.xadd(keys.log(topic.name, p), entry)
+    refused: Exception | None = None
+    for p, sid in zip(rest, pipe.execute(raise_on_error=False)):
+        if isinstance(sid, Exception):
+            if not isinstance(sid, ResponseError):
+                raise sid
+            refused = refused or sid
+            continue
+        out[p] = sid.decode() if isinstance(sid, bytes) else sid
+    if refused is not None:
+        raise _interrupted(PublishResult(published=len(out), last_ids=out), refused)
+    return out
+
+
+def _fake_redis_class() -> type:
+    """fakeredis's client class (``memory://``: its Lua runs no flagged script), or a class
+    no client is an instance of when fakeredis is not loaded."""
+    import sys
+
+    fake = sys.modules.get("fakeredis")
+    return fake.FakeRedis if fake is not None else type("_NoFake", (), {})
 
 
 def wait_applied(r: Client, topic: TopicConfig, last_ids: dict[int, str], timeout_s: float = 60.0,

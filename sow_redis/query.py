@@ -9,8 +9,12 @@ still checked on every record read.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from typing import Any
+
+import orjson
+from redis.exceptions import OutOfMemoryError
 
 from . import keys
 from .config import TopicConfig
@@ -22,6 +26,8 @@ from .records import Record
 from .records import decode as decode_record
 from .sowkey import generate, index_hash, partition_of_key
 
+log = logging.getLogger(__name__)
+
 SCAN_COUNT = 1000
 """HSCAN page size (records) when a query reads a whole partition."""
 
@@ -29,11 +35,13 @@ MAX_INDEX_PROBES = 1024
 """Most value combinations an ``IN`` list may expand to before the index is not used."""
 
 
-def scan_partition(r: Client, topic: TopicConfig, p: int) -> Iterator[Record]:
+def scan_partition(r: Client, topic: TopicConfig, p: int, lenient: bool = False
+                   ) -> Iterator[Record]:
     """Every record of one partition (HSCAN; a record changed during the scan may be missed or
-    seen twice, as with any Redis SCAN)."""
+    seen twice, as with any Redis SCAN); ``lenient``: a key that is not UTF-8 reads
+    (:func:`sow_redis.records.decode`)."""
     for k, v in r.hscan_iter(keys.records(topic.name, p), count=SCAN_COUNT):
-        yield decode_record(k, v)
+        yield decode_record(k, v, lenient)
 
 
 def get_records(r: Client, topic: TopicConfig, sow_keys: list[str]) -> Iterator[Record]:
@@ -121,13 +129,19 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
         FilterSyntaxError: the filter or order-by does not parse, or nests too deeply.
         FilterEvalError: evaluating the filter on a record failed.
         ValueError: ``top_n`` is negative.
+
+    A record whose data is no JSON object (written behind sow_redis's back) matches no filter
+    and no order-by (a warning is logged); without either it is returned as stored.
     """
     from .filter import compile_filter
     from .orderby import parse_order_by, sort_records
 
     if top_n is not None and top_n < 0:
         raise ValueError(f"top_n must be 0 or more, got {top_n}")
-    r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
+    try:
+        r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
+    except OutOfMemoryError:  # a query reads: it never fails for want of memory to count it
+        pass
     pred = compile_filter(filter) if filter else None
     order = parse_order_by(order_by) if order_by else None
     if top_n == 0:
@@ -145,7 +159,7 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
             source = get_records(r, topic, via_index)
         else:
             source = itertools.chain.from_iterable(
-                scan_partition(r, topic, p) for p in range(topic.partitions))
+                scan_partition(r, topic, p, lenient=True) for p in range(topic.partitions))
     out: list[Record] = []
     objs: dict[str, dict[str, Any]] = {}
     now_ms = server_ms(r) if topic.expiration_enabled else 0
@@ -153,7 +167,14 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
         if now_ms and 0 < rec.expiry_ms <= now_ms:
             continue  # due: the expirer is about to remove it; never returned once due
         if pred is not None or order is not None:
-            obj = rec.obj()
+            try:
+                obj = rec.obj()
+            except orjson.JSONDecodeError as exc:  # no JSON object: no filter can match it
+                log.warning("topic %s: record %r is no JSON object the query can read (%s); "
+                            "skipped", topic.name, rec.sow_key, exc)
+                continue
+            if not isinstance(obj, dict):
+                continue
             if pred is not None and not pred(obj):
                 continue
             objs[rec.sow_key] = obj

@@ -135,87 +135,82 @@ class Scripts:
         ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, self.packing)
         return _apply_reply(self.call("apply", ks, argv))
 
-    def apply_log(self, topic: TopicConfig, p: int, fence: int, count: int) -> LogApplied:
-        """apply_log.lua: apply the plain publishes prepared by sow_redis's publisher (fields
-        ``k``/``m``, no message expiration) at the head of partition ``p``'s unapplied log,
-        read by the script itself, at most ``count`` entries; it stops before any other entry.
+    def apply_log(self, topic: TopicConfig, p: int, fence: int, count: int,
+                  upto: str = "") -> LogApplied:
+        """apply_log.lua: apply the plain publishes at the head of partition ``p``'s unapplied
+        log, read by the script itself, at most ``count`` entries: those inside the ranges a
+        trusted caller appended (:func:`sow_redis.keys.trusted`) and those up to stream id
+        ``upto``, which the caller has verified (their ``k``/``m`` are what their data
+        gives: :func:`sow_redis.keying.verified_prepared`; "" none); it stops before any
+        other entry.
 
         Raises:
             FencedError: ``fence`` is stale (another worker took the lease).
         """
-        n_idx = len(topic.hash_index)
-        applied, cursor, more = self.call(
-            "apply_log", keys.partition_keys(topic.name, p, n_idx),
-            [fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
-             "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-             count, expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
-        return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
-                          int(more) == 1, int(more) == 2)
+        ks, argv = apply_log_args(topic, p, fence, count, upto or "0-0")
+        return _log_applied(self.call("apply_log", ks, argv))
 
-    def apply_appended_call(self, topic: TopicConfig, p: int, count: int, marker_ttl_ms: int,
-                            owner: str) -> tuple[str, list[str], list[Any]]:
-        """``(sha, KEYS, ARGV)`` of apply_appended.lua for partition ``p``: the publisher's
-        write-through of the ``count`` entries its chunk appended there, sent as a bare
-        EVALSHA in the same write as the XADDs (see :meth:`load`); its reply is
-        ``[entries applied, cursor, 1 when it set the job marker (PX marker_ttl_ms, value
-        owner) for the entries left to the workers]``."""
+    def send_apply_log(self, topic: TopicConfig, p: int, fence: int, count: int,
+                       upto: str) -> PendingCall:
+        """Send the :meth:`apply_log` call now and read its reply later
+        (:meth:`PendingCall.result`, a :class:`LogApplied`), on a connection of its own."""
+        ks, argv = apply_log_args(topic, p, fence, count, upto)
+        return PendingCall(self, "apply_log", ks, argv, _log_applied)
+
+    def apply_appended_call(self, topic: TopicConfig, p: int, packed: bytes, marker_ttl_ms: int,
+                            through: bool, marker: str) -> tuple[str, list[str], list[Any]]:
+        """``(sha, KEYS, ARGV)`` of apply_appended.lua for partition ``p``: a publisher's
+        append of the entries of one chunk to ``p`` (``packed``: :func:`pack_entries`),
+        which the script appends itself, records as trusted and, with ``through``, applies
+        when the log held no unapplied entry before them; sent as a bare EVALSHA (see
+        :meth:`load`). ``marker``: the job marker value set (``SET NX PX marker_ttl_ms``)
+        when entries are left to the workers ("" none). Its reply is ``[entries applied,
+        stream id of the last entry appended, 1 when it set the job marker, apply error text
+        or ""]``; an error reply means nothing was appended."""
         n_idx = len(topic.hash_index)
         return (self._scripts["apply_appended"].sha,
                 keys.partition_keys(topic.name, p, n_idx)
-                + [keys.lease(topic.name, p), keys.job_marker(topic.name, p)],
+                + [keys.lease(topic.name, p), keys.job_marker(topic.name, p),
+                   keys.trusted(topic.name, p)],
                 [keys.partition_channel(topic.name, p), topic.name, n_idx,
                  "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-                 count, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
-                 marker_ttl_ms, owner])
+                 packed, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
+                 marker_ttl_ms, "1" if through else "0", marker])
+
+    def delete_now(self, topic: TopicConfig, p: int, fields: Fields,
+                   sow_keys: Sequence[str]) -> tuple[int, str] | None:
+        """delete_now.lua: append the ``sow_delete`` entry ``fields`` to partition ``p``'s
+        log and remove the records of ``sow_keys`` in the same call, also when Redis is out
+        of memory (the script is flagged ``allow-oom``), provided the log holds no unapplied
+        entry and no shape migration holds the partition.
+
+        Returns:
+            ``(records removed, stream id of the entry)``; None when nothing was written
+            (unapplied entries wait before it, or a migration runs).
+        """
+        n_idx = len(topic.hash_index)
+        removed, sid = self.call(
+            "delete_now", keys.partition_keys(topic.name, p, n_idx) + [keys.lease(topic.name, p)],
+            [keys.partition_channel(topic.name, p), topic.name, n_idx,
+             "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0", p,
+             *retention_args(topic),
+             msgpack.packb([x for kv in fields.items() for x in kv], use_bin_type=False),
+             *sow_keys])
+        if int(removed) < 0:
+            return None
+        return int(removed), sid.decode() if isinstance(sid, bytes) else sid
 
     def load(self, name: str) -> None:
         """``SCRIPT LOAD`` script ``name`` (before sending it as a bare EVALSHA)."""
         self._r.script_load(self._scripts[name].script)
 
-    def apply_logs(self, topic: TopicConfig, calls: Sequence[tuple[int, int]],
-                   count: int) -> list[LogApplied | Exception]:
-        """:meth:`apply_log` of several partitions (``calls``: ``(partition, fence)``) in one
-        pipeline: one round trip on a server; on a cluster one per node, the nodes working
-        at the same time. Each reply is a :class:`LogApplied` or the exception its call
-        raised (``SOW_<CODE>`` replies as their SowError class)."""
-        pipe = self._r.pipeline(transaction=False)
-        for p, fence in calls:
-            n_idx = len(topic.hash_index)
-            self.queue(pipe, "apply_log", keys.partition_keys(topic.name, p, n_idx),
-                       [fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
-                        "1" if topic.dead_letter else "0",
-                        "1" if topic.expiration_enabled else "0", count,
-                        expiry_for(topic, None, "0-0"), p, *retention_args(topic)])
-        replies = pipe.execute(raise_on_error=False)
-        if any(isinstance(x, NoScriptError) for x in replies):
-            for script in self._scripts.values():
-                self._r.script_load(script.script)
-            return [self._apply_log_one(topic, p, fence, count) for p, fence in calls]
-        out: list[LogApplied | Exception] = []
-        for reply in replies:
-            if isinstance(reply, ResponseError):
-                out.append(from_script_error(reply))
-            elif isinstance(reply, Exception):
-                out.append(reply)
-            else:
-                applied, cursor, more = reply
-                out.append(LogApplied(int(applied), cursor.decode() if isinstance(
-                    cursor, bytes) else cursor, int(more) == 1, int(more) == 2))
-        return out
-
-    def _apply_log_one(self, topic: TopicConfig, p: int, fence: int,
-                       count: int) -> LogApplied | Exception:
-        try:
-            return self.apply_log(topic, p, fence, count)
-        except Exception as exc:
-            return exc
-
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
-                   rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingApply:
+                   rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingCall:
         """Send the :meth:`apply` call now and read its reply later
-        (:meth:`PendingApply.result`), on a connection of its own: the caller can prepare the
+        (:meth:`PendingCall.result`), on a connection of its own: the caller can prepare the
         next batch while Redis runs this one."""
-        return PendingApply(self, topic, p, fence, first, last, rejects, ops)
+        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, self.packing)
+        return PendingCall(self, "apply", ks, argv, _apply_reply)
 
     def queue_expire(self, pipe: Pipeline, topic: TopicConfig, p: int, limit: int) -> None:
         """Queue expire.lua for partition ``p`` on ``pipe`` (remove at most ``limit`` due
@@ -274,6 +269,14 @@ class Scripts:
     def lease_release(self, lease_key: str, owner: str) -> bool:
         """lease_release.lua: True when the lease was the caller's and is now free."""
         return bool(self.call("lease_release", [lease_key], [owner]))
+
+
+def pack_entries(entries: Sequence[Fields]) -> bytes:
+    """MessagePack of log entries, each the flat array of its field names and values (the
+    entries argument of apply_appended.lua and, inside :func:`pack_load_batch`, of
+    apply_load.lua)."""
+    return msgpack.packb([[x for kv in fields.items() for x in kv] for fields in entries],
+                         use_bin_type=False)
 
 
 def pack_load_batch(entries: Sequence[Fields], rejects: Sequence[tuple[str, str, bytes]]) -> bytes:
@@ -387,44 +390,59 @@ def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
     return keys.partition_keys(topic.name, p, len(topic.hash_index)), argv
 
 
+def apply_log_args(topic: TopicConfig, p: int, fence: int, count: int,
+                   upto: str) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of apply_log.lua (see its header)."""
+    n_idx = len(topic.hash_index)
+    return keys.partition_keys(topic.name, p, n_idx) + [keys.trusted(topic.name, p)], [
+        fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
+        "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
+        count, expiry_for(topic, None, "0-0"), p, *retention_args(topic), upto]
+
+
+def _log_applied(reply: Any) -> LogApplied:
+    applied, cursor, more = reply
+    return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
+                      int(more) == 1, int(more) == 2)
+
+
 def _apply_reply(reply: Any) -> tuple[int, str]:
     applied, cursor = reply
     return int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor
 
 
-class PendingApply:
-    """An apply.lua call sent on a pooled connection of its own, whose reply is read by
-    :meth:`result` (exactly once)."""
+class PendingCall:
+    """A script call sent on a pooled connection of its own, whose reply ``parse(reply)`` is
+    read by :meth:`result` (exactly once): the caller prepares the next batch meanwhile."""
 
-    def __init__(self, scripts: Scripts, topic: TopicConfig, p: int, fence: int, first: str,
-                 last: str, rejects: Sequence[Reject], ops: Sequence[Op]):
-        self._scripts = scripts
-        self._call = (topic, p, fence, first, last, rejects, ops)
+    def __init__(self, scripts: Scripts, name: str, ks: list[str], argv: list[Any],
+                 parse: Any):
+        self._scripts, self._name, self._ks, self._argv, self._parse = (
+            scripts, name, ks, argv, parse)
         if is_cluster(scripts._r):
             # a cluster client has no single connection: the call runs in result(), through
             # the client's redirection and failover handling (no overlap on a cluster)
             self._pool = None
             return
-        ks, argv = apply_args(topic, p, fence, first, last, rejects, ops, scripts.packing)
         pool = scripts._r.connection_pool
         self._pool = pool
         self._conn = pool.get_connection()
         try:
-            self._conn.send_command("EVALSHA", scripts._scripts["apply"].sha, len(ks), *ks, *argv)
+            self._conn.send_command("EVALSHA", scripts._scripts[name].sha, len(ks), *ks, *argv)
         except BaseException:
             self._conn.disconnect()
             pool.release(self._conn)
             raise
 
-    def result(self) -> tuple[int, str]:
-        """The reply of the call (see :meth:`Scripts.apply`); raises as it does."""
+    def result(self) -> Any:
+        """The parsed reply of the call; raises as :meth:`Scripts.call` does."""
         if self._pool is None:
-            return self._scripts.apply(*self._call)
+            return self._parse(self._scripts.call(self._name, self._ks, self._argv))
         try:
             reply = self._conn.read_response()
         except NoScriptError:  # the server lost its script cache: load it and run again
             self._pool.release(self._conn)
-            return self._scripts.apply(*self._call)
+            return self._parse(self._scripts.call(self._name, self._ks, self._argv))
         except ResponseError as exc:
             self._pool.release(self._conn)
             raise from_script_error(exc) from None
@@ -433,4 +451,4 @@ class PendingApply:
             self._pool.release(self._conn)
             raise
         self._pool.release(self._conn)
-        return _apply_reply(reply)
+        return self._parse(reply)

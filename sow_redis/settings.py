@@ -62,6 +62,18 @@ class Settings:
     log_max_len: int = 100_000
     write_through: bool = True
 
+    QUEUED_MARKER_MIN_MS = 60_000
+    """Milliseconds a queued job's marker lives at least (see :attr:`queued_marker_ttl_ms`)."""
+
+    @property
+    def queued_marker_ttl_ms(self) -> int:
+        """Lifetime in milliseconds of the marker of a job waiting in the queue
+        (``job:<id>``): at least a minute, so it never lapses while its job waits (a
+        lapsed marker let a second job of the partition into the queue). A marker that
+        stands for no job is removed by the workers' sweep, whatever its lifetime
+        (:func:`sow_redis.jobs.stale_markers`)."""
+        return max(self.marker_ttl_ms, self.QUEUED_MARKER_MIN_MS)
+
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
         """Settings from ``SOW_*`` environment variables; non-None ``overrides`` win."""

@@ -12,6 +12,7 @@ from .config import TopicConfig
 from .connection import Client
 from .feed.live import topic_subscribers
 from .partition_state import read_partitions
+from .records import MAX_EXPIRY_MS
 
 
 def topic_status(r: Client, topic: TopicConfig) -> dict[str, Any]:
@@ -46,7 +47,8 @@ def expiry_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
     """``{"topic", "records", "with_expiry", "next_due_ms", "next_due", "expiration", "policy"}``.
 
     ``next_due_ms`` is the earliest expiry (ms since the epoch, Redis server clock), ``next_due``
-    the same in ISO 8601 UTC; both None when no record has an expiry.
+    the same in ISO 8601 UTC; both None when no record has an expiry (an expiry beyond
+    :data:`~sow_redis.records.MAX_EXPIRY_MS`, year 9999, is never due and not counted here).
     """
     import datetime as _dt
 
@@ -54,7 +56,8 @@ def expiry_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
     for p in range(topic.partitions):
         pipe.hlen(keys.records(topic.name, p))
         pipe.zcard(keys.expiry(topic.name, p))
-        pipe.zrange(keys.expiry(topic.name, p), 0, 0, withscores=True)
+        pipe.zrangebyscore(keys.expiry(topic.name, p), "-inf", MAX_EXPIRY_MS, start=0, num=1,
+                           withscores=True)
     res = pipe.execute()
     firsts = [int(x[0][1]) for x in res[2::3] if x]
     nxt = min(firsts) if firsts else None
@@ -82,7 +85,7 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         ``topic``, ``partitions``, ``records``, ``log_entries``, ``lag`` (log entries not yet
         applied, counted up to 100,000 per partition), ``lag_age_ms`` (age of the oldest of
         them, ms; 0 when none), ``errors``, ``with_expiry``, ``next_due_ms`` (earliest expiry,
-        ms since the epoch on the Redis server clock; None when none), ``chain_ids``
+        ms since the epoch on the Redis server clock, up to year 9999; None when none), ``chain_ids``
         (identifiers in chain tables), ``subscribers`` (of the topic's sharded channels),
         ``change_feed_blocks`` (blocks the change feed holds), ``counters`` (``inserts``,
         ``updates``, ``deletes``, ``expiries``, ``queries`` since the topic was created) and
@@ -96,7 +99,8 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         pipe.hmget(keys.state(topic.name, st.partition), list(COUNTERS.values()))
         pipe.xrange(keys.log(topic.name, st.partition), min="(" + st.cursor, count=1)
         pipe.zcard(keys.expiry(topic.name, st.partition))
-        pipe.zrange(keys.expiry(topic.name, st.partition), 0, 0, withscores=True)
+        pipe.zrangebyscore(keys.expiry(topic.name, st.partition), "-inf", MAX_EXPIRY_MS,
+                           start=0, num=1, withscores=True)
         pipe.xlen(keys.changes(topic.name, st.partition))
     pipe.hget(keys.topic_stats(topic.name), "n_query")
     res = pipe.execute()

@@ -31,23 +31,25 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import OutOfMemoryError
 from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
 
-from .connection import Client, Pipeline, connect_pair, control_of
-from .jobs import HOST, owner_dead, sweep
+from .connection import Client, Pipeline, connect_pair, control_of, is_cluster
+from .jobs import HOST, LagScanner, owner_dead, sweep
 from .logs import fields
-from .outage import reporter
+from .outage import REDIS_STUCK, reporter
 from .safejob import SERIALIZER, SowJob
 from .settings import QUEUE_NAME, Settings
 from .stopping import StopEvent, stop_on_signals
 
 log = logging.getLogger(__name__)
 
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+REDIS_DOWN = REDIS_STUCK
 """Errors that mean Redis does not answer (BusyLoadingError, while it loads its AOF after a
-restart, is a ConnectionError)."""
+restart, is a ConnectionError), or refuses writes for want of memory (OutOfMemoryError,
+``maxmemory`` under ``noeviction``: rq's heartbeat, its registries and the apply scripts are
+refused): the worker waits with backoff and goes on by itself (issue 23, item 9)."""
 
 BACKOFF_MIN_S = 0.1
 """First pause in seconds before trying an unreachable Redis again; it doubles per failure."""
@@ -78,9 +80,22 @@ def sow_queue(r: Client) -> Queue:
     return Queue(QUEUE_NAME, connection=r, serializer=SERIALIZER, job_class=SowJob)
 
 
+def out_of_memory(r: Client) -> bool:
+    """Whether Redis refuses writes for want of memory now (``used_memory`` less what
+    ``maxmemory`` does not count over ``maxmemory``, under ``noeviction``); False on a
+    cluster client (asked per node by the commands themselves)."""
+    if is_cluster(r):
+        return False
+    mem = r.info("memory")
+    limit = int(mem.get("maxmemory", 0))
+    return bool(limit) and mem.get("maxmemory_policy") == "noeviction" and (
+        int(mem["used_memory"]) - int(mem.get("mem_not_counted_for_evict", 0)) > limit)
+
+
 def wait_for_redis(r: Client, stop: threading.Event) -> bool:
-    """Ping ``r`` until it answers, with capped exponential backoff; the outage is logged
-    once (:func:`sow_redis.outage.reporter` ``worker``), not per retry.
+    """Ping ``r`` until it answers and accepts writes (memory below ``maxmemory``), with
+    capped exponential backoff; the outage is logged once (:func:`sow_redis.outage.reporter`
+    ``worker``), not per retry.
 
     Returns:
         True when Redis answers; False when ``stop`` was set first.
@@ -89,8 +104,10 @@ def wait_for_redis(r: Client, stop: threading.Event) -> bool:
     while not stop.is_set():
         try:
             r.ping()
-            OUTAGE.answered()
-            return True
+            if not out_of_memory(r):
+                OUTAGE.answered()
+                return True
+            OUTAGE.failed(OutOfMemoryError("used memory > 'maxmemory'"))
         except REDIS_DOWN as exc:
             OUTAGE.failed(exc)
         stop.wait(pause)
@@ -270,12 +287,13 @@ class Sweeper(threading.Thread):
         self.r, self.settings, self.keep = r, settings, keep
         self.stopped = threading.Event()
         self.recover = False
+        self.scanner = LagScanner()
         self._next_clean = time.monotonic() + CLEAN_EVERY_S
 
     def loop(self) -> int:
         """One unit of work: enqueue jobs for every lagging partition (after an outage, also
         those whose marker may stand for a lost job); now and then remove dead workers."""
-        n = sweep(self.r, self.settings, recover=self.recover)
+        n = sweep(self.r, self.settings, recover=self.recover, scanner=self.scanner)
         self.recover = False
         if time.monotonic() >= self._next_clean:
             self._next_clean = time.monotonic() + CLEAN_EVERY_S
@@ -288,7 +306,8 @@ class Sweeper(threading.Thread):
             try:
                 self.loop()
                 pause = self.settings.sweep_interval_s
-                OUTAGE.answered()
+                if OUTAGE.down and not out_of_memory(control_of(self.r)):
+                    OUTAGE.answered()  # reads go through out of memory: writes must, too
             except REDIS_DOWN as exc:
                 pause = BACKOFF_MIN_S if not self.recover else min(BACKOFF_MAX_S, pause * 2)
                 self.recover = True

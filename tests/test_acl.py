@@ -146,8 +146,9 @@ TOPIC = "a.b-c/d_1"
 KEY_BUILDERS = {
     "log", "records", "expiry", "state", "lease", "job_marker", "acks", "index_members",
     "dead_letters", "chain", "chain_conflicts", "index", "changes", "change_times", "loads",
-    "load_staged",
-    "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED"}
+    "load_staged", "trusted",
+    "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED",
+    "SWEEP_LEASE"}
 """Every key template of keys.py (functions and constants), each checked below."""
 
 EXPECTED: dict[str, dict[str, str]] = {
@@ -245,7 +246,7 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
                                                   keys.partition_errors, keys.changes,
                                                   keys.change_times, keys.lease,
                                                   keys.job_marker, keys.loads,
-                                                  keys.load_staged)}
+                                                  keys.load_staged, keys.trusted)}
 
 
 def test_acl_key_patterns_give_each_role_exactly_its_rights_on_what_keys_py_builds():
@@ -288,7 +289,9 @@ def test_the_server_agrees_with_the_table(acl_server):
                       ("SET", keys.job_marker(t, p), "x", "NX", "PX", "1000"),
                       ("HGET", keys.state(t, p), "cursor"), ("HGETALL", keys.REGISTRY),
                       ("HGET", keys.REGISTRY, t), ("HSET", keys.LAST_USED, t, "1"),
-                      ("LPUSH", "rq:queue:sow", "j"), ("HSET", "rq:job:j", "f", "v")],
+                      ("MULTI",), ("SADD", "rq:queues", "rq:queue:sow"),
+                      ("RPUSH", "rq:queue:sow", "j"), ("HSET", "rq:job:j", "f", "v"),
+                      ("INFO", "server")],
         "reader": [("HSCAN", keys.records(t, p), "0"), ("HMGET", keys.records(t, p), "k"),
                    ("ZRANGEBYLEX", keys.index(t, p, 0), "-", "+"),
                    ("XRANGE", keys.changes(t, p), "-", "+"), ("HGETALL", keys.REGISTRY),
@@ -306,7 +309,16 @@ def test_the_server_agrees_with_the_table(acl_server):
                       ("DEL", keys.records(t, p)), ("HSET", keys.REGISTRY, t, "{}"),
                       ("HSET", keys.state(t, p), "cursor", "9-9"),
                       ("SUBSCRIBE", keys.channel(t)),
-                      ("SSUBSCRIBE", keys.partition_channel(t, p)), ("FLUSHALL",), ("KEYS", "*")],
+                      ("SSUBSCRIBE", keys.partition_channel(t, p)), ("FLUSHALL",), ("KEYS", "*"),
+                      # issue 23 item 8: least privilege on the control plane and scripts
+                      ("EVAL", "while true do end", "0"), ("EVALSHA", "0" * 40, "0"),
+                      ("FCALL", "f", "0"), ("SCRIPT", "FLUSH"), ("FUNCTION", "FLUSH"),
+                      ("DEL", "rq:workers:sow"), ("SREM", "rq:workers:sow", "w"),
+                      ("SADD", "rq:workers:sow", "fake"), ("SADD", "rq:workers", "fake"),
+                      ("HSET", "rq:worker:fake", "state", "busy"),
+                      ("DEL", "rq:queue:sow"), ("LREM", "rq:queue:sow", "0", "j"),
+                      ("HGETALL", "rq:job:j"), ("DEL", "rq:job:j"),
+                      ("SET", keys.SWEEP_LEASE, "me"), ("SET", keys.lease(t, p), "me")],
         "reader": [("XADD", keys.log(t, p), "*", "a", "b"), ("DEL", keys.records(t, p)),
                    ("HSET", keys.records(t, p), "k", "v"), ("HSET", keys.REGISTRY, t, "{}"),
                    ("PUBLISH", keys.channel(t), "x"),

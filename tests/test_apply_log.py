@@ -13,12 +13,13 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sow_redis.feed.live import ShardListener
 from sow_redis import keys
+from sow_redis.apply import PartitionApplier
 from sow_redis.client import Sow
 from sow_redis.entries import make_entry
 from sow_redis.errors import FencedError
 from sow_redis.events import events_of
+from sow_redis.feed.live import ShardListener
 from sow_redis.jobs import drain_partition
 from sow_redis.messages import index_members, key_of
 from sow_redis.scripts import Scripts
@@ -98,14 +99,14 @@ def test_in_redis_apply_writes_what_the_planned_path_writes(backend_url, topic_n
     script = _script()
     in_redis = {True: 0, False: 0}
     prepared = True
-    real = Scripts.apply_log
+    real = PartitionApplier._settle_log_run
 
-    def spy(self, topic, p, fence, count):
-        res = real(self, topic, p, fence, count)
-        in_redis[prepared] += res.applied
-        return res
+    def spy(self, call, run):
+        applied = real(self, call, run)
+        in_redis[prepared] += applied
+        return applied
 
-    monkeypatch.setattr(Scripts, "apply_log", spy)
+    monkeypatch.setattr(PartitionApplier, "_settle_log_run", spy)
     pubsub = ShardListener(r, [keys.partition_channel(t.name, 0)])
     states, events = [], []
     for prepared in (True, False):
@@ -133,17 +134,22 @@ def test_in_redis_apply_stops_at_an_entry_to_plan_and_resumes_after_it(url, topi
     sow = Sow(url)
     t = _topic(sow, topic_name, "")
     log = keys.log(t.name, 0)
+    ids = []
     for i in range(3):
-        sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None, str(i)))
+        ids.append(sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None,
+                                              key_of({"k": i}, t))))
     sow.r.xadd(log, {"cmd": "publish", "data": b'{"k": 3}'})  # another client: no k
     sow.r.xadd(log, {"cmd": "publish", "data": b"not json", "k": "9"})  # claims a key: stops
     for i in range(4, 7):
-        sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None, str(i)))
+        ids.append(sow.r.xadd(log, make_entry("publish", orjson.dumps({"k": i}), None, None,
+                                              key_of({"k": i}, t))))
     scripts = Scripts(sow.r)
     fence = scripts.lease_acquire(keys.lease(t.name, 0), keys.state(t.name, 0), "me", 10_000)
-    first = scripts.apply_log(t, 0, fence, 100)
-    assert (first.applied, first.stopped) == (3, True)
-    assert scripts.apply_log(t, 0, fence, 100).applied == 0  # still stopped at the same entry
+    assert scripts.apply_log(t, 0, fence, 100, ids[1]).applied == 2  # none after `upto`
+    first = scripts.apply_log(t, 0, fence, 100, ids[-1])
+    assert (first.applied, first.stopped) == (1, True)
+    # still stopped at the same entry
+    assert scripts.apply_log(t, 0, fence, 100, ids[-1]).applied == 0
     scripts.lease_release(keys.lease(t.name, 0), "me")
     n, drained = drain_partition(sow.r, t, 0, Settings(), linger_ms=0)
     assert (n, drained) == (5, True)
@@ -157,10 +163,11 @@ def test_in_redis_apply_stops_at_an_entry_to_plan_and_resumes_after_it(url, topi
 def test_in_redis_apply_refuses_a_stale_fencing_token(url, topic_name):
     sow = Sow(url)
     t = _topic(sow, topic_name, "")
-    sow.r.xadd(keys.log(t.name, 0), make_entry("publish", b'{"k": 1}', None, None, "1"))
+    sid = sow.r.xadd(keys.log(t.name, 0), make_entry("publish", b'{"k": 1}', None, None,
+                                                     key_of({"k": 1}, t)))
     scripts = Scripts(sow.r)
     fence = scripts.lease_acquire(keys.lease(t.name, 0), keys.state(t.name, 0), "me", 10_000)
     with pytest.raises(FencedError):
-        scripts.apply_log(t, 0, fence + 1, 100)
+        scripts.apply_log(t, 0, fence + 1, 100, sid)
     assert sow.r.hlen(keys.records(t.name, 0)) == 0
-    assert scripts.apply_log(t, 0, fence, 100).applied == 1
+    assert scripts.apply_log(t, 0, fence, 100, sid).applied == 1

@@ -166,19 +166,226 @@ def test_spark_load_of_the_fix_logs_equals_publish(spark, url, topic_name, tmp_p
             if e["reason"] == "two_chains"] == ["9"]
 
 
+def test_spark_load_delta_and_delete_equal_the_cli_path(spark, url, topic_name, tmp_path):
+    """spark load --delta and --delete (load(cmd=…)) give, record by record, the SOW of
+    delta-publish / sow-delete --data of the same lines in the same order: on a JSON topic
+    with a hash index (nested objects merge, bad lines rejected alike) and on the real FIX
+    logs (chaining topic fix_orders, the delta-publish demo of the README)."""
+    from sow_redis.spark.load import default_load_id, load
+
+    sow = Sow(url, inline=True)
+    loaded, published = topic_name + "_spark", topic_name + "_cli"
+    for name in (loaded, published):
+        sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\nkey_domain = "kd"\n'
+                         'hash_index = [["/colour"]]\npartitions = 3\n')
+    colours = ["red", "green", "blue"]
+    files = {
+        "publish": [orjson.dumps({"k": i % 60, "colour": colours[i % 3], "v": i,
+                                  "o": {"a": i, "b": 0}}) for i in range(300)],
+        "delta_publish": [orjson.dumps({"k": i % 80, "o": {"b": i}, "w": i} if i % 3 else
+                                       {"k": i % 80, "colour": "black"}) for i in range(200)]
+        + [b"not json", b'{"nokey": 1}'],
+        "sow_delete": [orjson.dumps({"k": i}) for i in range(0, 80, 7)]
+        + [b'{"k": 999}', b'{"nokey": 1}'],
+    }
+    reasons: list[str] = []
+    for cmd, lines in files.items():
+        src = tmp_path / f"{cmd}.jsonl"
+        src.write_bytes(b"\n".join(lines) + b"\n")
+        res = load(spark, url, sow.topic(loaded), [str(src)], cmd=cmd)
+        again = load(spark, url, sow.topic(loaded), [str(src)], cmd=cmd)
+        pub = append(sow.r, sow.topic(published), ((cmd, ln, None) for ln in lines))
+        sow.handoff(published, pub.last_ids)
+        reasons += [x.reason for x in pub.rejected]
+        print(cmd, res, pub.published, len(pub.rejected))
+        assert (res.rows, res.appended, res.rejected) == (
+            len(lines), pub.published, len(pub.rejected))
+        assert again.appended == 0  # the same files and command: the same load id
+    assert default_load_id(loaded, [str(src)]) != default_load_id(loaded, [str(src)],
+                                                                   "sow_delete")
+    a, b = _records(sow, loaded), _records(sow, published)
+    assert a == b and len(a) == 80 - 12
+    assert a[next(k for k, r in a.items() if r["k"] == 1)] == {
+        "k": 1, "colour": "black", "v": 241, "o": {"a": 241, "b": 161}, "w": 161}
+    for colour in ("black", "blue"):
+        assert sorted(r.sow_key for r in sow.sow(loaded, f"/colour = '{colour}'")) == sorted(
+            r.sow_key for r in sow.sow(published, f"/colour = '{colour}'")) != []
+    # the load writes its rejected rows to the error stream; the publisher returns them
+    assert sorted(e["reason"] for e in sow.errors(loaded)) == sorted(reasons) == [
+        "bad_json", "missing_key_field", "missing_key_field"]
+
+    logs = [x for x in sorted((SHARED / "data" / "fix").glob("*")) if x.suffix != ".md"]
+    if not logs:
+        pytest.skip("no FIX logs in ../shared/data/fix")
+    cfg = (ROOT / "examples" / "fix_orders.toml").read_text()
+    import re
+
+    name = re.search(r'name = "([^"]+)"', cfg).group(1)
+    fix_a, fix_b = topic_name + "_fa", topic_name + "_fb"
+    sow.apply_config(cfg.replace(f'name = "{name}"', f'name = "{fix_a}"\nkey_domain = "fd"') +
+                     cfg.replace(f'name = "{name}"', f'name = "{fix_b}"\nkey_domain = "fd"'))
+    logs.sort(key=lambda x: not x.name.startswith("Ireach"))
+    for log in logs:  # as the demo: the Ireach log, then the KOD log
+        sep = b";" if log.name == "Ireach_test_logs.fix.txt" else None
+        res = load(spark, url, sow.topic(fix_a), [str(log)], fmt="fix", separator=sep,
+                   cmd="delta_publish")
+        lines = log.read_bytes().splitlines()
+        pub = append(sow.r, sow.topic(fix_b), (("delta_publish", ln, None) for ln in lines),
+                     fix_separator=sep)
+        sow.handoff(fix_b, pub.last_ids)
+        print(log.name, res, pub.published, pub.skipped)
+        assert (res.appended, res.skipped, res.rejected) == (
+            pub.published, pub.skipped, len(pub.rejected))
+    a, b = _records(sow, fix_a), _records(sow, fix_b)
+    order = [r for r in a.values() if r.get("37") == "UUKO20030300001w"]
+    print(f"FIX delta: {len(a)} records loaded, {len(b)} published; UUKO20030300001w has "
+          f"{len(order[0])} fields")
+    assert a == b and len(a) > 600
+    assert len(order) == 1 and len(order[0]) == 68  # 38 fields when loaded as publishes
+
+
 def test_cli_spark_load(url, topic_name, tmp_path):
+    """stderr not a terminal: nothing on it (no log4j warnings, no pandas FutureWarning, no
+    progress bar); the Java process's stderr went to $SOW_SPARK_LOG."""
     from conftest import run_cli
 
     Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n')
     src = tmp_path / "in.jsonl"
     src.write_bytes(b'{"k": 1}\n{"k": 2}\n{"nokey": 3}\n')
+    log = tmp_path / "spark.log"
     out = run_cli(url, "spark", "load", "-t", topic_name, str(src), "--master", "local[1]",
-                  timeout=180)
+                  timeout=180, SOW_SPARK_LOG=str(log))
     line = out.stdout.decode().strip().splitlines()[-1]
-    print(line)
+    print(line, out.stderr.decode()[:2000])
     assert line.startswith(f"loaded 3 row(s) into {topic_name}: appended 2, applied 2, "
                            "rejected 1")
     assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [1, 2]
+    assert out.stderr == b""
+    assert "log4j" in log.read_text()  # Spark's log went there
+    # a key file: --delete removes the records a publish of each line would update
+    keys_file = tmp_path / "keys.jsonl"
+    keys_file.write_bytes(b'{"k": 1}\n{"k": 7}\n')
+    out = run_cli(url, "spark", "load", "-t", topic_name, str(keys_file), "--delete",
+                  "--master", "local[1]", timeout=180)
+    line = out.stdout.decode().strip().splitlines()[-1]
+    print(line)
+    assert line.startswith(f"loaded 2 row(s) into {topic_name} as deletes: appended 2, "
+                           "applied 2, rejected 0")
+    assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [2]
+
+
+def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name, tmp_path):
+    """A missing input, glob, folder or snapshot, an unknown format or topic, --delta with
+    --delete: one line, exit 1 (2: usage), without starting Spark (SPARK_HOME points nowhere, so a
+    command that started Spark would fail otherwise)."""
+    from conftest import run_cli
+
+    Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
+    ok = tmp_path / "ok.jsonl"
+    ok.write_bytes(b'{"k": 1}\n')
+    csv = tmp_path / "y.csv"
+    csv.write_bytes(b"k\n1\n")
+    cases = [
+        (["load", "-t", topic_name, "nofile.jsonl"], 1, "Error: input not found: 'nofile.jsonl'"),
+        (["load", "-t", topic_name, str(ok), str(tmp_path / "no*.jsonl")], 1,
+         f"Error: no input matches '{tmp_path}/no*.jsonl'"),
+        (["load", "-t", topic_name, str(tmp_path / "x.csv")], 1,
+         f"Error: input not found: '{tmp_path}/x.csv'"),
+        (["load", "-t", topic_name, str(csv)], 1,
+         f"Error: cannot tell the format of [{str(csv)!r}]: give --format json|fix|parquet"),
+        (["load", "-t", "nosuch", str(ok)], 1,
+         "Error: topic 'nosuch' is not defined in the registry (run: sow-redis config apply "
+         "FILE)"),
+        (["resolve-chains", "-t", topic_name, "nofile.fix"], 1,
+         f"Error: topic '{topic_name}' has no chaining key generator"),
+        (["load", "-t", topic_name, str(ok), "--delta", "--delete"], 2,
+         "Error: give at most one of --delta and --delete"),
+        (["stream", "-t", topic_name, "/nodir"], 1, "Error: folder not found: '/nodir'"),
+        (["stream", "-t", topic_name, str(ok)], 1, f"Error: folder {str(ok)!r} is not a folder"),
+        (["rebuild", "-t", topic_name, "--from", "/nosnap"], 1,
+         "Error: snapshot not found: '/nosnap'"),
+    ]
+    for args, status, line in cases:
+        t0 = time.monotonic()
+        out = run_cli(url, "spark", *args, check=False, SPARK_HOME=str(tmp_path / "nospark"))
+        err = out.stderr.decode().strip().splitlines()
+        print(f"{time.monotonic() - t0:.1f} s", args, out.returncode, err)
+        assert out.returncode == status and err[-1] == line
+        assert len(err) == 1 or status == 2  # click's usage lines come first
+
+
+def test_cli_spark_sql_on_no_topic_is_one_line(url, topic_name):
+    from conftest import run_cli
+
+    Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
+    out = run_cli(url, "spark", "sql", "SELECT * FROM nosuch_table", "--master", "local[1]",
+                  check=False, timeout=180)
+    err = out.stderr.decode().strip().splitlines()
+    print(err)
+    assert out.returncode == 1 and len(err) == 1
+    assert err[0].startswith("Error: the query reads table 'nosuch_table', which is no topic "
+                             "(the topics' views: ") and topic_name in err[0]
+
+
+def test_sql_reads_only_the_topics_it_names_and_spark_errors_are_one_line(
+        spark, url, topic_name, monkeypatch):
+    """spark sql parses the query with Spark's parser first: only the topics it reads are
+    snapshotted (not the others, not a CTE); a parse error, an unknown table and an unknown
+    column come before any snapshot or as one line."""
+    from pyspark.errors import AnalysisException, ParseException
+
+    from sow_redis.spark import snapshot as snap
+    from sow_redis.spark.session import error_line
+
+    sow = Sow(url, inline=True)
+    a, b, c = topic_name + "_a", topic_name + "_b", topic_name + "/c"
+    for name in (a, b, c):
+        sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\npartitions = 2\n')
+        sow.publish(name, [{"k": i, "v": i * 10} for i in range(5)])
+    topics = [sow.topic(x) for x in (a, b, c)]
+    read: list[str] = []
+    real = snap.snapshot
+    monkeypatch.setattr(snap, "snapshot", lambda s, u, t, *x: read.append(t.name) or real(
+        s, u, t, *x))
+    names, ctes = snap.query_tables(
+        spark, f"WITH w AS (SELECT * FROM {a.upper()}) SELECT * FROM w WHERE k IN "
+        f"(SELECT k FROM {snap.view_name(c)}) AND EXISTS (SELECT 1 FROM db.x)")
+    assert names == [a.upper(), snap.view_name(c), "db.x", "w"] and ctes == {"w"}
+    got = snap.sql(spark, url, topics, f"WITH w AS (SELECT * FROM {a.upper()}) SELECT sum(v) "
+                   f"AS s FROM w WHERE k IN (SELECT k FROM {snap.view_name(c)} WHERE k < 3)")
+    assert got.collect()[0]["s"] == 30 and read == [a, c]
+    read.clear()
+    with pytest.raises(ValueError, match=r"reads table 'nosuch', which is no topic"):
+        snap.sql(spark, url, topics, f"SELECT * FROM {b} JOIN nosuch USING (k)")
+    with pytest.raises(ParseException) as parse:
+        snap.sql(spark, url, topics, "SELEC x")
+    assert read == []
+    with pytest.raises(AnalysisException) as analysis:
+        snap.sql(spark, url, topics, f"SELECT nocol FROM {b}")
+    lines = [error_line(parse.value), error_line(analysis.value)]
+    print(lines)
+    assert lines[0] == ("[PARSE_SYNTAX_ERROR] Syntax error at or near 'SELEC'. "
+                        "(SQLSTATE 42601, line 1, pos 0)", True)
+    assert lines[1][0].startswith("[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
+                                  "function parameter with name `nocol` cannot be resolved.")
+    assert lines[1][0].endswith("(SQLSTATE 42703, line 1 pos 7)") and lines[1][1]
+    # a failed task (a Py4JJavaError): the exception the Python task raised
+    from py4j.protocol import Py4JJavaError
+
+    class JavaError:
+        _target_id = "o1"
+
+        def toString(self) -> str:
+            return ("org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 "
+                    "failed: org.apache.spark.api.python.PythonException: Traceback (most "
+                    "recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
+                    "redis.exceptions.ConnectionError: Error 111 connecting to 127.0.0.1:1.\n"
+                    "\n\tat org.apache.spark.api.python.BasePythonRunner.handle(x.scala:1)\n")
+
+    assert error_line(Py4JJavaError("o1.collect", JavaError())) == (
+        "Spark failed: redis.exceptions.ConnectionError: Error 111 connecting to 127.0.0.1:1.",
+        False)
+    assert error_line(ValueError("x")) is None
 
 
 def test_export_is_a_consistent_snapshot_and_sql_agrees_with_python(spark, url, topic_name,
@@ -216,7 +423,7 @@ def test_export_is_a_consistent_snapshot_and_sql_agrees_with_python(spark, url, 
 
 def test_stream_restarted_midway_equals_one_run_and_replays_change_nothing(spark, url,
                                                                           topic_name, tmp_path):
-    from sow_redis.spark.stream import batch_loader, stream
+    from sow_redis.spark.stream import batch_loader, checkpoint_id, stream
 
     sow = Sow(url, inline=True)
     streamed, published = topic_name + "_s", topic_name + "_p"
@@ -246,10 +453,50 @@ def test_stream_restarted_midway_equals_one_run_and_replays_change_nothing(spark
     df = spark.createDataFrame([(ln.decode(),) for ln in days[2]], ["value"])
     seq = sum(int(sow.r.hget(keys.state(streamed, p), "seq") or 0) for p in range(2))
     got: list = []
-    each2 = batch_loader(url, sow.topic(streamed), cp, on_batch=lambda b, r: got.append(r))
+    each2 = batch_loader(url, sow.topic(streamed), checkpoint_id(spark, cp, streamed),
+                         on_batch=lambda b, r: got.append(r))
     each2(df, batches[-1][0])
     assert got[0].appended == 0
     assert sum(int(sow.r.hget(keys.state(streamed, p), "seq") or 0) for p in range(2)) == seq
+
+
+def test_stream_on_a_deleted_and_recreated_checkpoint_is_a_new_stream(spark, url, topic_name,
+                                                                     tmp_path):
+    """The checkpoint folder deleted, then a new day streamed with the same --checkpoint
+    path: Spark numbers its batches from 0 again, and they are applied (the load id carries
+    the id written into the new checkpoint, not the path); a restart keeps the id."""
+    from sow_redis.spark.stream import stream
+
+    sow = Sow(url, inline=True)
+    streamed, published = topic_name + "_s", topic_name + "_p"
+    for name in (streamed, published):
+        sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\nkey_domain = "d"\n'
+                         "partitions = 2\n")
+    cp = tmp_path / "checkpoint"
+    days = [[orjson.dumps({"k": i % 25, "day": d, "i": i}) for i in range(100)]
+            for d in range(2)]
+    batches: list[tuple[int, int, int]] = []
+    ids = []
+    for d, day in enumerate(days):
+        inbox = tmp_path / f"inbox{d}"
+        inbox.mkdir()
+        (inbox / f"day{d}.jsonl").write_bytes(b"\n".join(day) + b"\n")
+        stream(spark, url, sow.topic(streamed), str(inbox), str(cp), once=True,
+               on_batch=lambda b, r, d=d: batches.append((d, b, r.appended)))
+        id_file = cp / "_sow_stream_id"
+        ids.append(id_file.read_text().strip() if id_file.exists() else None)
+        if d == 0:
+            shutil.rmtree(cp)
+        pub = append(sow.r, sow.topic(published), (("publish", ln, None) for ln in day))
+        sow.handoff(published, pub.last_ids)
+    print("batches", batches, "ids", ids)
+    assert batches == [(0, 0, 100), (1, 0, 100)]
+    assert _records(sow, streamed) == _records(sow, published)
+    assert {r["day"] for r in _records(sow, streamed).values()} == {1}
+    from sow_redis.spark.stream import checkpoint_id
+
+    assert None not in ids and ids[0] != ids[1]
+    assert checkpoint_id(spark, str(cp), streamed) == ids[1]  # a restart: the same id
 
 
 # -- resolve-chains ----------------------------------------------------------------------

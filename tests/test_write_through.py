@@ -18,6 +18,7 @@ from sow_redis.apply import apply_batch
 from sow_redis.client import Sow
 from sow_redis.errors import ConflictError
 from sow_redis.events import events_of
+from sow_redis.messages import key_of
 from sow_redis.ops import Upsert
 from sow_redis.publisher import _write_through, append, wait_applied
 from sow_redis.scripts import Scripts
@@ -28,9 +29,12 @@ def cfg(name: str, partitions: int) -> str:
     return f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = {partitions}\n'
 
 
-def test_a_worker_batch_whose_head_was_written_through_is_planned_again(lonely_url, topic_name):
-    """apply.lua refuses a batch the cursor lies inside (SOW_CONFLICT), so a worker never
-    applies a plan made before a write-through moved the cursor; a batch wholly behind the
+def test_a_write_through_applies_only_its_own_entries_of_a_caught_up_partition(
+        lonely_url, topic_name):
+    """apply_appended.lua appends its entries itself and applies them only when the log held
+    no unapplied entry before them: entries another client appended (here a publish and a
+    delta) are left to the workers, and so are the call's own, behind them (job marker set).
+    apply.lua refuses a batch the cursor lies inside (SOW_CONFLICT); a batch wholly behind the
     cursor is 'applied before' and skipped."""
     sow = Sow(settings=Settings.from_env(redis_url=lonely_url, write_through=False))
     sow.apply_config(cfg(topic_name, 1))
@@ -38,26 +42,50 @@ def test_a_worker_batch_whose_head_was_written_through_is_planned_again(lonely_u
     r = sow.r
     scripts = Scripts(r)
     fence = scripts.lease_acquire(keys.lease(topic_name, 0), keys.state(topic_name, 0), "w", 5000)
-    res = append(r, t, [("publish", b'{"id": 1, "v": 1}', None),
-                        ("delta_publish", b'{"id": 1, "w": 2}', None)])
-    first, last = sorted(res.last_ids.values())[0], res.last_ids[0]
+    append(r, t, [("publish", b'{"id": 1, "v": 1}', None),
+                  ("delta_publish", b'{"id": 1, "w": 2}', None)])
     ids = [sid.decode() for sid, _ in r.xrange(keys.log(topic_name, 0))]
-    assert ids[-1] == last
-    # the worker's plan for both entries, made before the write-through below
-    plan = [Upsert(ids[0], "k1", b'{"id": 1, "v": 1}', None, False, None, ""),
-            Upsert(ids[1], "k1", b'{"id": 1, "v": 1, "w": 2}', None, True, None, "")]
     wt = _write_through(r)
-    # the head publish is written through; the delta is left: the job marker is set
-    assert r.evalsha(*wt.call(t, 0, 2, 1000)) == [1, ids[0].encode(), 1]
+    assert wt is not None
+    own = {"cmd": "publish", "data": b'{"id": 2, "v": 3}', "k": key_of({"id": 2}, t, None)}
+    applied, last, marked, error = r.evalsha(*wt.call(t, 0, [own], 1000, "j1"))
+    assert (applied, marked, error) == (0, 1, b"")
     assert r.exists(keys.job_marker(topic_name, 0))
+    assert [sid for sid, _ in r.xrange(keys.log(topic_name, 0))][-1] == last
+    assert sow.sow(topic_name) == []  # nothing applied by the write-through
+    # the worker's plan for the first two entries; the head is applied on its own first
+    plan = [Upsert(ids[0], "k1", b'{"id": 1, "v": 1}'),
+            Upsert(ids[1], "k1", b'{"id": 1, "v": 1, "w": 2}', delta=True)]
+    assert scripts.apply(t, 0, fence, ids[0], ids[0], [], plan[:1]) == (1, ids[0])
     with pytest.raises(ConflictError, match="inside the batch"):
         scripts.apply(t, 0, fence, ids[0], ids[1], [], plan)
     assert scripts.apply(t, 0, fence, ids[0], ids[0], [], plan[:1]) == (-1, ids[0])
-    # planned again from the cursor: only the delta is left, applied once
-    assert apply_batch(r, scripts, t, 0, fence, 100) == (1, ids[1])
-    assert [x.obj() for x in sow.sow(topic_name)] == [{"id": 1, "v": 1, "w": 2}]
-    assert r.hget(keys.state(topic_name, 0), "seq") == b"2"
-    assert first == ids[0] or first == ids[1]
+    # planned again from the cursor: the delta and the write-through's entry, applied once
+    assert apply_batch(r, scripts, t, 0, fence, 100) == (2, last.decode())
+    got = sorted((x.obj() for x in sow.sow(topic_name)), key=lambda o: o["id"])
+    assert got[1:] == [{"id": 1, "w": 2}, {"id": 2, "v": 3}]  # got[0]: plan[:1]'s hand key
+    assert r.hget(keys.state(topic_name, 0), "seq") == b"3"
+
+
+def test_a_write_through_of_a_caught_up_partition_applies_in_the_same_call(lonely_url,
+                                                                           topic_name):
+    """On a caught-up partition the write-through appends and applies its plain publishes in
+    one call and stops before the first delta (left to the workers, job marker set)."""
+    sow = Sow(settings=Settings.from_env(redis_url=lonely_url, write_through=False))
+    sow.apply_config(cfg(topic_name, 1))
+    t = sow.topic(topic_name)
+    r = sow.r
+    wt = _write_through(r)
+    assert wt is not None
+    entries = [{"cmd": "publish", "data": b'{"id": %d}' % i, "k": key_of({"id": i}, t, None)}
+               for i in range(3)] + [{"cmd": "delta_publish", "data": b'{"id": 0, "x": 1}'}]
+    applied, last, marked, error = r.evalsha(*wt.call(t, 0, entries, 1000, "j2"))
+    assert (applied, marked, error) == (3, 1, b"")
+    assert r.xlen(keys.log(topic_name, 0)) == 4
+    assert sorted(x.obj()["id"] for x in sow.sow(topic_name)) == [0, 1, 2]
+    ids = [sid for sid, _ in r.xrange(keys.log(topic_name, 0))]
+    assert ids[-1] == last
+    assert r.hget(keys.state(topic_name, 0), "cursor") == ids[2]
 
 
 def test_write_through_and_workers_apply_a_mixed_stream_exactly_once(url, topic_name):
@@ -124,7 +152,9 @@ def test_write_through_and_workers_apply_a_mixed_stream_exactly_once(url, topic_
             w.wait(timeout=30)
     listener.join(timeout=5)
     elapsed = time.monotonic() - started
-    through = _write_through(sow.r).applied
+    wt = _write_through(sow.r)
+    assert wt is not None
+    through = wt.applied
     got = {x.obj()["id"]: x.obj() for x in sow.sow(topic_name)}
     logged = sum(r.xlen(keys.log(topic_name, p)) for p in range(parts))
     duplicated = sum(c - 1 for c in events.values() if c > 1)

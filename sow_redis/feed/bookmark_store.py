@@ -20,7 +20,9 @@ change still being processed (so changes processed out of order, by several hand
 are never skipped on resume); it is persisted every ``persist_every`` processed changes (by a
 background thread that writes only the latest one) and on :meth:`BookmarkStore.close`. A
 subscriber killed between persists resumes from the last persisted bookmark: it may receive
-again the changes after it, and misses none.
+again the changes after it, and misses none. A subscription that fails to start (its bookmark
+is older than the change feed retains) keeps its stored bookmark: start it again with
+``resync`` (``subscribe --resync``) to re-read the records changed since, then go live.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class SubscriptionState:
 
     def __init__(self, store: BookmarkStore, sub_id: str, partitions: int):
         self.store, self.sub_id = store, sub_id
+        self.started = False
+        """True once the subscription started: a subscription that failed to start (e.g. a
+        bookmark older than the change feed) never writes over its stored bookmark."""
         self.done = [0] * partitions
         self.pending: list[deque[list[Any]]] = [deque() for _ in range(partitions)]
         self.since_persist = 0
@@ -68,6 +73,7 @@ class SubscriptionState:
     # Tracker (sow_redis.feed.subscriber) --------------------------------------------------
     def start(self, bm: Bookmark) -> None:
         with self.lock:
+            self.started = True
             self.done = list(bm.seqs)
             for q in self.pending:
                 q.clear()
@@ -150,7 +156,7 @@ class BookmarkStore:
     def recent(self, sub_id: str) -> str | None:
         """The stored most recent bookmark of a subscription (``RECENT``), None if none."""
         state = self._subs.get(sub_id)
-        if state is not None:
+        if state is not None and state.started:
             return str(state.most_recent())
         return self.loaded.get(sub_id)
 
@@ -174,7 +180,8 @@ class BookmarkStore:
                 "persisted": "true" if self.persisted else "false"}
 
     def _write(self, sub_ids: set[str]) -> None:
-        records = [self._record(s) for s in sorted(sub_ids) if s in self._subs]
+        records = [self._record(s) for s in sorted(sub_ids)
+                   if s in self._subs and self._subs[s].started]
         if records:
             self._sow.publish(STORE_TOPIC, records)
 

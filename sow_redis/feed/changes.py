@@ -50,6 +50,15 @@ def _first_of(sid: bytes | str) -> int:
     return int(text.split("-", 1)[0])
 
 
+def _block(p: int, after: int, fields: dict[bytes, bytes]) -> ChangeBlock:
+    """A feed entry's block; an entry that is none (written behind sow_redis's back) cannot
+    give the changes after ``after``: :class:`FeedGap`, so a reader re-reads the records."""
+    try:
+        return parse_block(fields[b"block"])
+    except (KeyError, ValueError):
+        raise FeedGap(p, after, None) from None
+
+
 def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
                  ) -> Iterator[ChangeBlock]:
     """The blocks of partition ``p`` holding the changes ``after`` + 1 … ``upto`` (the first
@@ -57,7 +66,7 @@ def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
 
     Raises:
         FeedGap: the feed does not hold change ``after`` + 1 (trimmed by the retention, or the
-            topic keeps no change feed).
+            topic keeps no change feed), or holds an entry that is no change block.
     """
     if after >= upto:
         return
@@ -67,7 +76,7 @@ def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
     cursor = "-"
     if below:
         sid, fields = below[0]
-        block = parse_block(fields[b"block"])
+        block = _block(p, after, fields)
         cursor = "(" + sid.decode()
         if block["last"] >= start:
             yield block
@@ -79,7 +88,7 @@ def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
         if not page:
             raise FeedGap(p, start - 1, oldest_retained(r, topic, p))
         for sid, fields in page:
-            block = parse_block(fields[b"block"])
+            block = _block(p, start - 1, fields)
             if block["first"] > start:
                 raise FeedGap(p, start - 1, oldest_retained(r, topic, p))
             yield block
@@ -112,40 +121,54 @@ def _when(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
 
 
-def check_retained(r: Client, topic: TopicConfig, bm: Bookmark) -> None:
-    """Raise unless the change feed holds every change after ``bm``.
+RESYNC_HINT = ("; resync (subscribe --resync) re-reads the records changed since the bookmark, "
+               "then goes live")
+"""The end of the error of a bookmark older than the change feed."""
+
+
+def check_retained(r: Client, topic: TopicConfig, bm: Bookmark, feed: bool = True) -> None:
+    """Raise unless the change feed holds every change after ``bm`` (with ``feed`` False,
+    only unless the bookmark is at or before each partition's current seq: a resync).
 
     Raises:
-        BookmarkError: naming the oldest retained point of the first partition that lacks
-            changes after the bookmark.
+        BookmarkError: the bookmark is ahead of the topic, or (``feed``) naming the oldest
+            retained point of the first partition that lacks changes after the bookmark.
     """
     seqs = current_seqs(r, topic)
     for p, (pos, cur) in enumerate(zip(bm.seqs, seqs)):
         if pos > cur:
             raise BookmarkError(f"bookmark is ahead of topic '{topic.name}': partition {p} is "
                                 f"at seq {cur}, the bookmark at {pos}")
-        if pos == cur:
+        if pos == cur or not feed:
             continue
         oldest = oldest_retained(r, topic, p)
         if oldest is None or oldest > pos + 1:
             head = cast("list[StreamEntry]", r.xrange(keys.changes(topic.name, p), count=1))
             when = ""
-            if head:
-                when = f" ({_when(parse_block(head[0][1][b'block'])['ms'])})"
+            try:
+                when = f" ({_when(parse_block(head[0][1][b'block'])['ms'])})" if head else ""
+            except (KeyError, ValueError, OverflowError):
+                pass
             retained = (f"its oldest retained change is seq {oldest}{when}" if oldest
                         else "the topic keeps no change feed (change_retention = 0)"
                         if not topic.change_feed else "it holds nothing")
             raise BookmarkError(f"bookmark is older than the change feed of topic "
                                 f"'{topic.name}' retains: partition {p} needs seq {pos + 1}, "
-                                f"{retained}")
+                                f"{retained}{RESYNC_HINT}")
 
 
-def resolve(r: Client, topic: TopicConfig, text: str) -> Bookmark:
+def resolve(r: Client, topic: TopicConfig, text: str, resync: bool = False) -> Bookmark:
     """A bookmark from its string, ``EPOCH``, ``NOW`` or an ISO-8601 time (``RECENT`` is the
     bookmark store's: :mod:`.bookmark_store`).
 
+    Args:
+        resync: accept a bookmark (or time) older than the change feed retains: the
+            subscriber re-reads the records changed since (a time older than the feed starts
+            its partition at 0: every record).
+
     Raises:
-        BookmarkError: malformed, or older than the change feed retains.
+        BookmarkError: malformed, ahead of the topic, or (without ``resync``) older than the
+            change feed retains.
     """
     word = text.strip()
     if word.upper() == "EPOCH":  # all that is retained (a partition with none: from now)
@@ -165,7 +188,15 @@ def resolve(r: Client, topic: TopicConfig, text: str) -> Bookmark:
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
         ms = int(when.timestamp() * 1000)
-        return Bookmark(tuple(seq_at(r, topic, p, ms) for p in range(topic.partitions)))
+        seqs = []
+        for p in range(topic.partitions):
+            try:
+                seqs.append(seq_at(r, topic, p, ms))
+            except BookmarkError as exc:
+                if not resync:
+                    raise BookmarkError(f"{exc}{RESYNC_HINT}") from None
+                seqs.append(0)
+        return Bookmark(tuple(seqs))
     bm = Bookmark.parse(word, topic.partitions)
-    check_retained(r, topic, bm)
+    check_retained(r, topic, bm, feed=not resync)
     return bm

@@ -29,8 +29,19 @@ Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
   ``data`` is the update) or ``resync`` (found gone when a gap was recovered by re-reading the
   records), with the record's ``sow_key`` and last known ``data``;
 * ``completed``: the end of the replay part of a bookmark subscription: ``bookmark``;
-* ``recovery``: ``partition``, ``cause`` (``gap`` | ``reconnect``), ``how`` (``feed`` |
-  ``requery``), ``after`` and ``to`` (the seqs the recovery covered).
+* ``recovery``: ``partition``, ``cause`` (``gap`` | ``reconnect`` | ``replay``: the change
+  feed could not give a bookmark replay's changes | ``resync``: the same, asked for with
+  ``resync``, for a bookmark older than the feed), ``how`` (``feed`` | ``requery``),
+  ``after`` and ``to`` (the seqs the recovery covered).
+
+Nothing a subscriber receives stops it. A change it cannot decode or render (a SOW key or
+data that is not UTF-8, data that is no JSON object: NaN text, nesting deeper than the JSON
+decoder goes; see :func:`sow_redis.events.parse_block`), a record of the query part or of a
+requery that cannot be decoded, or a message on the topic's channels that is no change block,
+is skipped (its ``seq`` counts as accounted for) and reported once as an ``error`` message to
+the ``report`` callback (``topic``, ``partition``, ``seq``, ``sow_key``, ``id``, ``error``:
+what could not be decoded; ``partition`` and ``seq`` None when unknown), or logged as a
+warning without one. It is not among the messages :meth:`Subscriber.get` returns.
 
 A plain subscription receives ``publish`` messages only: removals reach subscriptions that ask
 for out-of-focus notices.
@@ -42,7 +53,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -53,7 +64,7 @@ from .. import keys
 from ..config import TopicConfig
 from ..connection import Client, server_ms
 from ..errors import FilterEvalError
-from ..events import ChangeBlock, ChangeEvent, parse_block
+from ..events import ChangeBlock, ChangeEvent, decode_change, is_topic_removed, parse_block
 from ..logs import fields
 from ..records import decode as decode_record
 from .bookmark import Bookmark, position_text
@@ -94,14 +105,19 @@ class Subscriber:
         top_n / order_by: of the query part.
         bookmark: replay the change feed after this point (a bookmark string, ``EPOCH``,
             ``NOW`` or an ISO-8601 time), then ``completed``, then live.
+        resync: a bookmark older than the change feed retains is accepted: the partitions the
+            feed cannot replay are re-read (each record changed since the bookmark, as a
+            ``publish``; a ``recovery`` message with cause ``resync``), then live.
         tracker: told of every delivered and processed change (a bookmark store).
-        report: called with each ``recovery`` message (e.g. to print it on stderr).
+        report: called with each ``recovery`` and ``error`` message (e.g. to print it on
+            stderr; see the module docstring).
         auto_processed: a message counts as processed when the next one is asked for (and at
             :meth:`close`); False: call :meth:`processed` for each (several handler threads).
 
     Raises:
         FilterSyntaxError: the filter or order-by does not parse.
-        BookmarkError: the bookmark is malformed or older than the change feed retains.
+        BookmarkError: the bookmark is malformed, ahead of the topic, or (without
+            ``resync``) older than the change feed retains.
     """
 
     def __init__(self, r: Client, topic: TopicConfig, *, filter: str | None = None,
@@ -109,7 +125,7 @@ class Subscriber:
                  order_by: str | None = None, bookmark: str | Bookmark | None = None,
                  tracker: Tracker | None = None,
                  report: Callable[[Message], None] | None = None,
-                 auto_processed: bool = True):
+                 auto_processed: bool = True, resync: bool = False):
         from ..filter import compile_filter
         from ..orderby import parse_order_by
 
@@ -118,6 +134,7 @@ class Subscriber:
         self._order = parse_order_by(order_by) if order_by else None
         self._top_n = top_n
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
+        self.resync = resync
         self._ready: deque[Message] = deque()
         self._last: Message | None = None
         self._live: ShardListener | None = None
@@ -133,7 +150,7 @@ class Subscriber:
         if isinstance(bookmark, Bookmark):
             start = bookmark
         elif bookmark is not None:
-            start = resolve(r, topic, bookmark)
+            start = resolve(r, topic, bookmark, resync)
         else:
             start = None
         if sow:
@@ -191,10 +208,18 @@ class Subscriber:
         now = server_ms(self.r) if self.topic.expiration_enabled else 0
         out = []
         for k, v in raw.items():
-            rec = decode_record(k, v)
+            try:
+                rec = decode_record(k, v, lenient=True)
+            except ValueError as exc:
+                self._error(p, None, k, None, f"the stored record cannot be read ({exc})")
+                continue
             if now and 0 < rec.expiry_ms <= now:
                 continue  # due: its expiry event follows
-            obj = rec.obj()
+            ev = decode_change(rec.sow_key, rec.data)
+            if "error" in ev:
+                self._error(p, rec.seq, ev["sow_key"], rec.stream_id, ev["error"])
+                continue
+            obj = cast("dict[str, Any]", ev["data"])
             if self._match(obj):
                 out.append((rec, obj))
         return int(seq_raw or 0), out
@@ -234,8 +259,9 @@ class Subscriber:
             self.tracker.start(Bookmark(tuple(self.pos)))
         for p, upto in enumerate(current_seqs(self.r, self.topic)):
             if upto > self.pos[p]:
-                for block in blocks_after(self.r, self.topic, p, self.pos[p], upto):
-                    self._events(block, upto)
+                after = self.pos[p]
+                if self._catch_up(p, upto) == "requery":
+                    self._recovered(p, after, "resync" if self.resync else "replay", "requery")
         self._ready.append({"kind": "completed", "topic": self.topic.name,
                             "bookmark": self.bookmark})
 
@@ -245,7 +271,7 @@ class Subscriber:
             return True
         try:
             return bool(self.pred(obj))
-        except (FilterEvalError, RecursionError):
+        except (FilterEvalError, RecursionError, TypeError, ValueError):
             return False
 
     def _block(self, block: ChangeBlock) -> None:
@@ -266,7 +292,15 @@ class Subscriber:
             if ev["seq"] <= self.pos[p] or (upto is not None and ev["seq"] > upto):
                 continue
             self.pos[p] = ev["seq"]
-            msg = self._message(p, ev)
+            what = ev.get("error")
+            msg = None
+            if what is None:
+                try:
+                    msg = self._message(p, ev)
+                except Exception as exc:  # nothing a change holds may stop the subscriber
+                    what = f"the change cannot be rendered ({type(exc).__name__}: {exc})"
+            if what is not None:
+                self._error(p, ev["seq"], ev["sow_key"], ev["id"], what)
             if msg is None:
                 if self.tracker is not None:
                     self.tracker.skip(p, ev["seq"])
@@ -276,9 +310,23 @@ class Subscriber:
                 self.tracker.received(p, ev["seq"])
             self._ready.append(msg)
 
+    def _error(self, p: int | None, seq: int | None, key: str | bytes | None, sid: str | None,
+               what: str) -> None:
+        """Report one change (or record, or channel message) this subscriber cannot decode or
+        render, and go on (see the module docstring)."""
+        if isinstance(key, bytes):
+            key = key.decode("utf-8", "backslashreplace")
+        msg = {"kind": "error", "topic": self.topic.name, "partition": p, "seq": seq,
+               "sow_key": key, "id": sid, "error": what}
+        if self.report is not None:
+            self.report(msg)
+        else:
+            log.warning("subscriber of %s: partition %s seq %s (SOW key %r): %s; skipped",
+                        self.topic.name, p, seq, key, what)
+
     def _message(self, p: int, ev: ChangeEvent) -> Message | None:
         """The message of one change for this subscription, None when it gets none."""
-        key, data = ev["sow_key"], ev["data"]
+        key, data = ev["sow_key"], cast("dict[str, Any]", ev["data"])
         view = self._view[p]
         base = {"topic": self.topic.name, "sow_key": key, "partition": p, "seq": ev["seq"],
                 "id": ev["id"], "expiry_ms": ev["expiry_ms"]}
@@ -304,13 +352,22 @@ class Subscriber:
         """Account for the changes of partition ``p`` after its position up to ``upto``: from
         the change feed, or (when the feed no longer holds them) by re-reading the records."""
         after = self.pos[p]
+        self._recovered(p, after, cause, self._catch_up(p, upto))
+
+    def _catch_up(self, p: int, upto: int) -> str:
+        """Account for partition ``p``'s changes after its position up to ``upto`` from the
+        change feed (``"feed"``) or, when the feed does not hold them all, by re-reading the
+        records (``"requery"``)."""
         try:
-            for block in blocks_after(self.r, self.topic, p, after, upto):
+            for block in blocks_after(self.r, self.topic, p, self.pos[p], upto):
                 self._events(block, upto)
-            how = "feed"
+            return "feed"
         except FeedGap:
             self._requery(p)
-            how = "requery"
+            return "requery"
+
+    def _recovered(self, p: int, after: int, cause: str, how: str) -> None:
+        """Report a recovery of partition ``p`` from ``after`` to its position now."""
         msg = {"kind": "recovery", "topic": self.topic.name, "partition": p, "cause": cause,
                "how": how, "after": after, "to": self.pos[p]}
         log.warning("subscriber of %s: partition %d: recovered seq %d..%d (%s, %s)",
@@ -323,8 +380,10 @@ class Subscriber:
 
     def _requery(self, p: int) -> None:
         """The gap is older than the change feed: read partition ``p``'s records and emit the
-        current record of each one changed since the position, and (``oof``) an out-of-focus
-        notice for each record of the view that is gone or no longer matches."""
+        current record of each one changed since the position (in change order; a bookmark
+        store counts them as received, so its bookmark passes the gap once they are
+        processed), and (``oof``) an out-of-focus notice for each record of the view that is
+        gone or no longer matches."""
         seq, recs = self._snapshot(p)
         after = self.pos[p]
         now = {rec.sow_key: (rec, obj) for rec, obj in recs}
@@ -334,15 +393,18 @@ class Subscriber:
             if self.oof:
                 out.append({"kind": "oof", "reason": "resync", "topic": self.topic.name,
                             "sow_key": key, "partition": p, "seq": seq, "data": None})
-        for key, (rec, obj) in now.items():
-            if rec.seq > after:
-                out.append({"kind": "publish", "op": "publish", "topic": self.topic.name,
-                            "sow_key": key, "partition": p, "seq": rec.seq,
-                            "id": rec.stream_id, "data": obj})
+        changed = sorted((rec.seq, key) for key, (rec, _obj) in now.items() if rec.seq > after)
+        for _seq, key in changed:
+            rec, obj = now[key]
+            out.append({"kind": "publish", "op": "publish", "topic": self.topic.name,
+                        "sow_key": key, "partition": p, "seq": rec.seq,
+                        "id": rec.stream_id, "data": obj})
         if self.oof:
             self._view[p] = set(now)
         self.pos[p] = max(seq, after)
-        if self.tracker is not None:
+        if self.tracker is not None:  # the position moves once these are processed
+            for rec_seq, _key in changed:
+                self.tracker.received(p, rec_seq)
             self.tracker.skip(p, self.pos[p])
         bm = self.bookmark
         for msg in out:
@@ -381,8 +443,11 @@ class Subscriber:
                 continue
             try:
                 block = parse_block(data)
-            except ValueError:
-                continue  # not a change block
+            except ValueError as exc:
+                if not is_topic_removed(data):
+                    self._error(None, None, None, None, f"a message on the topic's channels "
+                                f"is no change block ({exc}); ignored")
+                continue
             self._block(block)
         out = self._ready.popleft()
         self._last = out

@@ -1,25 +1,34 @@
 --[[
-  apply_appended: write-through of a publisher's chunk. Sent by sow_redis's publisher in the
-  same write as the XADDs of the chunk (one per partition the chunk touched), it applies the
-  prepared plain publishes at the head of the partition's unapplied log, at most `count`
-  entries (the number the chunk appended), exactly as the worker's apply_log.lua would
-  (include apply_prepared: same records, expiry scores, index members, sequence, change feed
-  and change block). A publish to a partition whose workers are caught up is thereby applied
-  and delivered to subscribers in the publisher's own round trip, with no worker hop.
+  apply_appended: a publisher's append of one chunk to one partition, with its write-through.
+  The script itself appends the chunk's entries to the partition's log (XADD, in order) and,
+  with write-through asked and the log holding no unapplied entry before them, applies them
+  there and then, exactly as a worker would (include apply_prepared: same records, expiry
+  scores, index members, sequence, change feed and change block). A publish to a caught-up
+  partition is thereby applied and delivered to subscribers in the publisher's own round
+  trip, with no worker hop.
+
+  Trust: the SOW key ("k") and index members ("m") applied here are those of the entries this
+  very call appends, computed by the calling process (sow_redis's publisher, which needs the
+  right to run scripts); an entry some other client appended is never applied here, because
+  the call applies nothing when the log holds any unapplied entry before its own. The entries
+  it leaves unapplied are recorded as a trusted range (include apply_prepared add_trusted), so
+  the workers' apply_log.lua applies their prepared publishes without reading them; every
+  other entry of the log (a plain XADD of any client) is read and verified by a worker.
 
   Why it is safe without a fencing token: the script is atomic and starts at the applied
-  cursor, so an entry is applied once whoever applies it (the cursor moves past it); it applies
-  only entries that need no planning and stops before the first one that does (a delta, a
-  sow_delete, a message expiration, a chaining topic's or another client's entry), which a worker
-  then plans. A worker batch planned before this script moved the cursor is refused by
-  apply.lua (SOW_CONFLICT when the cursor lies inside the batch, "applied before" when past it)
-  and planned again from the cursor. During a shape migration (the partition's lease held by a
-  "migrate:" owner) the script applies nothing.
+  cursor, so an entry is applied once whoever applies it (the cursor moves past it). A worker
+  batch planned before this script moved the cursor is refused by apply.lua (SOW_CONFLICT
+  when the cursor lies inside the batch, "applied before" when past it) and planned again.
+  During a shape migration (the partition's lease held by a "migrate:" owner) the script
+  only appends.
 
-  Job marker: when entries are left unapplied after it (a delta, a backlog), the script sets
-  the partition's job marker (SET NX PX, as the publisher did before write-through) and says
-  so, and the publisher enqueues an ingest job; when it applied everything, no worker is
-  woken for nothing.
+  Job marker: when entries are left unapplied (a delta, a backlog, a migration, append only),
+  the script sets the partition's job marker (SET NX PX; when given one) and says so, and
+  the publisher enqueues an ingest job; when it applied everything, no worker is woken for
+  nothing.
+
+  No error reply after the first XADD: the apply runs under pcall, so an error reply always
+  means nothing was appended (the publisher then appends the entries itself with XADD).
 
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
@@ -27,21 +36,28 @@
           partition's lease, then its job marker
     ARGV[1] partition channel   ARGV[2] topic name     ARGV[3] n (number of hash indexes)
     ARGV[4] "1" when the topic has a dead_letter topic
-    ARGV[5] "1" when the topic's expiration is enabled     ARGV[6] count (entries read at most)
+    ARGV[5] "1" when the topic's expiration is enabled
+    ARGV[6] the entries: MessagePack (Redis's cmsgpack) array, each entry the flat array of
+            its stream fields and values (sow_redis/entries.py make_entry)
     ARGV[7] the topic's expiry of a message without its own expiration: "" (none), "now"
             (TTL 0 under policy min) or a lifetime in ms added to the entry's stream id time
     ARGV[8] partition number
     ARGV[9] change feed retention: changes kept per partition (0: no feed, pub/sub only)
     ARGV[10] change feed retention in ms (0: by count only)
-    ARGV[11] job marker lifetime in ms     ARGV[12] job marker value
+    ARGV[11] job marker lifetime in ms
+    ARGV[12] "1": write-through (apply on a caught-up partition), "0": append only
+    ARGV[13] job marker value ("": set no marker; the caller hands the entries over itself)
+    KEYS[14 + n] the partition's trusted ranges (after the lease and the job marker)
 
   Output:
-    {entries applied, cursor, marker}: marker = 1 when entries are left for the workers and
-    this call set the job marker (no job was outstanding), else 0.
+    {entries applied, stream id of the last entry appended, marker, apply error}: marker = 1
+    when entries are left for the workers and this call set the job marker (no job was
+    outstanding), else 0; apply error = "" or the text of an error the apply raised (the
+    entries are appended all the same; the workers apply them).
 ]]
 local chan, topic, nidx = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local dead_letter, expiring = ARGV[4] == "1", ARGV[5] == "1"
-local count, ttl, partition = tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local ttl, partition = ARGV[7], ARGV[8]
 
 --@include event
 --@include remove_record
@@ -50,33 +66,49 @@ local count, ttl, partition = tonumber(ARGV[6]), ARGV[7], ARGV[8]
 
 local P = partition_context(chan, topic, partition, nidx)
 local marker = KEYS[13 + nidx]
+local fields = cmsgpack.unpack(ARGV[6])
 
--- entries left after the cursor: make sure a worker comes (SET NX: one job at a time)
-local function hand_over(left)
-  if left and redis.call("SET", marker, ARGV[12], "NX", "PX", ARGV[11]) then
+local trusted_key = KEYS[14 + nidx]
+
+-- entries from the i-th on are left for the workers: a trusted range (this call appended
+-- them), and make sure a worker comes (SET NX: one job at a time)
+local function hand_over(entries, i)
+  if i > #entries then return 0 end
+  add_trusted(trusted_key, entries[i][1], entries[#entries][1])
+  if ARGV[13] ~= "" and redis.call("SET", marker, ARGV[13], "NX", "PX", ARGV[11]) then
     return 1
   end
   return 0
 end
 
 local owner = redis.call("GET", KEYS[12 + nidx])
-if owner and string.sub(owner, 1, 8) == "migrate:" then
-  return {0, "", 0}
-end
+local migrating = owner and string.sub(owner, 1, 8) == "migrate:"
 local meta = redis.call("HMGET", P.state, "cursor", "seq")
 local cursor = meta[1] or "0-0"
--- one entry more than this script may apply tells whether the log holds more after them
-local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count + 1)
-if #entries == 0 then return {0, cursor, 0} end
-local more = #entries > count
-if more then entries[#entries] = nil end
-local S = batch_state(P, tonumber(meta[2] or "0"), expiring, dead_letter, ARGV[9], ARGV[10])
--- no entry here reads a record (no expiry check without expiration): write them in bulk
-if not expiring then S.deferred = new_deferred() end
+-- only entries this call appends are applied here: none when others wait before them
+local caught_up = ARGV[12] == "1" and not migrating
+  and #redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", 1) == 0
 
-local applied, last = apply_prepared(P, S, entries, ttl, nidx)
-if applied > 0 then
-  cursor = last
-  finish_prepared(P, S, cursor)
+local entries = {}
+for i = 1, #fields do
+  entries[i] = {redis.call("XADD", P.log, "*", unpack(fields[i])), fields[i]}
 end
-return {applied, cursor, hand_over(more or applied < #entries)}
+local last_id = ""
+if #entries > 0 then last_id = entries[#entries][1] end
+if not caught_up then
+  return {0, last_id, hand_over(entries, 1), ""}
+end
+
+local applied = 0
+local ok, err = pcall(function()
+  local S = batch_state(P, tonumber(meta[2] or "0"), expiring, dead_letter, ARGV[9], ARGV[10])
+  -- no entry here reads a record (no expiry check without expiration): write them in bulk
+  if not expiring then S.deferred = new_deferred() end
+  local n, last = apply_prepared(P, S, entries, ttl, nidx)
+  if n > 0 then finish_prepared(P, S, last) end
+  applied = n
+end)
+if not ok then
+  return {0, last_id, hand_over(entries, 1), tostring(err)}
+end
+return {applied, last_id, hand_over(entries, applied + 1), ""}

@@ -1,20 +1,22 @@
 --[[
   apply_log: apply the plain publishes at the head of a partition's unapplied log, reading the
-  log in the script itself (no round trip of the messages through the worker), atomically.
+  log in the script itself (no round trip of the messages back from the worker), atomically.
 
   A log entry written by sow_redis's publisher carries the SOW key it computed (field "k") and,
   on a topic with hash indexes, the record's index members (field "m"); see
-  sow_redis/entries.py. For a "publish" with those fields and no message expiration, the worker
-  has nothing to compute: this script reads up to `count` entries after the applied cursor
-  and upserts them exactly as apply.lua does (include apply_prepared, write_record: same
-  records, expiry scores, index members, change events), in log order, and stops before the
-  first entry that is anything else (delta_publish, sow_delete, a message expiration, an entry from another
-  client), which the worker then plans and applies with apply.lua.
-
-  Trust: "k" and "m" are what sow_redis's publisher computed while validating the message;
-  the script checks only that the data is braced like a JSON object. A client that writes
-  entries itself must leave both out (the worker then validates and keys the entry, and
-  rejects a bad one to the error stream).
+  sow_redis/entries.py. Such fields are never trusted as read from the log. The script applies
+  a prepared publish only when
+    * it lies inside a trusted range: entries that a caller with the right to run scripts
+      appended itself (apply_appended.lua) and left unapplied; or
+    * the worker read it, checked that "k" and "m" are what the topic's definition gives for
+      its data and partition (sow_redis/keying.py verified_prepared), and names the last
+      entry it verified (ARGV[12]; log entries are append-only: an id names one entry for
+      good).
+  It reads at most `count` entries after the applied cursor and upserts them exactly as
+  apply.lua does (include apply_prepared, write_record: same records, expiry scores, index
+  members, change events), in log order, stopping before the first entry that is anything
+  else, which the worker then reads, verifies or plans, and applies (rejecting a forged "k"
+  or "m" to the error stream). Trusted ranges the cursor has passed are dropped.
 
   Input:
     KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
@@ -27,6 +29,9 @@
     ARGV[9] partition number
     ARGV[10] change feed retention: changes kept per partition (0: no feed, pub/sub only)
     ARGV[11] change feed retention in ms (0: by count only)
+    ARGV[12] the stream id of the last entry the worker verified ("0-0": none; only the
+             trusted ranges)
+    KEYS[12 + n] the partition's trusted ranges (after the hash indexes)
 
   Output:
     {entries applied, cursor, more}: more = 0 the log is drained, 1 `count` entries were
@@ -53,11 +58,22 @@ local S = batch_state(P, tonumber(meta[3] or "0"), expiring, dead_letter, ARGV[1
 -- no entry here reads a record (no expiry check without expiration): write them in bulk
 if not expiring then S.deferred = new_deferred() end
 
-local applied, last, stopped = apply_prepared(P, S, entries, ttl, nidx)
+local trusted_key = KEYS[12 + nidx]
+local verified = pad_id(ARGV[12])
+local ranges, ri = trusted_after(trusted_key, cursor), 1
+local function accept(id)
+  local pid = pad_id(id)
+  if pid <= verified then return true end
+  while ri <= #ranges and ranges[ri][2] < pid do ri = ri + 1 end
+  return ri <= #ranges and ranges[ri][1] <= pid
+end
+
+local applied, last, stopped = apply_prepared(P, S, entries, ttl, nidx, accept)
 local more = 0
 if stopped then more = 2 elseif #entries == count then more = 1 end
 if applied > 0 then
   cursor = last
   finish_prepared(P, S, cursor)
+  trim_trusted(trusted_key, cursor)
 end
 return {applied, cursor, more}

@@ -21,7 +21,10 @@
 A chaining topic resolves its chains first (:mod:`sow_redis.spark.chains`), then its rows go
 to one task per topic partition (a shuffle), which appends them with ``lua/load_batch.lua``
 (exactly once per batch) and applies them with the workers' planning path, which a chaining
-message needs.
+message needs. Delta publishes and deletes (``cmd``: ``spark load --delta`` / ``--delete``)
+take this path too, on any topic: ``apply_load.lua`` applies prepared plain publishes only,
+and the workers' apply code (``jobs.drain_partition``, run by each partition's task under
+the partition's lease) merges and deletes exactly as ``delta-publish`` and ``sow-delete``.
 
 The resulting SOW is the one that publishing the same messages in the same order gives.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -95,9 +99,49 @@ def input_format(inputs: list[str], fmt: str | None) -> str:
     raise ValueError(f"cannot tell the format of {inputs!r}: give --format json|fix|parquet")
 
 
-def default_load_id(topic: str, inputs: list[str]) -> str:
-    """A load id that is the same for the same inputs (names, sizes, modification times)."""
+def local_path(path: str) -> str | None:
+    """The local file system path of an input or folder (``file:`` URIs too); None for a URI
+    of another file system (``hdfs://``, ``s3a://``, …), which only Spark can look at."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", path)
+    if scheme is None or len(scheme.group(1)) == 1:  # a path, or a drive letter
+        return path
+    if scheme.group(1).lower() == "file":
+        return re.sub(r"^file:(//[^/]*)?", "", path) or "/"
+    return None
+
+
+def check_inputs(inputs: list[str], fmt: str | None = None) -> None:
+    """What can be known before Spark starts: each local input (file, folder or glob) names
+    something readable, and the format can be told.
+
+    Raises:
+        ValueError: one line naming the first input that does not exist (or a glob that
+            matches nothing, or a file that cannot be read), or the format that cannot be
+            told.
+    """
+    import glob
+
+    for given in inputs:
+        path = local_path(given)
+        if path is None or "{" in path:  # another file system; a Hadoop {a,b} glob
+            continue
+        if glob.has_magic(path):
+            if not glob.glob(path):
+                raise ValueError(f"no input matches {given!r}")
+        elif not os.path.exists(path):
+            raise ValueError(f"input not found: {given!r}")
+        elif not os.access(path, os.R_OK):
+            raise ValueError(f"input not readable: {given!r}")
+    input_format(inputs, fmt)
+
+
+def default_load_id(topic: str, inputs: list[str], cmd: str = "publish") -> str:
+    """A load id that is the same for the same inputs (names, sizes, modification times) and
+    command (``publish``; ``delta_publish`` and ``sow_delete`` give other ids, so a delta
+    load of files loaded before is not taken for that load)."""
     h = hashlib.sha256(topic.encode())
+    if cmd != "publish":
+        h.update(f"\0{cmd}\0".encode())
     for path in sorted(inputs):
         h.update(path.encode())
         try:
@@ -109,10 +153,13 @@ def default_load_id(topic: str, inputs: list[str]) -> str:
 
 
 def prepare_rows(topic_json: bytes, rows: Iterable[tuple[bytes | str, int]],
-                 separator: bytes | None = None) -> Iterator[tuple[int, tuple[int, Any, Any]]]:
+                 separator: bytes | None = None, cmd: str = "publish"
+                 ) -> Iterator[tuple[int, tuple[int, Any, Any]]]:
     """Executor side of step 2: ``(line, order)`` → ``(partition, (order, fields, reject))``
-    with ``fields`` the log entry (None when refused or skipped) and ``reject`` ``(reason,
-    detail, data)`` or None; skipped FIX messages come as ``(-1, (order, None, None))``."""
+    with ``fields`` the log entry of command ``cmd`` (``publish``, ``delta_publish`` or
+    ``sow_delete``: delete the record a publish of the line would update; None when refused
+    or skipped) and ``reject`` ``(reason, detail, data)`` or None; skipped FIX messages come
+    as ``(-1, (order, None, None))``."""
     from ..errors import MessageError
     from ..publisher import prepare
 
@@ -123,7 +170,7 @@ def prepare_rows(topic_json: bytes, rows: Iterable[tuple[bytes | str, int]],
         if not data.strip():
             continue
         try:
-            got = prepare(topic, ("publish", data, None), separator, skip)
+            got = prepare(topic, (cmd, data, None), separator, skip)
         except MessageError as exc:
             yield 0, (order, None, (exc.reason, exc.detail, data))
             continue
@@ -418,7 +465,7 @@ def input_rows(spark: Any, inputs: list[str], fmt: str | None = None,
 def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str | None = None,
          order_by: list[str] | None = None, load_id: str | None = None,
          batch_size: int = 5000, apply: bool = True,
-         separator: bytes | None = None) -> LoadResult:
+         separator: bytes | None = None, cmd: str = "publish") -> LoadResult:
     """Load ``inputs`` into ``topic`` (see the module docstring).
 
     Args:
@@ -429,25 +476,37 @@ def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str |
             names, sizes and times: loading the same files again appends nothing).
         apply: apply each partition in its task (False: leave the entries to the workers).
         separator: FIX field separator of the input (default: the topic's).
+        cmd: what each row is: ``publish`` (replaces the record), ``delta_publish`` (merged
+            into it) or ``sow_delete`` (removes the record a publish of the row would
+            update); the same as ``sow-redis publish`` / ``delta-publish`` / ``sow-delete
+            --data`` of each row in order.
 
     Raises:
         ValueError: the format cannot be told; Spark's AnalysisException for unreadable input.
     """
     rows = input_rows(spark, inputs, fmt, order_by)
-    lid = load_id or default_load_id(topic.name, inputs)
-    return load_rows(url, topic, rows, lid, batch_size, apply, separator, spark)
+    lid = load_id or default_load_id(topic.name, inputs, cmd)
+    return load_rows(url, topic, rows, lid, batch_size, apply, separator, spark, cmd)
 
 
 def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size: int = 5000,
               apply: bool = True, separator: bytes | None = None,
-              spark: Any = None) -> LoadResult:
+              spark: Any = None, cmd: str = "publish") -> LoadResult:
     """Steps 2–4 for an RDD of ``(line, order)`` rows (a file load, or one micro-batch of
     ``sow-redis spark stream``), appended exactly once under ``load_id``. On a chaining
     topic the rows' chains are resolved first (:func:`sow_redis.spark.chains.
     resolve_prepared`, written to the chain table; ``spark``: the session, default the
-    active one), so the apply path finds every identifier's head in the table."""
+    active one), so the apply path finds every identifier's head in the table.
+
+    Plain publishes (``cmd`` ``publish``) of a topic without chaining take
+    ``lua/apply_load.lua`` (steps 3 and 4), which applies prepared publishes only. Delta
+    publishes and deletes, like chaining topics, go to one task per topic partition (a
+    shuffle) that appends them with ``lua/load_batch.lua`` (exactly once per batch) and
+    then drains the partition with the workers' own apply code (:meth:`Sow.handoff` inline:
+    ``jobs.drain_partition`` under the partition's lease), so they merge and delete exactly
+    as the workers do."""
     topic_json = topic.to_json()
-    if not topic.chaining and apply:
+    if not topic.chaining and apply and cmd == "publish":
         splits = rows.getNumPartitions()
 
         def task(split: int, it: Iterator[tuple[Any, int]]) -> Iterator[dict[str, int]]:
@@ -457,7 +516,7 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
         counts = rows.mapPartitionsWithIndex(task).collect()
         counts.append(finish_load(url, topic, load_id, splits))
         return _result(counts, None)
-    prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator))
+    prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator, cmd))
     chains = None
     if topic.chaining:
         from pyspark.sql import SparkSession

@@ -148,8 +148,51 @@ def view_name(topic: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", topic)
 
 
+def query_tables(spark: Any, query: str) -> tuple[list[str], set[str]]:
+    """The tables ``query`` reads, as Spark's own parser sees them (no analysis: nothing is
+    looked up): ``(names, CTE names)``, each name one-part as written (other case kept) or
+    dotted for a qualified name, in order of appearance, without repeats; subqueries and
+    CTE bodies included.
+
+    The names come from the parsed plan's tree text (``'UnresolvedRelation [name], …`` per
+    table read, ``CTE [name, …]`` per WITH), which prints every node, subqueries too.
+
+    Raises:
+        pyspark.errors.ParseException: ``query`` is not Spark SQL.
+    """
+    plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
+    tree = str(plan.treeString())
+    names: dict[str, None] = {}
+    for parts in re.findall(r"'UnresolvedRelation \[(.*?)\], \[", tree):
+        names[".".join(p.strip() for p in parts.split(","))] = None
+    # a WITH, at the top or in a subquery
+    ctes = {n.strip().lower() for group in re.findall(r"(?:^|[ :+-])CTE \[(.*?)\]$", tree,
+                                                      re.M) for n in group.split(",")}
+    return list(names), ctes
+
+
 def sql(spark: Any, url: str, topics: list[TopicConfig], query: str) -> Any:
-    """Run ``query`` over snapshot views of ``topics`` (each named by :func:`view_name`)."""
-    for t in topics:
+    """Run ``query`` over snapshot views of the ``topics`` it names (each topic a view named
+    by :func:`view_name`, matched without regard to case as Spark does): only those are
+    read from Redis.
+
+    Raises:
+        pyspark.errors.ParseException: ``query`` is not Spark SQL (before any snapshot);
+        ValueError: ``query`` reads a one-part table name that is no topic's view and no
+            CTE of the query (before any snapshot; the message names the views);
+        pyspark.errors.AnalysisException: Spark refused the query.
+    """
+    names, ctes = query_tables(spark, query)
+    views = {view_name(t.name).lower(): t for t in topics}
+    used: dict[str, TopicConfig] = {}
+    for name in names:
+        key = name.lower()
+        if key in views:
+            used[key] = views[key]
+        elif "." not in name and key not in ctes:
+            known = ", ".join(sorted(view_name(t.name) for t in topics)) or "none"
+            raise ValueError(f"the query reads table {name!r}, which is no topic (the "
+                             f"topics' views: {known})")
+    for t in used.values():
         snapshot(spark, url, t).createOrReplaceTempView(view_name(t.name))
     return spark.sql(query)

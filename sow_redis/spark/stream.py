@@ -8,24 +8,70 @@ are recorded in Redis in the same atomic call that appends and applies the rows,
 restarted query that replays a batch (Spark replays the batches its checkpoint did not
 commit) changes nothing. Files are taken in the order Spark
 discovers them (modification time); rows keep their order within a file.
+
+The checkpoint id (:func:`checkpoint_id`) is a random id written into the checkpoint folder
+(``_sow_stream_id``) when the query starts on a checkpoint with no batch in it: Spark numbers
+the batches of a new checkpoint from 0 again, so a deleted and recreated checkpoint (or
+another query on the same path) gets a new id and its batches are never taken for the old
+ones, while a restart on the same checkpoint reads the id back and replays nothing twice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from ..config import TopicConfig
 from .load import LoadResult, load_rows
 
+ID_FILE = "_sow_stream_id"
+"""The file in a checkpoint folder that holds the checkpoint's id (:func:`checkpoint_id`)."""
 
-def batch_loader(url: str, topic: TopicConfig, checkpoint: str,
+
+def checkpoint_id(spark: Any, checkpoint: str, topic: str) -> str:
+    """The id of a stream's ``checkpoint`` (any file system Spark can write to, through
+    Hadoop's FileSystem API), which the load ids of its batches carry.
+
+    A checkpoint with no batch in it (none yet, deleted, or never started: Spark's
+    ``offsets`` log is empty or absent) gets a new random id, written to ``ID_FILE``
+    (replacing one there); a checkpoint with batches keeps the id of that file. A
+    checkpoint with batches and no such file was written before these ids existed: its id
+    is then the one those versions used (a hash of the topic and the path), written to the
+    file, so a restart on it stays exactly once."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path
+    root = path(checkpoint)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    offsets, id_file = path(root, "offsets"), path(root, ID_FILE)
+    started = fs.exists(offsets) and len(fs.listStatus(offsets)) > 0
+    if started and fs.exists(id_file):
+        stream = fs.open(id_file)
+        try:
+            got = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")).strip()
+        finally:
+            stream.close()
+        if got:
+            return got
+    if started:  # a checkpoint of an earlier version
+        sid = hashlib.sha256(f"{topic}\0{checkpoint}".encode()).hexdigest()[:12]
+    else:
+        sid = uuid.uuid4().hex
+    out = fs.create(id_file, True)
+    try:
+        out.write(bytearray(sid.encode() + b"\n"))
+    finally:
+        out.close()
+    return sid
+
+
+def batch_loader(url: str, topic: TopicConfig, stream_id: str,
                  separator: bytes | None = None,
                  on_batch: Callable[[int, LoadResult], None] | None = None
                  ) -> Callable[[Any, int], None]:
-    """The ``foreachBatch`` function of a stream into ``topic`` with this ``checkpoint``."""
-    stream_id = hashlib.sha256(f"{topic.name}\0{checkpoint}".encode()).hexdigest()[:12]
+    """The ``foreachBatch`` function of a stream into ``topic`` whose checkpoint has the id
+    ``stream_id`` (:func:`checkpoint_id`)."""
 
     def each(df: Any, batch_id: int) -> None:
         from pyspark.sql import functions as F
@@ -49,8 +95,9 @@ def stream(spark: Any, url: str, topic: TopicConfig, directory: str, checkpoint:
     """Start the streaming query (returns it); with ``once``, process what the folder holds
     (``availableNow``) and wait for the end."""
     reader = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(directory)
+    stream_id = checkpoint_id(spark, checkpoint, topic.name)
     writer = reader.writeStream.foreachBatch(
-        batch_loader(url, topic, checkpoint, separator, on_batch)).option(
+        batch_loader(url, topic, stream_id, separator, on_batch)).option(
         "checkpointLocation", checkpoint)
     writer = writer.trigger(availableNow=True) if once else writer.trigger(
         processingTime=f"{trigger_s} seconds")

@@ -9,16 +9,55 @@
   braced like a JSON object, index members (field "m") when the topic has hash indexes, and no
   message expiration of its own (see sow_redis/entries.py).
 
-  apply_prepared(P, S, entries, ttl, nidx) → applied, cursor (nil when none applied), stopped
+  apply_prepared(P, S, entries, ttl, nidx, accept) → applied, cursor (nil when none applied),
+    stopped
     ttl: the topic's expiry of a message without its own: "" (none), "now" (TTL 0) or a
          lifetime in ms added to the entry's stream id time
+    accept: nil (the caller appended the entries itself) or a function of a stream id that
+         says whether the entry may be applied without the worker (apply_log.lua: inside a
+         trusted range, or verified by the worker)
     stopped: true when it stopped before an entry the worker must plan (apply.lua)
+
+  Trusted ranges (KEYS of the caller, sow_redis/keys.py trusted): the entries a caller with
+  the right to run scripts appended itself and left unapplied, member "<last>:<first>" of
+  padded ids (pad_id), so members sort as the ids do.
 ]]
-local function apply_prepared(P, S, entries, ttl, nidx)
+-- a stream id padded to "<15 digits>-<10 digits>": strings compare as the ids do
+local function pad_id(id)
+  local ms, seq = string.match(id, "^(%d+)-(%d+)$")
+  return string.rep("0", 15 - #ms) .. ms .. "-" .. string.rep("0", 10 - #seq) .. seq
+end
+
+-- record entries first .. last (stream ids) as appended by a trusted caller
+local function add_trusted(key, first, last)
+  redis.call("ZADD", key, 0, pad_id(last) .. ":" .. pad_id(first))
+end
+
+-- the trusted ranges with entries after the cursor, {first, last} padded, in order (at most
+-- 256; entries beyond them are verified by the worker)
+local function trusted_after(key, cursor)
+  local out = {}
+  local members = redis.call("ZRANGEBYLEX", key, "[" .. pad_id(cursor) .. ";", "+",
+    "LIMIT", 0, 256)
+  for i = 1, #members do
+    local last, first = string.match(members[i], "^([^:]+):(.+)$")
+    out[i] = {first, last}
+  end
+  return out
+end
+
+-- drop the trusted ranges the cursor has passed
+local function trim_trusted(key, cursor)
+  redis.call("ZREMRANGEBYLEX", key, "-", "(" .. pad_id(cursor) .. ";")
+end
+local function apply_prepared(P, S, entries, ttl, nidx, accept)
   local ttl_ms = tonumber(ttl)
   local applied, cursor = 0, nil
   for _, entry in ipairs(entries) do
     local id, f = entry[1], entry[2]
+    if accept and not accept(id) then
+      return applied, cursor, true
+    end
     local cmd, data, key, members, own_expiry
     for j = 1, #f, 2 do
       local name = f[j]

@@ -77,10 +77,10 @@ local function publish_changes(P, S)
   if S.keep_count > 0 then
     local id = string.format("%d", S.first) .. "-0"
     local min_seq = S.seq - S.keep_count + 1
+    local keep_id, keep_seq = feed_keep_from(P.changes, S.first, min_seq)
     local added
-    if min_seq > 1 then
-      added = redis.pcall("XADD", P.changes, "MINID", "~", string.format("%d", min_seq) .. "-0",
-        id, "block", block)
+    if keep_id then
+      added = redis.pcall("XADD", P.changes, "MINID", "~", keep_id, id, "block", block)
     else
       added = redis.pcall("XADD", P.changes, id, "block", block)
     end
@@ -108,7 +108,7 @@ local function publish_changes(P, S)
       -- seqs) whose block lies below the feed's first kept seq
       local o = redis.call("ZRANGE", P.change_times, 0, 4 * FEED_UPKEEP_EVERY - 1)
       local n = 0
-      while o[n + 1] and tonumber(o[n + 1]) < min_seq do n = n + 1 end
+      while o[n + 1] and tonumber(o[n + 1]) < (keep_seq or min_seq) do n = n + 1 end
       if n > 0 then redis.call("ZREMRANGEBYRANK", P.change_times, 0, n - 1) end
     end
   end
