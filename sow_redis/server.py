@@ -372,6 +372,13 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
         redis_proc = start_redis(settings.redis_url, data_dir)
         click.echo(f"started redis-server at {redact(settings.redis_url)} (data in {data_dir})", err=True)
     elif is_cluster_url(settings.redis_url):
+        from redis.exceptions import RedisClusterException
+
+        try:
+            connect(settings.redis_url)  # reads the slot map: a plain server fails here
+        except RedisClusterException as exc:
+            raise SowError(f"{redact(settings.redis_url)} does not answer as a Redis Cluster: "
+                           f"{' '.join(str(exc).split())}") from None
         click.echo(f"using the Redis Cluster at {redact(settings.redis_url)} (control Redis "
                    f"{redact(control_url_for(settings.redis_url, settings.control_url))})",
                    err=True)

@@ -12,9 +12,11 @@ import sys
 import time
 import uuid
 
+import pytest
 from conftest import client, run_cli, wait_until
 
 from sow_redis import keys
+from sow_redis.server import free_port
 
 
 def test_up_runs_workers_and_the_expirer_on_an_existing_cluster(redis_cluster, tmp_path):
@@ -65,15 +67,19 @@ def test_up_runs_workers_and_the_expirer_on_an_existing_cluster(redis_cluster, t
     assert text.rstrip().endswith("stopped")
 
 
-def test_up_on_a_cluster_url_that_does_not_answer_is_one_line(tmp_path):
+@pytest.mark.parametrize("answers", [False, True])
+def test_up_on_a_cluster_url_without_a_cluster_is_one_line(tmp_path, redis_server, answers):
+    """Nothing answers at the cluster URL, or a plain server (not in cluster mode) does."""
     env = dict(os.environ)
     env.pop("SOW_CONTROL_URL", None)
+    node = redis_server.split("//")[1].split("/")[0] if answers else f"127.0.0.1:{free_port()}"
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "sow_redis.cli", "--redis-url",
-                          "redis+cluster://127.0.0.1:1", "--control-url",
-                          "redis://127.0.0.1:1/0", "up", "--data-dir", str(tmp_path)],
-                         env=env, capture_output=True, timeout=60)
+                          f"redis+cluster://{node}", "--control-url", redis_server, "up",
+                          "--data-dir", str(tmp_path)], env=env, capture_output=True, timeout=60)
     err = out.stderr.decode()
     print(f"{time.monotonic() - started:.1f} s: {err}")
     assert out.returncode == 1 and len(err.strip().splitlines()) == 1, err
     assert "internal error" not in err and err.startswith("Error: ")
+    assert ("does not answer as a Redis Cluster" if answers else "no Redis Cluster node answers"
+            ) in err
