@@ -210,8 +210,10 @@ def subscriber_main(port: int, channels: list[str], kind: str, ready: Any, stop:
     out_keys: list[str] = []
     out_times: list[float] = []
     other = 0
-    loads, now = orjson.loads, time.time
-    marker = b'"reason":"expired"'
+    from sow_redis.events import events_of
+
+    now = time.time
+    marker = b"expired"
     while not stop.is_set():
         readable, _w, _x = select.select([sock], [], [], 0.05)
         if not readable:
@@ -231,9 +233,10 @@ def subscriber_main(port: int, channels: list[str], kind: str, ready: Any, stop:
                 out_keys.append(data.decode())
                 out_times.append(t)
                 continue
-            block = loads(data) if marker in data else None
-            expired = [ev for ev in block["events"] if ev.get("op") == "sow_delete"
-                       and ev.get("reason") == "expired"] if block else []
+            # change blocks are MessagePack (sow_redis.events.parse_block); the marker is
+            # a cheap test for blocks that may hold an expiry
+            expired = [ev for ev in events_of(data) if ev.get("op") == "sow_delete"
+                       and ev.get("reason") == "expired"] if marker in data else []
             for ev in expired:  # one change block per expirer call
                 out_keys.append(ev["sow_key"])
                 out_times.append(t)

@@ -76,8 +76,8 @@ sow-redis --config examples/flights.toml up --workers "$workers" --detach \
   || { echo "main: sow-redis up did not start; last lines of $up_log:" >&2; tail -n 20 "$up_log" >&2 || true; exit 1; }
 up_started=1
 sed 's/^/up: /' "$up_log"
-note "topics in the registry (sow-redis config show):"
-registry="$(sow-redis config show)"
+note "topics in the registry (sow-redis config show --json):"
+registry="$(sow-redis config show --json)"
 echo "$registry"
 for t in flights weather; do
   grep -q "\"name\":\"$t\"" <<<"$registry" || { echo "main: topic $t is not configured" >&2; exit 1; }

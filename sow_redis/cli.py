@@ -7,8 +7,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, BinaryIO, NoReturn
 
 import click
 import orjson
@@ -31,10 +31,33 @@ def _one_line(text: str, url: str) -> str:
     return " ".join(text.split())
 
 
+EXIT_PIPE = 141
+"""Exit status when the reader of standard output went away (``sow-redis sow … | head``):
+128 + SIGPIPE, what a shell reports for a Unix tool that SIGPIPE ended."""
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), for commands that were cut short; the commands
+that run until stopped (``subscribe``, ``stats --watch``, …) end with 0 instead."""
+
+
+def _broken_pipe() -> NoReturn:
+    """End quietly, as ``head`` expects of a writer: nothing more goes to standard output
+    (it is pointed at /dev/null so that the interpreter's last flush fails no more), exit
+    status :data:`EXIT_PIPE`."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    raise SystemExit(EXIT_PIPE)
+
+
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn every error of a command into one line on stderr and exit status 1 (click's own
     usage errors keep status 2): SowError as its message, Redis failures by kind, anything
-    else as an internal error (``SOW_DEBUG=1`` shows the traceback)."""
+    else as an internal error (``SOW_DEBUG=1`` shows the traceback). A closed standard
+    output (``| head``) ends the command quietly with :data:`EXIT_PIPE` (Ctrl-C: see
+    :class:`_Main`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -42,6 +65,8 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:
+            _broken_pipe()
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except SowError as exc:
@@ -107,7 +132,32 @@ def _sow(ctx: click.Context) -> Any:
     return Sow(settings=_settings(ctx), inline=False)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+RUN_UNTIL_STOPPED = frozenset({"subscribe", "sow-and-subscribe", "metrics", "stats --watch"})
+"""Commands that run until Ctrl-C or SIGTERM stops them: that is how they end, status 0."""
+
+
+class _Main(click.Group):
+    """The ``sow-redis`` group: Ctrl-C, wherever it comes (also while a command starts),
+    ends a command that runs until stopped (:data:`RUN_UNTIL_STOPPED`) with status 0, and
+    any other with ``interrupted`` and :data:`EXIT_INTERRUPTED` (click would print
+    ``Aborted!`` and exit 1); a closed standard output as :func:`_broken_pipe`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            _broken_pipe()
+        except KeyboardInterrupt:
+            name = ctx.invoked_subcommand or ""
+            if name == "stats" and "--watch" in sys.argv:
+                name = "stats --watch"
+            if name in RUN_UNTIL_STOPPED:
+                raise SystemExit(0) from None
+            click.echo("interrupted", err=True)
+            raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--redis-url", envvar="SOW_REDIS_URL", default=DEFAULT_REDIS_URL, show_default=True,
               help="Redis to use: redis://, rediss://, unix:// or redis+cluster://host:port "
               "(any node of a Redis Cluster) (env SOW_REDIS_URL).")
@@ -145,7 +195,14 @@ def main(ctx: click.Context, redis_url: str, control_url: str | None, config_pat
 # -- config -----------------------------------------------------------------------------
 @main.group()
 def config() -> None:
-    """Topic definitions: validate a TOML file and store it in Redis."""
+    """Topic definitions: validate a TOML file and store it in Redis, print what is stored,
+    translate an AMPS configuration.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config apply sow.toml
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config show > stored.toml
+    """
 
 
 @config.command("apply")
@@ -233,17 +290,24 @@ def config_import_amps(file: str, output: str | None) -> None:
 @config.command("show")
 @click.pass_context
 @_friendly
-def config_show(ctx: click.Context) -> None:
-    """Print the topic definitions stored in Redis, one JSON object per line.
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per topic and line "
+              "(every field, as stored) instead of TOML.")
+def config_show(ctx: click.Context, as_json: bool) -> None:
+    """Print the topic definitions stored in Redis as a TOML configuration that
+    `config apply` accepts (fields at their default left out), by topic name.
 
     \b
     Example:
-      sow-redis --redis-url redis://127.0.0.1:6390/0 config show
+      sow-redis --redis-url redis://127.0.0.1:6390/0 config show > sow.toml
     """
-    from .config import load_topics
+    from .config import load_topics, to_toml
 
-    for t in sorted(load_topics(_sow(ctx).r).values(), key=lambda t: t.name):
-        click.echo(t.to_json().decode())
+    topics = sorted(load_topics(_sow(ctx).r).values(), key=lambda t: t.name)
+    if as_json:
+        for t in topics:
+            click.echo(t.to_json().decode())
+    elif topics:
+        click.echo(to_toml(topics), nl=False)
 
 
 # -- publish ----------------------------------------------------------------------------
@@ -287,11 +351,11 @@ def _separator(text: str | None) -> bytes | None:
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT, EXIT_REFUSED = 0, 1, 2, 3, 4, 5
 """``publish`` exit status: every line published (or skipped); an error (unknown topic,
-unreadable file, a --sow-key the topic cannot take: nothing published; Redis unreachable); a
-usage error (click); some lines rejected, the others published; ``--wait`` timed out (the
-published messages are in the log and will be applied; takes precedence over 3); Redis
-refused the rest after some were published (out of memory, read-only: the counts say what
-was appended)."""
+unreadable file, a --sow-key the topic cannot take, --durable without a replica, every line
+rejected: nothing published; Redis unreachable); a usage error (click); some lines rejected,
+the others published; ``--wait`` timed out (the published messages are in the log and will
+be applied; takes precedence over 3); Redis refused the rest after some were published (out
+of memory, read-only: the counts say what was appended). Ctrl-C: :data:`EXIT_INTERRUPTED`."""
 
 SAMPLES = 5
 """Rejected lines shown one by one after the per-reason counts."""
@@ -348,9 +412,192 @@ def _report_rejected(rejected: list[Any]) -> dict[str, int]:
     return reasons
 
 
+STREAM_FLUSH_S = 0.2
+"""Longest time in seconds a line read from a pipe or terminal waits before it is published
+(``tail -f log | sow-redis publish -t T -``): what has arrived by then is sent."""
+
+STREAM_MAX_LINES = 50_000
+"""Most lines from a pipe published in one :func:`~sow_redis.publisher.append` call (a fast
+pipe is published in blocks of at most this many lines or :data:`STREAM_FLUSH_S`)."""
+
+
+class _Interrupt:
+    """Ctrl-C while ``publish`` reads its input: the first SIGINT only sets :attr:`hit`, so
+    reading stops at the next line and what was read is still sent and counted; a second
+    one raises KeyboardInterrupt (as :meth:`hard` does for the first one once reading is
+    over). Restores the previous handler on exit."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self._hard = False
+
+    def _handler(self, *_a: object) -> None:
+        if self.hit or self._hard:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def hard(self) -> None:
+        """From now on Ctrl-C raises KeyboardInterrupt at once."""
+        self._hard = True
+
+    def __enter__(self) -> _Interrupt:
+        import signal
+        import threading
+
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _is_stream(fh: BinaryIO) -> bool:
+    """Whether ``fh`` is a pipe, socket or terminal (lines arrive over time), not a file."""
+    import stat
+
+    try:
+        return not stat.S_ISREG(os.fstat(fh.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):
+        return False  # no file descriptor (a test's BytesIO): read as a file
+
+
+def _stream_blocks(fd: int, limit: int, overlong: dict[int, int], stop: _Interrupt,
+                   flush_s: float = STREAM_FLUSH_S,
+                   max_lines: int = STREAM_MAX_LINES) -> Iterator[list[bytes]]:
+    """The lines arriving on ``fd`` (a pipe), in blocks: a block is given once
+    ``flush_s`` seconds have passed since its first line arrived, at ``max_lines`` lines, or
+    at end of input, so a slow stream is published as it comes. Lines as :func:`_lines`
+    gives them (an over-long one as :data:`OVERLONG`, noted in ``overlong``). Stops at
+    end of input or when ``stop.hit`` (checked at least every ``flush_s`` seconds)."""
+    import select
+
+    buf = bytearray()
+    block: list[bytes] = []
+    n = 0
+    skipping = -1  # bytes of an over-long line read past so far, -1: none
+    deadline = 0.0
+    eof = False
+    while True:
+        if stop.hit:  # Ctrl-C: send the lines taken so far, nothing more
+            if block:
+                yield block
+            return
+        while True:  # complete lines out of buf
+            nl = buf.find(b"\n")
+            if skipping >= 0:
+                if nl < 0:
+                    skipping += len(buf)
+                    buf.clear()
+                    break
+                n += 1
+                overlong[n] = skipping + len(buf[:nl].rstrip(b"\r"))
+                block.append(OVERLONG)
+                skipping = -1
+            elif nl < 0:
+                if len(buf) > limit:
+                    skipping = len(buf)
+                    buf.clear()
+                break
+            elif nl > limit:
+                n += 1
+                overlong[n] = len(buf[:nl].rstrip(b"\r"))
+                block.append(OVERLONG)
+            else:
+                n += 1
+                block.append(bytes(buf[:nl]).rstrip(b"\r"))
+            del buf[:nl + 1]
+            if len(block) == 1:
+                deadline = time.monotonic() + flush_s
+        if eof:
+            if skipping >= 0:
+                n += 1
+                overlong[n] = skipping + len(buf)
+                block.append(OVERLONG)
+            elif buf:
+                block.append(bytes(buf).rstrip(b"\r"))
+            if block:
+                yield block
+            return
+        now = time.monotonic()
+        if block and (len(block) >= max_lines or now >= deadline):
+            yield block
+            block = []
+            continue
+        wait = min(flush_s, deadline - now) if block else flush_s
+        readable, _w, _x = select.select([fd], [], [], max(0.0, wait))
+        if readable:
+            chunk = os.read(fd, 1 << 16)
+            if chunk:
+                buf += chunk
+            else:
+                eof = True
+
+
+_SEPARATORS = {b"\x01": "SOH", b";": "';'", b"|": "'|'", b"^": "'^'", b",": "','"}
+"""FIX field separators :func:`_fix_hint` recognises, as ``--separator`` takes them."""
+
+
+def _fix_hint(sample: list[bytes], sep: bytes) -> str | None:
+    """A hint for FIX lines rejected as ``bad_fix``: the separator ``sample`` lines seem to
+    use (the character most often before ``<tag>=``), when it is not ``sep``."""
+    counts = dict.fromkeys(_SEPARATORS, 0)
+    for line in sample:
+        for m in re.finditer(rb"(\D)\d{1,5}=", line):
+            if m.group(1) in counts:
+                counts[m.group(1)] += 1
+    found = max(counts, key=lambda k: counts[k])
+    if counts[found] < 2 or found == sep:
+        return None
+    used = _SEPARATORS.get(sep, repr(sep.decode(errors="replace")))
+    return (f"hint: the lines look separated by {_SEPARATORS[found]}, not by {used}: "
+            f"try --separator {_SEPARATORS[found]}")
+
+
+def _rest_of(fh: BinaryIO) -> int | None:
+    """Lines left unread in the file ``fh`` (counted now); None for a stream."""
+    if _is_stream(fh) or not fh.seekable():
+        return None
+    n, last = 0, b"\n"
+    while chunk := fh.read(1 << 20):
+        n += chunk.count(b"\n")
+        last = chunk[-1:]
+    return n + (last != b"\n")
+
+
+def _check_durable(r: Any, url: str) -> None:
+    """--durable: refuse at once, before anything is sent, when a primary has no replica
+    (WAIT 1 would only time out, each chunk after it was stored)."""
+    from .connection import primaries_without_replica
+
+    lonely = primaries_without_replica(r)
+    if lonely:
+        where = (f"the server at {redact(url)} has" if lonely == ["the server"]
+                 else f"primar{'y' if len(lonely) == 1 else 'ies'} {', '.join(lonely)} "
+                      f"of {redact(url)} {'has' if len(lonely) == 1 else 'have'}")
+        raise click.ClickException(
+            f"--durable needs a replica, and {where} none (INFO replication: "
+            "connected_slaves:0): nothing was published; publish without --durable or add a "
+            "replica")
+
+
 def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str | None,
              wait: bool, timeout: float, expiration: float | None,
              separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
+    with _Interrupt() as stop:
+        _publish_until(ctx, stop, topic, file, cmd, sow_key, wait, timeout, expiration,
+                       separator, retry_s, durable)
+
+
+def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, cmd: str,
+                   sow_key: str | None, wait: bool, timeout: float, expiration: float | None,
+                   separator: str | None, retry_s: float = 0.0, durable: bool = False) -> None:
+    """:func:`_publish` (see ``publish --help``); ``stop``: Ctrl-C ends the reading, then
+    the counts are printed and the exit status is :data:`EXIT_INTERRUPTED`."""
     from .errors import PublishInterrupted, WaitTimeout, refusal
     from .messages import check_expiration
     from .publisher import PublishResult, append
@@ -360,6 +607,8 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     t = sow.topic(topic)
     _check_sow_key_option(t, sow_key)
     sep = _separator(separator)
+    if durable:
+        _check_durable(sow.r, sow.url)
     fh: BinaryIO
     if file == "-":
         fh, size = sys.stdin.buffer, 0
@@ -371,30 +620,54 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
         size = os.path.getsize(file)
     started = time.perf_counter()
     limit, overlong = t.max_message_bytes + LINE_SLACK, dict[int, int]()
-    items = ((cmd, line, sow_key, expiration) for line in _lines(fh, limit, overlong))
+    sample: list[bytes] = []  # the first lines, for a hint on rejections
+
+    def items(lines: Iterable[bytes]) -> Iterator[Any]:
+        for line in lines:
+            if len(sample) < 5:
+                sample.append(line)
+            yield (cmd, line, sow_key, expiration)
+            if stop.hit:
+                return
+
+    blocks: Iterator[Iterable[bytes]]
+    if _is_stream(fh):
+        blocks = _stream_blocks(fh.fileno(), limit, overlong, stop)
+    else:
+        blocks = iter([_lines(fh, limit, overlong)])
     show_bar = size > 0 and sys.stderr.isatty()
-    result: PublishResult
+    result = PublishResult()
     if retry_s > 0:  # ride out a Redis outage (reported once on stderr), then go on
         from functools import partial
 
         from .outage import append_through_outage
 
         append = partial(append_through_outage, retry_s=retry_s)
-    interrupted: PublishInterrupted | None = None
+    refused: PublishInterrupted | None = None
     try:
         if show_bar:
             from rich.progress import Progress
 
             with Progress(transient=True) as progress:
                 task = progress.add_task(f"publishing to {topic}", total=size)
-                result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                                on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
-                                durable=durable)
+                for block in blocks:
+                    result.merge(append(
+                        sow.r, t, items(block), start=result.read + 1, fix_separator=sep,
+                        jobs=sow.job_settings,
+                        on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
+                        durable=durable))
         else:
-            result = append(sow.r, t, items, fix_separator=sep, jobs=sow.job_settings,
-                            durable=durable)
+            for block in blocks:
+                result.merge(append(sow.r, t, items(block), start=result.read + 1,
+                                    fix_separator=sep, jobs=sow.job_settings, durable=durable))
+                if stop.hit:
+                    break
     except PublishInterrupted as exc:  # some were appended (else the refusal is raised)
-        interrupted, result = exc, exc.result
+        refused = exc
+        result.merge(exc.result)
+    ctrl_c = stop.hit and refused is None
+    stop.hard()
+    not_sent = _rest_of(fh) if ctrl_c else None
     if fh is not sys.stdin.buffer:
         fh.close()
     if overlong:
@@ -405,8 +678,9 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             if x.position in overlong else x for x in result.rejected]
     timed_out: WaitTimeout | None = None
     started_jobs = sow.job_settings is not None  # append(jobs=…) started the workers
+    wait = wait and not ctrl_c
     try:
-        if interrupted is not None:
+        if refused is not None:
             pass  # Redis refuses writes: no --wait
         elif retry_s > 0:
             from .outage import call_through_outage
@@ -417,8 +691,14 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
             sow.handoff(t, result.last_ids, wait, timeout, jobs_started=started_jobs)
     except WaitTimeout as exc:
         timed_out = exc
+    except KeyboardInterrupt:
+        ctrl_c, wait = True, False
     elapsed = time.perf_counter() - started
     reasons = _report_rejected(result.rejected)
+    if "bad_fix" in reasons and t.message_type == "fix":
+        hint = _fix_hint(sample, sep or t.field_separator.encode())
+        if hint:
+            click.echo(hint, err=True)
     why = (" (" + ", ".join(f"{k}: {v}" for k, v in sorted(reasons.items())) + ")") if reasons else ""
     rate = result.published / elapsed if elapsed > 0 else 0.0
     skipped = (f", skipped {result.skipped} (MsgType in skip_msg_types: "
@@ -427,17 +707,28 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     click.echo(f"published {result.published} message(s) to {topic}{skipped}, rejected "
                f"{len(result.rejected)}{why}; read {result.read} line(s); {elapsed:.2f} s, "
                f"{rate:,.0f} msg/s{applied}")
-    if interrupted is not None:
+    if refused is not None:
         click.echo(f"Error: Redis refused the publish after line {result.read}: "
-                   f"{refusal(interrupted.cause)}; the {result.published} published message(s) are in "
+                   f"{refusal(refused.cause)}; the {result.published} published message(s) are in "
                    "the transaction log and will be applied; the lines after it were not sent",
                    err=True)
         ctx.exit(EXIT_REFUSED)
+    if ctrl_c:
+        rest = ("the rest of standard input" if not_sent is None
+                else f"{not_sent} line(s) of {file}")
+        click.echo(f"interrupted: appended {result.published} message(s) to the log of "
+                   f"{topic} (they will be applied), rejected {len(result.rejected)}; not sent: "
+                   f"{rest} after line {result.read}", err=True)
+        ctx.exit(EXIT_INTERRUPTED)
     if timed_out is not None:
         click.echo(f"Error: --wait timed out: {timed_out}; the {result.published} published "
                    "message(s) are in the transaction log and will be applied when workers run",
                    err=True)
         ctx.exit(EXIT_TIMEOUT)
+    if result.rejected and result.published == 0:
+        click.echo(f"Error: nothing was published: all {len(result.rejected)} line(s) "
+                   "were rejected", err=True)
+        ctx.exit(EXIT_ERROR)
     if result.rejected:
         ctx.exit(EXIT_REJECTED)
 
@@ -488,13 +779,20 @@ def publish(ctx: click.Context, topic: str, file: str, sow_key: str | None, wait
     On a FIX topic a line is a FIX message (a log prefix before 8=FIX is skipped).
     Rejected lines are counted by reason on stderr, with a few examples.
 
+    From a pipe (FILE -), what has arrived is published within 0.2 s (tail -f … |).
+    Ctrl-C stops reading: what was read is still sent, then the counts are printed
+    (appended, rejected, not sent).
+
     \b
     Exit status:
       0  every line published (or skipped)
-      1  error (unknown topic, unreadable file, a --sow-key the topic cannot take, …)
+      1  error (unknown topic, unreadable file, a --sow-key the topic cannot take,
+         --durable without a replica, every line rejected: nothing published)
       2  usage error
       3  some lines rejected (the others were published)
       4  --wait timed out (the messages are in the log and will be applied)
+      5  Redis refused the rest after some were published (out of memory, read-only)
+      130  Ctrl-C (what was appended stays in the log and will be applied)
 
     \b
     Example:
@@ -579,7 +877,6 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
 
 
 def _print_table(topic: str, records: list[Any], with_key: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     objs = [r.obj() for r in records]
@@ -594,7 +891,20 @@ def _print_table(topic: str, records: list[Any], with_key: bool) -> None:
     for rec, o in zip(records, objs):
         cells = [orjson.dumps(o[c]).decode().strip('"') if c in o else "" for c in cols]
         table.add_row(*([rec.sow_key] if with_key else []), *cells)
-    Console().print(table)
+    _console_for(table).print(table)
+
+
+def _console_for(table: Any) -> Any:
+    """A rich Console for ``table``: the terminal's width on a terminal; else (a pipe, a
+    file) as wide as the table needs, so that no cell is cut to ``…``."""
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        console = Console()
+    else:
+        console = Console(width=max(80, Console(width=1 << 20).measure(table).maximum))
+    console.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]  # rich: exit 1
+    return console
 
 
 @main.command("sow-delete")
@@ -625,7 +935,8 @@ def sow_delete(ctx: click.Context, topic: str, filter_: str | None, keys: str | 
 def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> None:
     """Print a subscription's messages as JSON Lines until ``count`` messages, ``timeout``
     seconds without one, Ctrl-C or SIGTERM; each is processed once written. Recoveries go to
-    stderr too. Closing flushes the bookmark store."""
+    stderr too, and first one line saying that the subscription is live (every change from
+    then on is printed). Closing flushes the bookmark store."""
     import signal
 
     from .feed.subscriber import to_line
@@ -635,6 +946,8 @@ def _run_subscription(sub: Any, count: int | None, timeout: float | None) -> Non
 
     previous = signal.signal(signal.SIGTERM, on_term)
     out = sys.stdout.buffer
+    click.echo(f"live on {sub.topic.name} ({sub.topic.partitions} partition(s)): every change "
+               "from now on is printed; Ctrl-C stops", err=True)
     try:
         with sub:
             def write(msg: dict[str, Any]) -> None:
@@ -710,6 +1023,9 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
     """
     if (client_name is None) != (sub_id is None):
         raise click.UsageError("--client-name and --sub-id go together")
+    if client_name is None and bookmark is not None and bookmark.strip().upper() == "RECENT":
+        raise click.UsageError("--bookmark RECENT needs the bookmark store: give --client-name "
+                               "and --sub-id")
     sub = _sow(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
                               client_name=client_name, sub_id=sub_id,
                               persist_every=persist_every, resync=resync,
@@ -821,6 +1137,11 @@ def stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: boo
       sow-redis --redis-url redis://127.0.0.1:6390/0 stats --watch
       sow-redis --redis-url redis://127.0.0.1:6390/0 stats --json -t orders
     """
+    _stats(ctx, topics, as_json, watch, interval)
+
+
+def _stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: bool,
+           interval: float) -> None:
     from .config import load_topics
     from .status import topic_stats, with_rates
 
@@ -841,29 +1162,28 @@ def stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: boo
         for n in names:
             sys.stdout.buffer.write(orjson.dumps(with_rates(before[n], after[n])) + b"\n")
         return
-    from rich.console import Console
     from rich.live import Live
 
-    console = Console() if sys.stdout.isatty() else Console(width=180)
     time.sleep(interval)
     after = reading()
     if not watch:
-        console.print(_stats_table([with_rates(before[n], after[n]) for n in names]))
+        table = _stats_table([with_rates(before[n], after[n]) for n in names])
+        _console_for(table).print(table)
         return
-    try:
-        with Live(console=console, auto_refresh=False) as live:
-            while True:
-                rows = [with_rates(before[n], after[n]) for n in names]
-                if as_json:
-                    for row in rows:
-                        sys.stdout.buffer.write(orjson.dumps(row) + b"\n")
-                    sys.stdout.flush()
-                else:
-                    live.update(_stats_table(rows), refresh=True)
-                time.sleep(interval)
-                before, after = after, reading()
-    except KeyboardInterrupt:
-        pass
+    from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=180)
+    with Live(console=console, auto_refresh=False) as live:
+        while True:
+            rows = [with_rates(before[n], after[n]) for n in names]
+            if as_json:
+                for row in rows:
+                    sys.stdout.buffer.write(orjson.dumps(row) + b"\n")
+                sys.stdout.flush()
+            else:
+                live.update(_stats_table(rows), refresh=True)
+            time.sleep(interval)
+            before, after = after, reading()
 
 
 def _stats_table(rows: list[dict[str, Any]]) -> Any:
@@ -999,6 +1319,13 @@ def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
     from .worker import run_worker
 
     settings = _settings(ctx)
+    control = control_url_for(settings.redis_url, settings.control_url)
+    started = time.monotonic()
+    pending = _pending_entries(settings) if burst else 0  # fails first: one line
+    click.echo(f"worker{' --burst' if burst else ''}: queue 'sow' on {redact(control)}, "
+               f"applying to {redact(settings.redis_url)}"
+               + ("; drains every partition, then exits" if burst else "; Ctrl-C stops it"),
+               err=True)
     run_worker(settings, burst=burst, name=name)
     if burst:
         from .connection import connect
@@ -1008,6 +1335,19 @@ def worker(ctx: click.Context, burst: bool, name: str | None) -> None:
         if left:
             where = "; ".join(f"{t} partitions {','.join(map(str, ps))}" for t, ps in left.items())
             raise click.ClickException(f"worker --burst: entries remain unapplied: {where}")
+        click.echo(f"worker --burst: every partition applied ({pending:,} log entr"
+                   f"{'y' if pending == 1 else 'ies'} waited at start); "
+                   f"{time.monotonic() - started:.1f} s", err=True)
+
+
+def _pending_entries(settings: Settings) -> int:
+    """Log entries not yet applied, over every topic (:func:`status.topic_status`)."""
+    from .config import load_topics
+    from .connection import connect
+    from .status import topic_status
+
+    r = connect(settings.redis_url)
+    return sum(topic_status(r, t)["pending"] for t in load_topics(r).values())
 
 
 @main.command()
@@ -1024,11 +1364,40 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 expirer
     """
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from .config import load_topics
     from .expirer import run_expirer
 
-    n = run_expirer(_settings(ctx), burst=burst, topics=topics or None)
+    settings = _settings(ctx)
+    sow = _sow(ctx)
+    try:
+        known = load_topics(sow.r)
+    except (RedisConnectionError, RedisTimeoutError):
+        if burst:
+            raise
+        known = None  # the expirer waits for Redis (one line when the outage starts)
+    if known is not None:
+        for name in topics:
+            if name not in known:
+                sow.topic(name)  # raises UnknownTopicError: one line, status 1
+        served = [known[n] for n in (topics or sorted(known))]
+        expiring = [t.name for t in served if t.expiration_enabled]
+        enabled = (f"; {len(expiring)} with expiration enabled"
+                   + (f" ({', '.join(expiring[:5])}{', …' if len(expiring) > 5 else ''})"
+                      if expiring else ""))
+    click.echo(f"expirer{' --burst' if burst else ''} on {redact(settings.redis_url)}: "
+               + (f"topic(s) {', '.join(topics)}" if topics else "every topic")
+               + (enabled if known is not None else "")
+               + ("" if burst else "; Ctrl-C stops it"), err=True)
+    started = time.monotonic()
+    n = run_expirer(settings, burst=burst, topics=topics or None)
     if burst:
         click.echo(f"expired {n} record(s)")
+    else:
+        click.echo(f"expirer stopped: expired {n:,} record(s) in "
+                   f"{time.monotonic() - started:.0f} s", err=True)
 
 
 @main.command()
@@ -1142,7 +1511,10 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
         raise click.ClickException(f"rq-dashboard cannot start: {exc} "
                                    "(reinstall: pip install -e .)") from None
     Redis.from_url(url, socket_connect_timeout=2.0, **tls_options(url)).ping()
-    env = dict(os.environ)
+    _check_port_free(bind, port)
+    # the Redis URL (it may hold a password) goes in the environment, never in argv, which
+    # `ps` shows to every user: rq-dashboard reads RQ_DASHBOARD_<OPTION> variables
+    env = dict(os.environ, RQ_DASHBOARD_REDIS_URL=url)
     if username:
         # handed over in the environment, not argv, so `ps` does not show the password
         env.update(RQ_DASHBOARD_USERNAME=username, RQ_DASHBOARD_PASSWORD=password or "")
@@ -1157,14 +1529,40 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
     # --json: sow_redis jobs are JSON; the dashboard must never unpickle a job payload
     # sow_redis.dashboard: rq-dashboard whose workers page reads the jobs as JSON too
     os.execve(sys.executable, [sys.executable, "-m", "sow_redis.dashboard", "--bind", bind,
-                               "--port", str(port), "--redis-url", url, "--json"], env)
+                               "--port", str(port), "--json"], env)
+
+
+def _check_port_free(bind: str, port: int) -> None:
+    """Refuse, in one line, a port another process listens on (checked the way the HTTP
+    server binds it: SO_REUSEADDR), before rq-dashboard starts and says it runs there."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(bind, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"dashboard: cannot use --bind {bind}: {exc}") from None
+    family, _t, _p, _c, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise click.ClickException(
+                f"dashboard: cannot listen on {bind}:{port}: {exc.strerror or exc} (another "
+                "process uses that port: give --port)") from None
 
 
 # -- spark ------------------------------------------------------------------------------
 @main.group()
 def spark() -> None:
     """The data pipeline on Spark (pyspark, the 'spark' extra): bulk loads into a SOW, chain
-    resolution, streaming, snapshots, log archives, rebuilds and SQL."""
+    resolution, streaming, snapshots, log archives, rebuilds and SQL.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark load -t flights data/flights.jsonl
+      sow-redis --redis-url redis://127.0.0.1:6390/0 spark sql "SELECT count(*) FROM flights"
+    """
 
 
 def _spark_session(master: str) -> Any:

@@ -564,6 +564,37 @@ def _check_change_retention(where: str, t: dict[str, Any], d: dict[str, Any],
     d["change_retention_count"] = count
 
 
+def to_toml(topics: list[TopicConfig]) -> str:
+    """The topics as a configuration file that :func:`parse_topics` reads back to the same
+    definitions: one ``[[topic]]`` table each, with ``name``, ``key`` and every field that
+    differs from its default (``key_generator`` and ``change_retention`` as tables)."""
+    import tomli_w
+
+    default = TopicConfig(name="-")
+    out: list[dict[str, Any]] = []
+    for t in topics:
+        d: dict[str, Any] = {"name": t.name, "key": list(t.key)}
+        for name in ("key_domain", "message_type", "partitions", "hash_index",
+                     "max_message_bytes", "partition_by", "expiration", "expiration_policy",
+                     "dead_letter", "idle_expiration", "field_separator", "skip_msg_types"):
+            value = getattr(t, name)
+            if value != getattr(default, name):
+                d[name] = ([list(ix) for ix in value] if name == "hash_index"
+                           else list(value) if isinstance(value, tuple) else value)
+        if t.chaining:
+            d["key_generator"] = {"type": "chaining", "primary": t.chain_primary,
+                                  "secondary": list(t.chain_secondary),
+                                  "validation": t.chain_validation}
+        if t.change_retention_count == 0:
+            d["change_retention"] = 0
+        elif (t.change_retention, t.change_retention_count) != (
+                default.change_retention, default.change_retention_count):
+            d["change_retention"] = {"age": t.change_retention,
+                                     "count": t.change_retention_count}
+        out.append(d)
+    return tomli_w.dumps({"topic": out})
+
+
 def load_file(path: str) -> list[TopicConfig]:
     """Read and validate a TOML file (see :func:`parse_topics`).
 

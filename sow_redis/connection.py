@@ -301,3 +301,16 @@ __all__ = ["CLUSTER_SCHEMES", "MEMORY", "TLS_ENV", "URL_SCHEMES", "Client", "Fie
            "StreamEntry", "check_url", "connect", "connect_pair", "control_of",
            "control_url_for", "data_of", "is_cluster", "is_cluster_url", "is_memory", "redact",
            "server_ms", "set_control", "tls_options"]
+
+
+def primaries_without_replica(r: Client) -> list[str]:
+    """The primaries of ``r`` that no replica is connected to (``INFO replication``:
+    ``connected_slaves:0``): ``host:port`` of each on a cluster, ``["the server"]`` for a
+    server without one; [] when every primary has a replica. On such a primary a ``WAIT 1``
+    (``publish --durable``) can only time out."""
+    if is_cluster(r):
+        infos = r.info("replication", target_nodes=r.PRIMARIES)  # type: ignore[attr-defined]
+        return sorted(node for node, info in infos.items()
+                      if int(info.get("connected_slaves", 0)) < 1)
+    info = r.info("replication")
+    return [] if int(info.get("connected_slaves", 0)) >= 1 else ["the server"]

@@ -23,11 +23,12 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import click
 
-from .connection import redact, tls_options
+from .connection import connect, control_url_for, is_cluster_url, redact, tls_options
 from .errors import SowError
 from .settings import Settings
 
@@ -296,12 +297,27 @@ def redis_warnings(url: str) -> list[str]:
     from redis import Redis
     from redis.exceptions import RedisError
 
+    if is_cluster_url(url):
+        try:
+            cluster = connect(url)
+            nodes = cluster.get_primaries()  # type: ignore[attr-defined]
+            return [w for node in nodes for w in _config_warnings(
+                cluster.get_redis_connection(node),  # type: ignore[attr-defined]
+                f"{redact(url)} (primary {node.name})")]
+        except (RedisError, OSError):
+            return []
+    return _config_warnings(Redis.from_url(url, socket_timeout=2, **tls_options(url)),
+                            redact(url))
+
+
+def _config_warnings(r: Any, where: str) -> list[str]:
+    """:func:`redis_warnings` of one server (client ``r``, named ``where`` in the lines)."""
+    from redis.exceptions import RedisError
+
     try:
-        cfg = Redis.from_url(url, socket_timeout=2, **tls_options(url)).config_get(
-            "maxmemory-policy", "appendonly", "save")
-    except RedisError:
+        cfg = r.config_get("maxmemory-policy", "appendonly", "save")
+    except (RedisError, OSError):
         return []
-    where = redact(url)
     out = []
     policy = cfg.get("maxmemory-policy", "noeviction")
     if policy != "noeviction":
@@ -350,8 +366,22 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
         click.echo(f"SOW_CONTROL_URL={settings.control_url}")
         sys.stdout.flush()
     elif not _ping(settings.redis_url):
+        if is_cluster_url(settings.redis_url):
+            raise SowError(f"no Redis Cluster node answers at {redact(settings.redis_url)}: "
+                           "start the cluster first, or let `up --cluster N` start one")
         redis_proc = start_redis(settings.redis_url, data_dir)
         click.echo(f"started redis-server at {redact(settings.redis_url)} (data in {data_dir})", err=True)
+    elif is_cluster_url(settings.redis_url):
+        from redis.exceptions import RedisClusterException
+
+        try:
+            connect(settings.redis_url)  # reads the slot map: a plain server fails here
+        except RedisClusterException as exc:
+            raise SowError(f"{redact(settings.redis_url)} does not answer as a Redis Cluster: "
+                           f"{' '.join(str(exc).split())}") from None
+        click.echo(f"using the Redis Cluster at {redact(settings.redis_url)} (control Redis "
+                   f"{redact(control_url_for(settings.redis_url, settings.control_url))})",
+                   err=True)
     for warning in redis_warnings(settings.redis_url) if local_cluster is None else []:
         click.echo(f"warning: {warning}", err=True)
     children: list[_Child] = []
@@ -553,13 +583,19 @@ def start_detached(settings: Settings, workers: int, data_dir: str, apply_config
                        f"{old.pid}): `sow-redis down` stops it, or give another --data-dir")
     log = d / UP_LOG
     had_redis = _ping(url)
-    args = [sys.executable, "-m", "sow_redis.cli", "--redis-url", url,
+    # the URLs go in the environment, never in argv: `ps` shows argv (and a password) to
+    # every user, /proc/<pid>/environ only to the owner
+    args = [sys.executable, "-m", "sow_redis.cli",
             "--config", settings.config_path, "up", "--workers", str(workers),
             "--data-dir", str(data_dir)] + ([] if apply_config else ["--no-config"])
+    env = dict(os.environ, SOW_REDIS_URL=url)
+    env.pop("SOW_CONTROL_URL", None)
+    if settings.control_url:
+        env["SOW_CONTROL_URL"] = settings.control_url
+    control = control_url_for(url, settings.control_url)
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, SOW_REDIS_URL=url))
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
     deadline = time.monotonic() + timeout_s
     while True:
         rc = proc.poll()
@@ -568,7 +604,7 @@ def start_detached(settings: Settings, workers: int, data_dir: str, apply_config
                            f"{_last_line(log)} (log: {log})")
         mine = read_pidfile(d)
         if (mine is not None and mine.pid == proc.pid
-                and ready_workers(url, set(mine.workers)) >= workers):
+                and ready_workers(control, set(mine.workers)) >= workers):
             break
         if time.monotonic() > deadline:
             why = _last_line(log)
