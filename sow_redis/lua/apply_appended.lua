@@ -69,12 +69,15 @@ local marker = KEYS[13 + nidx]
 local fields = cmsgpack.unpack(ARGV[6])
 
 local trusted_key = KEYS[14 + nidx]
+local log_last = ""  -- the log's last entry before this call's (set below)
 
 -- entries from the i-th on are left for the workers: a trusted range (this call appended
 -- them), and make sure a worker comes (SET NX: one job at a time)
 local function hand_over(entries, i)
   if i > #entries then return 0 end
-  add_trusted(trusted_key, entries[i][1], entries[#entries][1])
+  local before = log_last
+  if i > 1 then before = entries[i - 1][1] end
+  add_trusted(trusted_key, before, entries[i][1], entries[#entries][1])
   if ARGV[13] ~= "" and redis.call("SET", marker, ARGV[13], "NX", "PX", ARGV[11]) then
     return 1
   end
@@ -88,6 +91,10 @@ local cursor = meta[1] or "0-0"
 -- only entries this call appends are applied here: none when others wait before them
 local caught_up = ARGV[12] == "1" and not migrating
   and #redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", 1) == 0
+
+-- the log's last entry before this call's: a trusted range that ends there grows
+local tail = redis.call("XREVRANGE", P.log, "+", "-", "COUNT", 1)
+if #tail > 0 then log_last = tail[1][1] end
 
 local entries = {}
 for i = 1, #fields do

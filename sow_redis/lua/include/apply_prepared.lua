@@ -28,9 +28,22 @@ local function pad_id(id)
   return string.rep("0", 15 - #ms) .. ms .. "-" .. string.rep("0", 10 - #seq) .. seq
 end
 
--- record entries first .. last (stream ids) as appended by a trusted caller
-local function add_trusted(key, first, last)
-  redis.call("ZADD", key, 0, pad_id(last) .. ":" .. pad_id(first))
+-- record entries first .. last (stream ids) as appended by a trusted caller; before: the id
+-- of the log entry just before first ("" none). The latest range grows when it ends there
+-- (no other client's entry in between), so a worker's batch mostly lies in one range.
+local function add_trusted(key, before, first, last)
+  local from = pad_id(first)
+  if before ~= "" then
+    local top = redis.call("ZREVRANGEBYLEX", key, "+", "-", "LIMIT", 0, 1)[1]
+    if top then
+      local top_last, top_first = string.match(top, "^([^:]+):(.+)$")
+      if top_last == pad_id(before) then
+        redis.call("ZREM", key, top)
+        from = top_first
+      end
+    end
+  end
+  redis.call("ZADD", key, 0, pad_id(last) .. ":" .. from)
 end
 
 -- the trusted ranges with entries after the cursor, {first, last} padded, in order (at most
