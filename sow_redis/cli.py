@@ -13,7 +13,7 @@ from typing import Any, BinaryIO, NoReturn
 import click
 import orjson
 
-from .connection import check_url, control_url_for, is_memory, redact, tls_options
+from .connection import Client, check_url, control_url_for, is_memory, redact, tls_options
 from .errors import BadURLError, ControlURLError, SowError
 from .settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
 
@@ -569,7 +569,7 @@ def _rest_of(fh: BinaryIO) -> int | None:
     return n + (last != b"\n")
 
 
-def _check_durable(r: Any, url: str) -> None:
+def _check_durable(r: Client, url: str) -> None:
     """--durable: refuse at once, before anything is sent, when a primary has no replica
     (WAIT 1 would only time out, each chunk after it was stored)."""
     from .connection import primaries_without_replica

@@ -23,12 +23,11 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 import click
 
-from .connection import connect, control_url_for, is_cluster_url, redact, tls_options
+from .connection import Client, connect, control_url_for, is_cluster_url, redact, tls_options
 from .errors import SowError
 from .settings import Settings
 
@@ -310,7 +309,7 @@ def redis_warnings(url: str) -> list[str]:
                             redact(url))
 
 
-def _config_warnings(r: Any, where: str) -> list[str]:
+def _config_warnings(r: Client, where: str) -> list[str]:
     """:func:`redis_warnings` of one server (client ``r``, named ``where`` in the lines)."""
     from redis.exceptions import RedisError
 

@@ -573,6 +573,9 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
             procs.append(pub)
             wait_until(lambda: topic_subscribers(r, [name])[name] >= 1, 30,
                        "the subscriber listens")
+            # live on every partition (its readiness line), not only the first one counted
+            wait_until(lambda: b"live on " in (tmp_path / "sub.err").read_bytes(), 30,
+                       "the subscriber is live")
             model = Model()
             counts = {"lines": 0}
             exp_ids: set[str] = set()
