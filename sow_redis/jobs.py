@@ -186,6 +186,15 @@ def drop_markers(r: Client, topic: str, partitions: Iterable[int]) -> None:
         _drop_queued(r, old)
 
 
+def _set_marker(r: Client, topic: str, p: int, value: str, px: int,
+                keep: str | None = None) -> None:
+    """Set partition ``p``'s job marker to ``value`` (lifetime ``px`` ms) and take the queued
+    job the marker named before out of the queue (unless it is ``keep``): a marker replaced
+    while its job waits would leave a second job of the partition in the queue."""
+    _drop_queued(r, cast("bytes | None", r.set(keys.job_marker(topic, p), value, px=px,
+                                               get=True)), keep=keep)
+
+
 def _drop_queued(r: Client, marker: bytes | None, keep: str | None = None) -> None:
     """Take the queued job a marker value names (``job:<id>``, unless it is ``keep``) out of
     the queue: the partition is served now, the job would only end at once."""
@@ -368,6 +377,7 @@ class LagScanner:
     def __init__(self) -> None:
         self._names: tuple[str, ...] = ()
         self._logs: list[tuple[str, int, bytes]] = []  # (topic, partition, log key)
+        self._index: dict[bytes, int] = {}  # log key → its position in _logs
         self._known: list[bytes] = []  # per log: the applied cursor last seen
         self._keys: list[bytes] = []  # per chunk: the RESP of its log keys
         self._packed: list[bytes | None] = []  # per chunk: its XREAD, None when changed
@@ -383,6 +393,7 @@ class LagScanner:
         self._logs = [(n, p, keys.log(n, p).encode()) for n, t in sorted(topics.items())
                       for p in range(t.partitions)]
         self._known = [known.get((n, p), b"0-0") for n, p, _l in self._logs]
+        self._index = {k: i for i, (_n, _p, k) in enumerate(self._logs)}
         self._keys = [b"".join(b"$%d\r\n%s\r\n" % (len(k), k)
                                for _n, _p, k in self._logs[c:c + self.CHUNK])
                       for c in range(0, len(self._logs), self.CHUNK)]
@@ -416,9 +427,8 @@ class LagScanner:
             raise
         finally:
             r.connection_pool.release(conn)
-        index = {k: i for i, (_n, _p, k) in enumerate(self._logs)} if any(replies) else {}
         # RESP3 answers a map of log key → entries, RESP2 an array of [log key, entries]
-        moved = [index[name if isinstance(reply, dict) else name[0]]
+        moved = [self._index[name if isinstance(reply, dict) else name[0]]
                  for reply in replies if reply for name in reply]
         if not moved:
             return {}
@@ -614,9 +624,7 @@ def _help_queued(r: Client, topic: str, settings: Settings) -> int:
         if fence is None:
             return 0
         try:
-            _drop_queued(r, cast("bytes | None", r.set(
-                keys.job_marker(name, q), held_marker_value(OWNER, fence),
-                px=settings.marker_ttl_ms, get=True)))
+            _set_marker(r, name, q, held_marker_value(OWNER, fence), settings.marker_ttl_ms)
             _drop_queued(r, job_marker_value(job_id).encode())
             applier = PartitionApplier(r, scripts, t, q, fence, settings.batch_size)
             deadline = time.monotonic() + HELP_BUDGET_S
@@ -701,6 +709,10 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 _active.discard((topic.name, q))
             return False
         held[q] = _Held(r, scripts, topic, q, fence, settings)
+        if adopt:  # a worker's job: the marker says "served" from now on, and the job that
+            # waited for q leaves the queue (a publisher enqueues none for q now)
+            _set_marker(r, topic.name, q, held_marker_value(owner, fence),
+                        settings.marker_ttl_ms, keep=job_id)
         log.debug("lease taken", extra=fields("lease_taken", topic=topic.name, partition=q,
                                                fence=fence))
         return True
@@ -708,12 +720,7 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
     # a job whose own partition another job holds still serves its topic: it adopts free
     # partitions (below) rather than ending, so a worker that starts while the queue holds
     # jobs of partitions already taken finds its share at once, not after one rq job each
-    if take(p):
-        if adopt:  # a worker's job: the marker says "served" from now on
-            _drop_queued(r, cast("bytes | None", r.set(
-                keys.job_marker(topic.name, p), held_marker_value(owner, held[p].fence),
-                px=settings.marker_ttl_ms, get=True)), keep=job_id)
-    elif not adopt:
+    if not take(p) and not adopt:
         return {}
     now = time.monotonic()
     deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
@@ -732,13 +739,8 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
                 for q in range(topic.partitions):
                     if len(held) >= share:
                         break
-                    if q not in held and take(q):
-                        # the marker says "served": a publisher enqueues no job for q now,
-                        # and the job that waited for q leaves the queue
-                        _drop_queued(r, cast("bytes | None", r.set(
-                            keys.job_marker(topic.name, q),
-                            held_marker_value(owner, held[q].fence),
-                            px=settings.marker_ttl_ms, get=True)), keep=job_id)
+                    if q not in held:
+                        take(q)
                 if not held:  # its partition is another job's, and no other one is free
                     return {}
             n = 0
@@ -934,14 +936,12 @@ def _hand_over(r: Client, t: TopicConfig, p: int, done: int, drained: bool,
     marker now names the new job), or retire it. ``come_back``: a drained partition that
     applied entries while jobs waited in the queue is enqueued again too (a live
     publisher's entries keep coming)."""
-    marker = keys.job_marker(t.name, p)
     if not drained or (come_back and done and control_of(r).llen(QUEUE_KEY)):
         # the budget ran out, it gave way to another topic's job, or it left its partition
         # for the jobs waiting in the queue while entries kept coming: come back after them
         job_id = new_job_id()
         # the marker was this job's; one that lapsed may name a job enqueued since: drop it
-        _drop_queued(r, cast("bytes | None", r.set(
-            marker, job_marker_value(job_id), px=settings.queued_marker_ttl_ms, get=True)))
+        _set_marker(r, t.name, p, job_marker_value(job_id), settings.queued_marker_ttl_ms)
         enqueue_job(r, t.name, p, job_id=job_id)
         return
     drop_markers(r, t.name, [p])

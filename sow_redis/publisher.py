@@ -199,13 +199,8 @@ def _settle_through(r: Client, topic: TopicConfig, jobs: Settings | None, throug
     order = [(p, e) for p, entries in sorted(retry.items()) for e in entries]
     commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
         ("xadd", (keys.log(topic.name, p), e), {}) for p, e in order]
-    if durable:
-        ids = _send_chunk(r, commands, durable)
-    else:  # every reply read: what was appended is counted even when Redis refused some
-        pipe = r.pipeline(transaction=False)
-        for _m, args, _k in commands:
-            pipe.xadd(*args)
-        ids = pipe.execute(raise_on_error=False)
+    # every reply read (not durable): what was appended is counted even when Redis refused some
+    ids = _send_chunk(r, commands, durable, tolerate=not durable)
     appended: set[int] = set()
     for (p, _e), sid in zip(order, ids):
         if not isinstance(sid, Exception):
