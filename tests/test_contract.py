@@ -219,15 +219,19 @@ def test_change_events_on_pubsub(sow, topic_name):
         assert sub.get(0.2) is None
         bigs = [big.get(2) for _ in range(3)]
         assert big.get(0.2) is None
-    assert [(e["op"], e["data"]["orderId"]) for e in evs] == [
-        ("publish", 1), ("publish", 2), ("delta_publish", 1), ("sow_delete", 2)]
-    assert evs[2]["data"] == {"orderId": 1, "px": 20}
-    assert evs[3]["reason"] == "deleted" and evs[3]["topic"] == topic_name
-    assert evs[0]["sow_key"] == sowkey.generate(topic_name, ["1"])
-    assert [e["seq"] for e in evs if e["sow_key"] == evs[0]["sow_key"]] == sorted(
-        e["seq"] for e in evs if e["sow_key"] == evs[0]["sow_key"])
-    assert [(e["op"], e["data"]["orderId"]) for e in bigs] == [
-        ("publish", 2), ("delta_publish", 1), ("sow_delete", 2)]
+    # Only per-partition order is promised (README, "What changes on a cluster"): orders 1
+    # and 2 may lie in two partitions, so each order's events are checked in order.
+    def per_order(events):
+        return {oid: [e["op"] for e in events if e["data"]["orderId"] == oid] for oid in (1, 2)}
+
+    assert per_order(evs) == {1: ["publish", "delta_publish"], 2: ["publish", "sow_delete"]}
+    one = [e for e in evs if e["data"]["orderId"] == 1]
+    two = [e for e in evs if e["data"]["orderId"] == 2]
+    assert one[1]["data"] == {"orderId": 1, "px": 20}
+    assert two[1]["reason"] == "deleted" and two[1]["topic"] == topic_name
+    assert one[0]["sow_key"] == sowkey.generate(topic_name, ["1"])
+    assert [e["seq"] for e in one] == sorted(e["seq"] for e in one)
+    assert per_order(bigs) == {1: ["delta_publish"], 2: ["publish", "sow_delete"]}
 
 
 def test_unknown_topic_publish_is_an_error(sow, topic_name):
