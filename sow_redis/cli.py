@@ -656,15 +656,18 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
                         jobs=sow.job_settings,
                         on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
                         durable=durable))
+                    t = result.definition or t  # read again across a migration
         else:
             for block in blocks:
                 result.merge(append(sow.r, t, items(block), start=result.read + 1,
                                     fix_separator=sep, jobs=sow.job_settings, durable=durable))
+                t = result.definition or t  # read again across a migration
                 if stop.hit:
                     break
     except PublishInterrupted as exc:  # some were appended (else the refusal is raised)
         refused = exc
         result.merge(exc.result)
+        t = result.definition or t
     ctrl_c = stop.hit and refused is None
     stop.hard()
     not_sent = _rest_of(fh) if ctrl_c else None
@@ -983,6 +986,10 @@ def _report_recovery(msg: dict[str, Any]) -> None:
         key = "" if msg.get("sow_key") is None else f" (SOW key {msg['sow_key']!r})"
         click.echo(f"error: topic {msg['topic']}{where}{seq}{key}: {msg['error']}; skipped",
                    err=True)
+        return
+    if msg["cause"] == "migration":
+        click.echo(f"topic {msg['topic']} was migrated to {msg['partitions']} partition(s): "
+                   "following the new layout; its records were read again", err=True)
         return
     click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
                f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "

@@ -115,6 +115,23 @@ def trusted(topic: str, p: int) -> str:
     return partition_tag(topic, p) + ":trusted"
 
 
+def definition(topic: str, p: int) -> str:
+    """STRING: the fingerprint of the topic definition the partition takes entries under
+    (:func:`sow_redis.config.fingerprint`), written by ``config apply``; ``migrating`` while
+    a shape migration holds the topic, ``dropped`` for a partition a migration removed.
+    ``apply_appended.lua`` appends nothing for a publisher whose definition differs: the
+    publisher reads the definition again, re-keys the refused messages and sends them again
+    (see :func:`sow_redis.publisher.append`)."""
+    return partition_tag(topic, p) + ":def"
+
+
+DEFINITION_MIGRATING = "migrating"
+""":func:`definition` while a shape migration holds the partition."""
+
+DEFINITION_DROPPED = "dropped"
+""":func:`definition` of a partition beyond the count a migration reduced the topic to."""
+
+
 def acks(topic: str, p: int) -> str:
     """HASH stream id of a sow_delete → number of records it removed in this partition."""
     return partition_tag(topic, p) + ":acks"
@@ -237,5 +254,5 @@ def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
         out += [lease(topic, p), job_marker(topic, p), loads(topic, p),
-                load_staged(topic, p), trusted(topic, p)]
+                load_staged(topic, p), trusted(topic, p), definition(topic, p)]
     return out

@@ -166,16 +166,18 @@ class Scripts:
         :meth:`load`). ``marker``: the job marker value set (``SET NX PX marker_ttl_ms``)
         when entries are left to the workers ("" none). Its reply is ``[entries applied,
         stream id of the last entry appended, 1 when it set the job marker, apply error text
-        or ""]``; an error reply means nothing was appended."""
+        or ""]``, or ``[-1, why, stored definition]`` when the partition takes entries under
+        another definition than ``topic`` (nothing appended; see the script's header); an
+        error reply means nothing was appended."""
         n_idx = len(topic.hash_index)
         return (self._scripts["apply_appended"].sha,
                 keys.partition_keys(topic.name, p, n_idx)
                 + [keys.lease(topic.name, p), keys.job_marker(topic.name, p),
-                   keys.trusted(topic.name, p)],
+                   keys.trusted(topic.name, p), keys.definition(topic.name, p)],
                 [keys.partition_channel(topic.name, p), topic.name, n_idx,
                  "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
                  packed, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
-                 marker_ttl_ms, "1" if through else "0", marker])
+                 marker_ttl_ms, "1" if through else "0", topic.fingerprint, marker])
 
     def delete_now(self, topic: TopicConfig, p: int, fields: Fields,
                    sow_keys: Sequence[str]) -> tuple[int, str] | None:

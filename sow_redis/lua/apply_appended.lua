@@ -19,8 +19,14 @@
   cursor, so an entry is applied once whoever applies it (the cursor moves past it). A worker
   batch planned before this script moved the cursor is refused by apply.lua (SOW_CONFLICT
   when the cursor lies inside the batch, "applied before" when past it) and planned again.
-  During a shape migration (the partition's lease held by a "migrate:" owner) the script
-  only appends.
+
+  Definition fence (issue 23.4): the entries' SOW keys, partition and index members were
+  computed under the caller's definition of the topic, whose fingerprint is ARGV[13]. The
+  script appends nothing, and says why, when the partition takes entries under another
+  definition (KEYS[15 + n], keys.definition: absent, "migrating", "dropped" or another
+  fingerprint) or a shape migration holds the partition (its lease owned by "migrate:…"):
+  the publisher then reads the definition again, re-keys those messages and sends them
+  again, so no entry keyed under an old layout reaches a log after a migration drained it.
 
   Job marker: when entries are left unapplied (a delta, a backlog, a migration, append only),
   the script sets the partition's job marker (SET NX PX; when given one) and says so, and
@@ -46,14 +52,20 @@
     ARGV[10] change feed retention in ms (0: by count only)
     ARGV[11] job marker lifetime in ms
     ARGV[12] "1": write-through (apply on a caught-up partition), "0": append only
-    ARGV[13] job marker value ("": set no marker; the caller hands the entries over itself)
+    ARGV[13] the fingerprint of the caller's topic definition (TopicConfig.fingerprint)
+    ARGV[14] job marker value ("": set no marker; the caller hands the entries over itself)
     KEYS[14 + n] the partition's trusted ranges (after the lease and the job marker)
+    KEYS[15 + n] the partition's definition fingerprint (keys.definition)
 
   Output:
     {entries applied, stream id of the last entry appended, marker, apply error}: marker = 1
     when entries are left for the workers and this call set the job marker (no job was
     outstanding), else 0; apply error = "" or the text of an error the apply raised (the
     entries are appended all the same; the workers apply them).
+    {-1, why, stored}: nothing appended, the definition fence refused the call; why =
+    "migrating" (a migration holds the partition), "absent" (no definition stored for the
+    partition), "dropped" (a migration removed the partition) or "changed" (another
+    definition is stored); stored = the stored value ("" when absent).
 ]]
 local chan, topic, nidx = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local dead_letter, expiring = ARGV[4] == "1", ARGV[5] == "1"
@@ -78,18 +90,26 @@ local function hand_over(entries, i)
   local before = log_last
   if i > 1 then before = entries[i - 1][1] end
   add_trusted(trusted_key, before, entries[i][1], entries[#entries][1])
-  if ARGV[13] ~= "" and redis.call("SET", marker, ARGV[13], "NX", "PX", ARGV[11]) then
+  if ARGV[14] ~= "" and redis.call("SET", marker, ARGV[14], "NX", "PX", ARGV[11]) then
     return 1
   end
   return 0
 end
 
 local owner = redis.call("GET", KEYS[12 + nidx])
-local migrating = owner and string.sub(owner, 1, 8) == "migrate:"
+local stored = redis.call("GET", KEYS[15 + nidx])
+if owner and string.sub(owner, 1, 8) == "migrate:" then
+  return {-1, "migrating", stored or ""}
+end
+if stored ~= ARGV[13] then
+  if not stored then return {-1, "absent", ""} end
+  if stored == "migrating" or stored == "dropped" then return {-1, stored, stored} end
+  return {-1, "changed", stored}
+end
 local meta = redis.call("HMGET", P.state, "cursor", "seq")
 local cursor = meta[1] or "0-0"
 -- only entries this call appends are applied here: none when others wait before them
-local caught_up = ARGV[12] == "1" and not migrating
+local caught_up = ARGV[12] == "1"
   and #redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", 1) == 0
 
 -- the log's last entry before this call's: a trusted range that ends there grows
