@@ -181,8 +181,10 @@ def _clear_layout(r: Client, topic: str, partitions: int, n_indexes: int) -> Non
     """Delete the records, expiry sets, hash-index members and indexes, chain tables."""
     pipe = r.pipeline(transaction=False)
     for p in range(partitions):
-        pipe.delete(keys.records(topic, p), keys.expiry(topic, p), keys.index_members(topic, p),
-                    keys.chain(topic, p), *[keys.index(topic, p, n) for n in range(n_indexes)])
+        # one key per DEL: a cluster's pipeline sends no multi-key command
+        for k in (keys.records(topic, p), keys.expiry(topic, p), keys.index_members(topic, p),
+                  keys.chain(topic, p), *[keys.index(topic, p, n) for n in range(n_indexes)]):
+            pipe.delete(k)
     pipe.execute()
 
 
