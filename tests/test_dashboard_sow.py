@@ -240,7 +240,7 @@ def test_sow_pages_show_the_figures_of_stats(dash, topic_name):
 
 
 def test_sow_query_with_a_filter_and_a_bad_one(dash, topic_name):
-    http, sampler, sow = dash
+    http, _sampler, sow = dash
     a, b = topic_name + "a", topic_name + "b"
     _workload(sow, a, b)
     q = {"name": a, "filter": "/v >= 5 AND /v < 100", "orderby": "/k DESC", "top_n": "50"}

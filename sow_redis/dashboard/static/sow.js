@@ -50,7 +50,7 @@
       .then(function (s) {
         draw("chart-rates", "rate (log entries/s)", [s.t, s["in"], s.applied],
              [{}, {label: "in /s", stroke: "#1f77b4", width: 2},
-              {label: "applied /s", stroke: "#2ca02c", width: 2}],
+              {label: "applied /s", stroke: "#2ca02c", width: 2, dash: [6, 4]}],
              [{}, {label: "entries/s"}]);
         draw("chart-lag", "lag", [s.t, s.lag, s.lag_age_s],
              [{}, {label: "lag (entries)", stroke: "#d62728", width: 2, scale: "n"},
