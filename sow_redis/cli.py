@@ -1525,7 +1525,7 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
         click.echo(f"warning: rq-dashboard on {bind} without --username/--password: anyone "
                    "who reaches this port can see and delete jobs", err=True)
     host = f"[{bind}]" if ":" in bind else bind
-    click.echo(f"rq-dashboard on http://{host}:{port}/ for {redact(url)}"
+    click.echo(f"rq-dashboard on http://{host}:{port}/ (SOW page: /sow/) for {redact(url)}"
                + (f" (basic auth, user {username})" if username else "")
                + "; Ctrl-C stops it", err=True)
     sys.stderr.flush()

@@ -8,6 +8,7 @@ with a filter, a bad filter in one line, values from Redis escaped, the Jobs tab
 from __future__ import annotations
 
 import re
+import time
 from html.parser import HTMLParser
 
 import orjson
@@ -293,3 +294,32 @@ def test_jobs_tab_opens_on_the_sow_queue_and_rq_pages_have_a_sow_tab(dash):
     js = http.get("/sow/static/uPlot.iife.min.js")
     assert js.status_code == 200 and js.data.startswith(b"/*! https://github.com/leeoniya/uPlot")
     assert not re.search(r'(src|href)="(https?:)?//', html)
+
+
+def test_pages_say_in_one_line_when_redis_cannot_be_reached():
+    from rq_dashboard.cli import make_flask_app
+    from rq_dashboard.web import setup_rq_connection
+
+    from sow_redis.server import free_port
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    app = make_flask_app(None, None, None, "")
+    app.config["RQ_DASHBOARD_REDIS_URL"] = dead
+    setup_rq_connection(app)
+    sampler = Sampler(Sow(dead).r, interval_s=3600)
+    install(app, Sow(dead), sampler=sampler)  # its first reading fails
+    try:
+        deadline = time.monotonic() + 20
+        while sampler.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(f"sampler: {sampler.error}")
+        assert sampler.error and "\n" not in sampler.error
+        http = app.test_client()
+        for path in ("/sow/", "/sow/topic?name=x&filter=/k%20%3D%201"):
+            resp = http.get(path)
+            html = resp.get_data(as_text=True)
+            print(path, resp.status_code, re.findall(r'sow-error">([^<]*)<', html))
+            assert resp.status_code == 200 and "Traceback" not in html
+            assert re.search(r'sow-error">cannot read the topics: [^<\n]*connect', html), html
+    finally:
+        sampler.stop()

@@ -104,10 +104,14 @@ class Sampler:
         while not stop.is_set():
             try:
                 self.sample()
+                if self.error is not None:
+                    log.warning("dashboard: reading the topics works again")
                 self.error = None
             except Exception as exc:  # Redis away: the page says so, sampling goes on
-                self.error = " ".join(str(exc).split()) or type(exc).__name__
-                log.warning("dashboard: reading the topics failed: %s", self.error)
+                error = " ".join(str(exc).split()) or type(exc).__name__
+                if error != self.error:  # logged once, not every interval
+                    log.warning("dashboard: reading the topics failed: %s", error)
+                self.error = error
             stop.wait(self.interval_s)
 
     def start(self) -> None:
