@@ -353,6 +353,7 @@ def test_sow_page_in_chromium_shows_the_figures_of_stats_json(url, tmp_path, top
             driver.find_element(By.ID, "q-orderby").send_keys(order)
             driver.find_element(By.ID, "q-run").click()
             _wait("query result", lambda: driver.execute_script(TEXT_JS, "query-count"))
+            driver.execute_script("document.getElementById('rejections').scrollIntoView()")
             driver.save_screenshot(str(ARTIFACTS / "dashboard-sow-query.png"))
             table = driver.execute_script(ROWS_JS, "query-result")
             want = sow.sow(a, flt, order_by=order)
