@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from . import keys
 from .config import TopicConfig
 from .connection import Client
@@ -155,8 +157,6 @@ def log_appended(r: Client, topic: TopicConfig) -> int:
     :func:`topic_stats`' ``lag``, ``log_appended - lag`` counts the entries the workers have
     passed (applied or rejected), exact while no partition is behind by more than
     :data:`~sow_redis.partition_state.PENDING_COUNT_MAX`."""
-    from redis.exceptions import ResponseError
-
     pipe = r.pipeline(transaction=False)
     for p in range(topic.partitions):
         pipe.xinfo_stream(keys.log(topic.name, p))

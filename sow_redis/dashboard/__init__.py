@@ -22,7 +22,9 @@ from typing import Any
 from rq.job import Job
 from rq.worker import Worker
 
+from ..client import Sow
 from ..safejob import SERIALIZER
+from .sow_page import install
 
 _all = Worker.all.__func__  # type: ignore[attr-defined]
 _fetch = Job.fetch.__func__  # type: ignore[attr-defined]
@@ -55,9 +57,6 @@ def _with_sow_page(make_flask_app: Any) -> Any:
 
     def make(config: Any, username: str | None, password: str | None, url_prefix: str,
              *args: Any, **kwargs: Any) -> Any:
-        from ..client import Sow
-        from .sow_page import install
-
         app = make_flask_app(config, username, password, url_prefix, *args, **kwargs)
         install(app, Sow(), username, password, url_prefix or "")
         return app

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hmac
-import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,6 @@ from ..errors import SowError
 from ..settings import QUEUE_NAME
 from ..status import partition_table
 from .sampler import RATE_WINDOWS_S, Sampler, rates, reading
-
-log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 
