@@ -754,7 +754,7 @@ def store_fingerprints(r: Client, topics: list[TopicConfig]) -> None:
     """Set each partition's :func:`keys.definition` to its topic's :attr:`fingerprint`,
     after the registry holds the definitions (a publisher refused for a stale definition
     then reads the new one). A migration's lease keeps refusing publishers until it ends
-    (``lua/apply_appended.lua``)."""
+    (``lua/include/apply_appended.lua``)."""
     pipe = r.pipeline(transaction=False)
     for t in topics:
         for p in range(t.partitions):

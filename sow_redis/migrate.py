@@ -26,7 +26,7 @@ anything; :func:`migrate_topic` changes it and moves what the topic holds:
 
 Clients keep running across a migration (issue 23.4). Once it holds the leases, the
 migration marks every partition ``migrating`` (:func:`keys.definition`) and sends a notice on
-the old partitions' live channels. ``apply_appended.lua`` then appends nothing for any
+the old partitions' live channels. ``apply.lua` (operation `appended`)` then appends nothing for any
 publisher, and after the migration nothing for a publisher whose definition is not the
 stored one (a fingerprint per partition; ``dropped`` for a partition the migration removed):
 the publisher waits, reads the new definition, re-keys the refused messages and sends them
@@ -365,7 +365,7 @@ def _drop_partitions(r: Client, old: TopicConfig, new: TopicConfig) -> None:
 
 def _fence(r: Client, old: TopicConfig, partitions: int) -> None:
     """Once the leases are held: mark partitions ``0..partitions-1`` ``migrating``
-    (:func:`keys.definition`: from now on ``apply_appended.lua`` appends nothing for any
+    (:func:`keys.definition`: from now on ``apply.lua` (operation `appended`)` appends nothing for any
     publisher; they wait and re-key their messages under the new definition), and tell the
     subscribers of the old partitions' channels (:func:`events.topic_migrating`: they
     follow the new layout once the migration ends, see :mod:`sow_redis.feed.subscriber`)."""

@@ -32,7 +32,7 @@ from .fix import to_message
 from .jobs import enqueue_job, ensure_jobs, job_marker_value, new_job_id
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
-from .scripts import Scripts, attached, pack_entries
+from .scripts import OP_ARGS, Scripts, attached, pack_entries
 from .settings import Settings
 from .streamids import ms_of, reached
 
@@ -266,7 +266,7 @@ class _Source:
 
 @dataclass
 class _Fenced:
-    """What the definition fence of ``apply_appended.lua`` refused in one pass of
+    """What the definition fence of ``apply.lua` (operation `appended`)` refused in one pass of
     :func:`append`: the items (position, item) and, per partition, why (``migrating``,
     ``absent``, ``dropped``, ``changed``)."""
 
@@ -340,7 +340,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
 
     Definition fence (issue 23.4): where the client may run scripts, each partition takes
     entries only from a publisher whose definition of the topic is the stored one (its
-    :attr:`~sow_redis.config.TopicConfig.fingerprint`, ``lua/apply_appended.lua``). When
+    :attr:`~sow_redis.config.TopicConfig.fingerprint`, ``lua/include/apply_appended.lua``). When
     Redis refuses a chunk's entries for a partition (the topic was changed or a shape
     migration holds it), nothing of them was appended: the publish stops sending, waits
     until no migration holds those partitions (at most :data:`DEFINITION_WAIT_S` seconds in
@@ -366,7 +366,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             in round trips of its own). None: the caller hands the entries over itself.
             Where the client may run scripts (not the ACL ``publisher`` role, not
             ``memory://``), each chunk's entries of one partition go as one
-            apply_appended.lua call: the script appends them and records them as trusted
+            apply.lua (appended) call: the script appends them and records them as trusted
             (the workers then apply their prepared publishes without reading them); with
             ``jobs.write_through`` (the default), when the partition's log held no
             unapplied entry before them, it applies the plain publishes there and then; the
@@ -911,7 +911,7 @@ class XaddBatch:
 
 
 class WriteThrough:
-    """The publisher's side of apply_appended.lua, one per client (:func:`_write_through`):
+    """The publisher's side of apply.lua (appended), one per client (:func:`_write_through`):
     the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA per partition
     in each chunk's write, carrying that partition's entries, which it appends and applies
     (when the partition is caught up) or leaves to the workers, setting the job marker
@@ -941,7 +941,7 @@ class WriteThrough:
         Raises:
             NoPermissionError: the client's user may not run scripts.
         """
-        self._scripts.load("apply_appended")
+        self._scripts.load("apply")
         self._loaded = True
 
     def call(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
@@ -969,8 +969,9 @@ class WriteThrough:
         hit = self._packed.get(key)
         if hit is None or (hit[0] is not topic and hit[0] != topic):
             args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms, "", through)]
-            at = 3 + int(args[2]) + 5  # ARGV[6], the entries (see apply_appended.lua)
-            # ARGV[7..12] between the entries and the marker value, ARGV[13], the last
+            # the entries: the operation's first argument (lua/include/apply_appended.lua),
+            # then its marker lifetime and write-through flag, then the marker value, last
+            at = 3 + int(args[2]) + OP_ARGS
             hit = (topic, b"*%d\r\n" % len(args) + resp(args[:at], header=False),
                    resp(args[at + 1:-1], header=False))
             self._packed[key] = hit
@@ -1015,7 +1016,7 @@ class WriteThrough:
 
 
 def _write_through(r: Client) -> WriteThrough | None:
-    """The appender of client ``r`` (its entries are appended by apply_appended.lua, which
+    """The appender of client ``r`` (its entries are appended by apply.lua (appended), which
     records them as trusted and writes them through where asked), or None where the server
     runs no script for this client's user (the ACL ``publisher`` role: plain XADD) and on
     ``memory://`` (fakeredis runs no MessagePack in Lua)."""
