@@ -264,3 +264,59 @@ def test_fingerprints_follow_config_apply(url, r, topic_name):
     assert t2.fingerprint != t.fingerprint
     sow.apply_config([t2])
     assert {r.get(keys.definition(topic_name, p)) for p in range(3)} == {t2.fingerprint.encode()}
+
+
+def test_a_subscriber_away_during_a_migration_follows_when_it_reconnects(url, r, topic_name):
+    sow = Sow(url)
+    sow.apply_config(cfg(topic_name, 2))
+    sow.publish(topic_name, [{"id": i, "v": 0} for i in range(20)], wait=True)
+    with sow.subscribe(topic_name, oof=True) as sub:
+        for node in ([r] if not hasattr(r, "get_nodes") else r.get_nodes()):
+            target = node if hasattr(r, "get_nodes") else None
+            (r.client_kill_filter(_type="pubsub", target_nodes=target) if target
+             else r.client_kill_filter(_type="pubsub"))  # the notice cannot reach it
+        sow.apply_config(cfg(topic_name, 3), migrate=True)
+        sow.publish(topic_name, {"id": 5, "v": 1}, wait=True)
+        got: list[dict] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until quiet after the recovery
+            msg = sub.get(0.5)
+            if msg is None and any(m["kind"] == "recovery" for m in got):
+                break
+            if msg is not None:
+                got.append(msg)
+    kinds = [m["kind"] for m in got]
+    assert kinds.count("recovery") == 1
+    assert [m["cause"] for m in got if m["kind"] == "recovery"] == ["migration"]
+    view = {m["data"]["id"]: m["data"]["v"] for m in got if m["kind"] == "publish"}
+    assert view == {i: 1 if i == 5 else 0 for i in range(20)}
+    assert sub.topic.partitions == 3
+
+
+def test_a_subscriber_started_during_a_migration_waits_for_the_new_layout(url, r, topic_name):
+    from sow_redis.config import store_fingerprints
+
+    sow = Sow(url)
+    sow.apply_config(cfg(topic_name, 2))
+    t = get_topic(r, topic_name)
+    for p in range(2):
+        r.set(keys.definition(topic_name, p), keys.DEFINITION_MIGRATING)
+    made = []
+    def start():
+        sub = sow.subscribe(topic_name)
+        made.append((time.monotonic(), sub))
+
+    thread = threading.Thread(target=start)
+    started = time.monotonic()
+    thread.start()
+    time.sleep(0.5)
+    assert not made, "the subscription started inside a migration"
+    store_fingerprints(r, [t])
+    thread.join(timeout=30)
+    (done, sub), = made
+    print(f"waited {done - started:.2f} s for the migration")
+    assert done - started >= 0.5
+    with sub:
+        sow.publish(topic_name, {"id": 1, "v": 1})
+        msg = sub.get(10)
+    assert msg is not None and msg["data"] == {"id": 1, "v": 1}

@@ -63,7 +63,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
-from ..config import TopicConfig
+from ..config import TopicConfig, get_topic, migration_holds, shape_changes
 from ..connection import Client, server_ms
 from ..errors import FilterEvalError, SubscriptionEnded
 from ..events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
@@ -135,6 +135,8 @@ class Subscriber:
         from ..filter import compile_filter
         from ..orderby import parse_order_by
 
+        if migration_holds(r, topic.name, range(topic.partitions)):
+            topic = _after_migration(r, topic)  # started during a migration: its new layout
         self.r, self.topic, self.oof = r, topic, oof
         self.pred = compile_filter(filter) if filter else None
         self._order = parse_order_by(order_by) if order_by else None
@@ -188,6 +190,9 @@ class Subscriber:
         warned = False
         while True:
             try:
+                if self._layout_changed():  # migrated while this subscriber was away
+                    self._follow_migration()
+                    return
                 self._subscribe()
                 cur = current_seqs(self.r, self.topic)
                 break
@@ -418,6 +423,20 @@ class Subscriber:
             self._ready.append(msg)
 
     # -- a shape migration ---------------------------------------------------------------
+    def _layout_changed(self) -> bool:
+        """True while a shape migration holds the topic or when the stored definition lays
+        the topic out otherwise than this subscriber's (another definition of the same shape
+        is taken as it is)."""
+        if migration_holds(self.r, self.topic.name, range(self.topic.partitions)):
+            return True
+        fresh = get_topic(self.r, self.topic.name)
+        if fresh.fingerprint == self.topic.fingerprint:
+            return False
+        if shape_changes(self.topic, fresh):
+            return True
+        self.topic = fresh
+        return False
+
     def _follow_migration(self) -> None:
         """The topic's shape migration began (its notice on a partition channel; see
         :mod:`sow_redis.migrate`): stop listening to the old partitions, wait until the
@@ -431,8 +450,6 @@ class Subscriber:
             SubscriptionEnded: the subscription keeps its bookmarks in a bookmark store
                 (positions of the old layout), or the migration did not end in time.
         """
-        from ..config import get_topic, migration_holds
-
         old = self.topic
         if self._live is not None:
             self._live.close()
@@ -442,16 +459,7 @@ class Subscriber:
                 f"topic '{old.name}' is being migrated to a new layout (config apply "
                 "--migrate): the bookmark store's positions are of the old layout; "
                 "subscribe again with --resync once the migration ends")
-        deadline = time.monotonic() + MIGRATION_WAIT_S
-        pause = 0.02
-        while migration_holds(self.r, old.name, range(old.partitions)):
-            if time.monotonic() >= deadline:
-                raise SubscriptionEnded(
-                    f"topic '{old.name}': a migration to a new layout did not end within "
-                    f"{MIGRATION_WAIT_S:g} s; subscribe again once it has")
-            time.sleep(pause)
-            pause = min(0.5, pause * 2)
-        new = get_topic(self.r, old.name)
+        new = _after_migration(self.r, old)
         seen = set().union(*self._view)
         n = new.partitions
         self.topic = new
@@ -580,6 +588,25 @@ class Subscriber:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _after_migration(r: Client, topic: TopicConfig) -> TopicConfig:
+    """Wait until no shape migration holds ``topic`` (at most :data:`MIGRATION_WAIT_S`
+    seconds), then its stored definition.
+
+    Raises:
+        SubscriptionEnded: the migration did not end in time; UnknownTopicError.
+    """
+    deadline = time.monotonic() + MIGRATION_WAIT_S
+    pause = 0.02
+    while migration_holds(r, topic.name, range(topic.partitions)):
+        if time.monotonic() >= deadline:
+            raise SubscriptionEnded(
+                f"topic '{topic.name}': a migration to a new layout did not end within "
+                f"{MIGRATION_WAIT_S:g} s; subscribe again once it has")
+        time.sleep(pause)
+        pause = min(0.5, pause * 2)
+    return get_topic(r, topic.name)
 
 
 def to_line(msg: Message) -> bytes:
