@@ -52,7 +52,7 @@ from benchlib import BenchError, Workers, machine_info, redis_cpu_s, write_json
 from rich.console import Console
 from rich.table import Table
 
-from sow_redis.config import store_topics
+from sow_redis.config import store_fingerprints, store_topics
 from sow_redis.connection import Client, connect, connect_pair, control_of
 from sow_redis.jobs import QUEUE_KEY, ensure_jobs
 from sow_redis.publisher import append, wait_applied
@@ -133,6 +133,7 @@ def run_one(plane: Plane, workers: int, msgs: list[bytes], args: argparse.Namesp
         w.wait_registered(control_of(r))
         items = [("publish", m, None) for m in msgs]
         t = topic_config(f"scale{uuid.uuid4().hex[:8]}", args.partitions)
+        store_fingerprints(r, [t])  # its partitions take entries under this definition
         res = append(r, t, items)  # not in the registry yet: no worker sees it
         cpu0, wcpu0 = plane.cpu_s(), w.cpu_s()
         t0 = time.perf_counter()

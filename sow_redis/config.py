@@ -40,6 +40,7 @@ from functools import cached_property
 from typing import Any, cast
 
 import orjson
+from redis.exceptions import NoPermissionError
 
 from . import keys
 from .connection import Client, is_cluster
@@ -764,13 +765,19 @@ def store_fingerprints(r: Client, topics: list[TopicConfig]) -> None:
 
 def migration_holds(r: Client, topic: str, partitions: Iterable[int]) -> bool:
     """True while a shape migration (``config apply --migrate``) holds one of the topic's
-    ``partitions``: its definition reads ``migrating`` or its lease is a migration's."""
+    ``partitions``: its definition reads ``migrating`` or its lease is a migration's (a
+    lease the user may not read, like the ACL ``publisher`` role, counts as not held: the
+    definition says it)."""
     parts = list(partitions)
     pipe = r.pipeline(transaction=False)
     for p in parts:
         pipe.get(keys.definition(topic, p))
         pipe.get(keys.lease(topic, p))
-    replies = pipe.execute()
+    replies = [None if isinstance(x, NoPermissionError) else x
+               for x in pipe.execute(raise_on_error=False)]
+    for x in replies:
+        if isinstance(x, Exception):
+            raise x
     migrating = keys.DEFINITION_MIGRATING.encode()
     return any(d == migrating or (o or b"").startswith(b"migrate:")
                for d, o in zip(replies[0::2], replies[1::2]))

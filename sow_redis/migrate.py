@@ -24,7 +24,7 @@ anything; :func:`migrate_topic` changes it and moves what the topic holds:
    streams, dead-letter outbox, entries logged meanwhile by old-definition publishers,
    re-routed under the new definition), delete their keys, release the leases.
 
-Clients keep running across a migration (issue 23.4). Once it holds the leases, the
+Clients keep running across a migration (issue 23.4). Before it takes the leases, the
 migration marks every partition ``migrating`` (:func:`keys.definition`) and sends a notice on
 the old partitions' live channels. ``apply.lua` (operation `appended`)` then appends nothing for any
 publisher, and after the migration nothing for a publisher whose definition is not the
@@ -36,12 +36,11 @@ subscribes to the new partitions and re-reads the records (a ``recovery`` with c
 ``migration``); one that keeps bookmarks in a bookmark store ends with one line saying why.
 A migration that fails stores the old definition's fingerprints back.
 
-Not fenced: publishers without the right to run scripts (the ACL ``publisher`` role, which
-appends with XADD). Their entries are verified by the workers under the definition stored
-when they are applied: one appended after the migration drained its partition and keyed to
-another partition under the new definition is rejected (``wrong_partition``, in the error
-stream with its data). Pause such publishers during a migration. Queries during a migration
-may see a partial SOW.
+Publishers without the right to run scripts (the ACL ``publisher`` role) are fenced by a
+transaction instead: each chunk's XADDs go in ``MULTI``/``EXEC`` under ``WATCH`` of the
+partitions' definitions (:func:`sow_redis.publisher._append_raw`). The partitions are marked
+before the leases are taken, so workers kept busy by publishers drain and free them. Queries
+during a migration may see a partial SOW.
 """
 
 from __future__ import annotations
@@ -364,7 +363,7 @@ def _drop_partitions(r: Client, old: TopicConfig, new: TopicConfig) -> None:
 
 
 def _fence(r: Client, old: TopicConfig, partitions: int) -> None:
-    """Once the leases are held: mark partitions ``0..partitions-1`` ``migrating``
+    """Before the leases are taken: mark partitions ``0..partitions-1`` ``migrating``
     (:func:`keys.definition`: from now on ``apply.lua` (operation `appended`)` appends nothing for any
     publisher; they wait and re-key their messages under the new definition), and tell the
     subscribers of the old partitions' channels (:func:`events.topic_migrating`: they
@@ -397,10 +396,16 @@ def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
     settings = settings or Settings.from_env()
     scripts = Scripts(r)
     changes = tuple(changes_to_move(old, new))
-    leases = _Leases(r, scripts, old.name, max(old.partitions, new.partitions), settings)
+    # publishers first (nothing more is appended), so that busy workers drain what was and
+    # free the leases
+    _fence(r, old, max(old.partitions, new.partitions))
+    try:
+        leases = _Leases(r, scripts, old.name, max(old.partitions, new.partitions), settings)
+    except BaseException:
+        store_fingerprints(r, [old])  # publishers go on under the old definition
+        raise
     stored = False
     try:
-        _fence(r, old, max(old.partitions, new.partitions))
         drained = sum(_drain(r, scripts, old, p, leases, settings)
                       for p in range(old.partitions))
         records = {p: _read_hash(r, keys.records(old.name, p)) for p in range(old.partitions)}

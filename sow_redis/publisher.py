@@ -483,8 +483,12 @@ def _append_server(r: Client, topic: TopicConfig, source: _Source, start: int,
     """One pass of :func:`append` on one server (not durable): chunks pipelined, at most
     :data:`IN_FLIGHT` waiting for their replies. Stops sending at the first fence refusal:
     what was refused and what was not sent yet go to ``fenced``."""
-    batch = XaddBatch(r)
     through = _write_through(r)
+    if through is None and _raw_fence(r):
+        _append_raw(r, topic, source, start, result, on_chunk, fix_separator, jobs,
+                    registry_check, fenced)
+        return
+    batch = XaddBatch(r)
     apply_through = jobs is not None and jobs.write_through
     parts: list[int] = []
     grouped: dict[int, list[Fields]] = {}  # with write-through: the chunk's entries by partition
@@ -595,6 +599,144 @@ def _append_server(r: Client, topic: TopicConfig, source: _Source, start: int,
         batch.close()
     if fenced.why:  # validated under the old definition, not sent: validated again
         fenced.held += [pair for held in items.values() for pair in held]
+    if refused:
+        if result.last_ids:
+            _touch_used(r, topic, result.last_ids)
+        raise _interrupted(result, refused[0])
+
+
+def _raw_fence(r: Client) -> bool:
+    """True while client ``r``'s plain appends (no right to run scripts) can be fenced with
+    ``WATCH`` (:func:`_append_raw`); False once its user was refused ``WATCH`` (an ACL file
+    older than the definition fence): its appends then go unfenced."""
+    return not getattr(r, "_sow_raw_fence_off", False)
+
+
+def _append_raw(r: Client, topic: TopicConfig, source: _Source, start: int,
+                result: PublishResult, on_chunk: Callable[[int], None] | None,
+                fix_separator: bytes | None, jobs: Settings | None, registry_check: bool,
+                fenced: _Fenced) -> None:
+    """One pass of :func:`append` for a client that may not run scripts (the ACL
+    ``publisher`` role; ``memory://``), with the definition fence made of a transaction:
+    per chunk, ``WATCH`` and ``MGET`` of its partitions' :func:`keys.definition`, then, when
+    each is this publisher's fingerprint (or absent: a topic stored before the fence),
+    ``MULTI``, the XADDs and job markers, ``EXEC``. A definition that differs, or changes
+    before ``EXEC`` (which then appends nothing), puts the chunk's items in ``fenced``. One
+    chunk's transaction is in flight while the next is validated."""
+    batch = XaddBatch(r)
+    log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
+    sep = fix_separator or topic.field_separator.encode()
+    skip = frozenset(topic.skip_msg_types)
+    mine = topic.fingerprint.encode()
+    chunk: list[tuple[int, Fields]] = []
+    items: list[tuple[int, Item]] = []
+    handled = 0
+    # (partitions in entry order, items, items handled, job ids, registry version read)
+    inflight: list[tuple[list[int], list[tuple[int, Item]], int, dict[int, str], bool]] = []
+    refused: list[ResponseError] = []
+
+    def settle() -> None:
+        if not inflight:
+            return
+        sent, held, n_handled, job_ids, checked = inflight.pop()
+        replies = batch.collect(tolerate_from=0)
+        if checked:
+            result.registry_version = _registry_version(replies.pop())
+        done = replies[-1]  # EXEC: the replies, None when a watched definition changed
+        if isinstance(done, ResponseError) or done is None:
+            if done is None:
+                fenced.why.update({p: "changed" for p in set(sent)})
+                fenced.held.extend(held)
+            else:  # EXECABORT: a command was refused when queued (OOM …): nothing appended
+                first = next((x for x in replies if isinstance(x, ResponseError)
+                              and x is not done), done)
+                refused.append(first)
+        else:
+            for p, sid in zip(sent, done):
+                if isinstance(sid, ResponseError):
+                    refused.append(sid)
+                    continue
+                result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else sid
+                result.published += 1
+            if jobs is not None:
+                _start_jobs(r, topic, sent, done[len(sent):], job_ids)
+        if on_chunk:
+            on_chunk(n_handled)
+
+    def flush() -> None:
+        nonlocal chunk, items, handled, registry_check
+        settle()
+        if not chunk or fenced.why or refused:
+            if on_chunk and handled and not chunk:
+                on_chunk(handled)
+            return
+        sent = [p for p, _e in chunk]
+        touched = sorted(set(sent))
+        def_keys = [keys.definition(topic.name, p).encode() for p in touched]
+        batch.add_packed(resp((b"WATCH", *def_keys)))
+        batch.add_packed(resp((b"MGET", *def_keys)))
+        batch.send()
+        try:
+            _ok, stored = batch.collect()
+        except NoPermissionError:
+            r._sow_raw_fence_off = True  # type: ignore[attr-defined]
+            log.debug("topic %s: this user may not WATCH the partitions' definitions "
+                      "(an ACL file older than the definition fence); appending unfenced",
+                      topic.name)
+            stored = [None] * len(touched)
+        other = {p: v.decode("utf-8", "replace") for p, v in zip(touched, stored)
+                 if v is not None and v != mine}
+        if other:
+            batch.add_packed(_UNWATCH)
+            batch.send()
+            batch.collect()
+            fenced.why.update({p: v if v in (keys.DEFINITION_MIGRATING, keys.DEFINITION_DROPPED)
+                               else "changed" for p, v in other.items()})
+            fenced.held.extend(items)
+            chunk, items, handled = [], [], 0
+            return
+        job_ids = {p: new_job_id() for p in touched} if jobs is not None else {}
+        batch.add_packed(_MULTI)
+        for p, entry in chunk:
+            batch.add(log_keys[p], entry)
+        if jobs is not None:
+            for p in touched:
+                batch.add_set_nx(keys.job_marker(topic.name, p).encode(),
+                                 job_marker_value(job_ids[p]).encode(),
+                                 jobs.queued_marker_ttl_ms)
+        batch.add_packed(_EXEC)
+        if registry_check:
+            batch.add_packed(_GET_REGISTRY_VERSION)
+        batch.send()
+        inflight.append((sent, items, handled, job_ids, registry_check))
+        registry_check = False
+        chunk, items, handled = [], [], 0
+
+    try:
+        for pos, item, checked, new in _validated(topic, source, result, sep, skip):
+            handled += new
+            if checked is None:
+                continue
+            chunk.append(checked)
+            items.append((pos, item))
+            if len(chunk) >= CHUNK:
+                flush()
+                if fenced.why or refused:
+                    break
+    except _ReadFailed as failed:
+        try:
+            flush()
+            settle()
+        finally:
+            batch.close()
+        _read_failed(r, topic, start, result, failed)
+    try:
+        flush()
+        settle()
+    finally:
+        batch.close()
+    if fenced.why:  # validated under the old definition, not sent: validated again
+        fenced.held.extend(items)
     if refused:
         if result.last_ids:
             _touch_used(r, topic, result.last_ids)
@@ -784,6 +926,9 @@ def resp(args: Sequence[Any], header: bool = True) -> bytes:
 
 
 _GET_REGISTRY_VERSION = resp(("GET", keys.REGISTRY_VERSION))
+_UNWATCH = resp(("UNWATCH",))
+_MULTI = resp(("MULTI",))
+_EXEC = resp(("EXEC",))
 
 
 def _registry_version(reply: Any) -> object:

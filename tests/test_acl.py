@@ -153,7 +153,8 @@ KEY_BUILDERS = {
 
 EXPECTED: dict[str, dict[str, str]] = {
     # role → key template → rights on its keys ("" = none); the rest of a role's row is ""
-    "publisher": {"log": "W", "job_marker": "RW", "state": "R", "REGISTRY": "R",
+    "publisher": {"log": "W", "job_marker": "RW", "state": "R", "definition": "R",
+                  "REGISTRY": "R",
                   "REGISTRY_VERSION": "R", "LAST_USED": "RW"},
     "reader": {**{k: "R" for k in KEY_BUILDERS}, "topic_stats": "RW", "LAST_USED": "RW"},
     "worker": {k: "RW" for k in KEY_BUILDERS},
@@ -292,6 +293,7 @@ def test_the_server_agrees_with_the_table(acl_server):
                       ("HGET", keys.state(t, p), "cursor"), ("HGETALL", keys.REGISTRY),
                       ("HGET", keys.REGISTRY, t), ("HSET", keys.LAST_USED, t, "1"),
                       ("MULTI",), ("SADD", "rq:queues", "rq:queue:sow"),
+                      ("WATCH", keys.definition(t, p)), ("MGET", keys.definition(t, p)),
                       ("RPUSH", "rq:queue:sow", "j"), ("HSET", "rq:job:j", "f", "v"),
                       ("INFO", "server")],
         "reader": [("HSCAN", keys.records(t, p), "0"), ("HMGET", keys.records(t, p), "k"),
@@ -320,7 +322,10 @@ def test_the_server_agrees_with_the_table(acl_server):
                       ("HSET", "rq:worker:fake", "state", "busy"),
                       ("DEL", "rq:queue:sow"), ("LREM", "rq:queue:sow", "0", "j"),
                       ("HGETALL", "rq:job:j"), ("DEL", "rq:job:j"),
-                      ("SET", keys.SWEEP_LEASE, "me"), ("SET", keys.lease(t, p), "me")],
+                      ("SET", keys.SWEEP_LEASE, "me"), ("SET", keys.lease(t, p), "me"),
+                      # the definition fence: read, never written by a publisher
+                      ("SET", keys.definition(t, p), "forged"),
+                      ("WATCH", keys.records(t, p))],
         "reader": [("XADD", keys.log(t, p), "*", "a", "b"), ("DEL", keys.records(t, p)),
                    ("HSET", keys.records(t, p), "k", "v"), ("HSET", keys.REGISTRY, t, "{}"),
                    ("PUBLISH", keys.channel(t), "x"),

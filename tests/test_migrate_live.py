@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from pathlib import Path
 import time
 
 import orjson
@@ -320,3 +321,67 @@ def test_a_subscriber_started_during_a_migration_waits_for_the_new_layout(url, r
         sow.publish(topic_name, {"id": 1, "v": 1})
         msg = sub.get(10)
     assert msg is not None and msg["data"] == {"id": 1, "v": 1}
+
+
+def test_a_publisher_without_scripts_is_fenced_by_a_transaction(tmp_path, topic_name):
+    """The ACL publisher role may not run scripts: its XADDs go in MULTI/EXEC under WATCH of
+    the partitions' definitions, so a loop of its publishes across a 2 → 5 migration stores
+    every id once, in its partition, with its last value."""
+    from test_acl import ROLES, _url
+
+    from sow_redis.server import free_port
+
+    acl = (Path(__file__).parent.parent / "deploy" / "acl" / "users.acl").read_text()
+    for role in ROLES:
+        acl = acl.replace(f"<{role}-password>", f"{role}-s3cret")
+    (tmp_path / "users.acl").write_text(acl)
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+                               "--aclfile", str(tmp_path / "users.acl")],
+                              stdout=subprocess.DEVNULL)
+    try:
+        op_url = _url(port, "operator")
+        wait_until(lambda: Sow(op_url).r.ping(), 10, "redis-server with the ACL file")
+        op = Sow(op_url)
+        op.apply_config(cfg(topic_name, 2))
+        worker = start_worker(_url(port, "worker"))
+        try:
+            last: dict[int, int] = {}
+            stop = threading.Event()
+            failure: list[BaseException] = []
+            rekeyed = []
+
+            def publish_loop():
+                pub, v = Sow(_url(port, "publisher")), 0
+                try:
+                    while not stop.is_set():
+                        v += 1
+                        for i in range(100):
+                            res = pub.publish(topic_name, {"id": i, "v": v}, wait=True,
+                                              timeout=120)
+                            last[i] = v
+                            if res.definition is not None:
+                                rekeyed.append(i)
+                except BaseException as exc:  # reported by the test
+                    failure.append(exc)
+
+            thread = threading.Thread(target=publish_loop)
+            thread.start()
+            wait_until(lambda: len(last) == 100 or failure, 60, "a first round")
+            op.apply_config(cfg(topic_name, 5), migrate=True)
+            at = max(last.values())
+            wait_until(lambda: max(last.values()) >= at + 2 or failure, 120,
+                       "two rounds after the migration")
+            stop.set()
+            thread.join(timeout=120)
+            assert not failure, failure
+            print(f"publisher role: {max(last.values())} rounds, {len(rekeyed)} re-keyed")
+            assert rekeyed
+            check_layout(op.r, topic_name, last, 5)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=20)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
