@@ -195,11 +195,15 @@ class TopicConfig:
 
     @cached_property
     def fingerprint(self) -> str:
-        """16 hex digits of the SHA-1 of the stored definition (:meth:`to_json`): equal for
-        equal definitions in every process. Stored per partition (:func:`keys.definition`)
-        by :func:`store_topics`; a publisher's append carries it, and Redis appends nothing
-        for a publisher whose definition is not the stored one (issue 23.4)."""
-        return hashlib.sha1(self.to_json()).hexdigest()[:16]
+        """16 hex digits of the SHA-1 of the topic's shape: its name and
+        :data:`SHAPE_FIELDS`, the fields that decide a message's SOW key, partition and index
+        members (equal in every process for equal shapes). Stored per partition
+        (:func:`keys.definition`) by :func:`store_topics`; a publisher's append carries it,
+        and Redis appends nothing for a publisher whose shape is not the stored one (issue
+        23.4). Other fields (expiration, retention, limits) change without it."""
+        d = asdict(self)
+        shape = {f: d[f] for f in ("name", *SHAPE_FIELDS)}
+        return hashlib.sha1(orjson.dumps(shape, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
     def to_json(self) -> bytes:
         d = asdict(self)

@@ -77,15 +77,17 @@ def test_a_load_keyed_under_a_replaced_definition_is_refused(url, r, topic_name)
     sow = Sow(url)
     sow.apply_config(cfg(topic_name))
     old = get_topic(r, topic_name)
-    sow.apply_config(cfg(topic_name, 'expiration = "1h"'))  # no migration: same layout
-    rows = [prepare(old, ("publish", {"id": i}, None)) for i in range(4)]
+    sow.apply_config(cfg(topic_name, 'hash_index = [["/g"]]'))  # empty: no migration
+    rows = [prepare(old, ("publish", {"id": i, "g": i % 2}, None)) for i in range(4)]
     p = rows[0][0]
     batch = pack_load_batch([e for q, e in rows if q == p], [])
     scripts = Scripts(r)
     got = scripts.apply_load(old, p, "L1", 1, 0, 0, True, batch, 10)
     assert got.status == LoadStatus.DEFINITION_CHANGED and got.applied == 0
     assert r.xlen(keys.log(topic_name, p)) == 0
-    new = get_topic(r, topic_name)
+    new = get_topic(r, topic_name)  # keyed again under it (index members): applied
+    again = [prepare(new, ("publish", {"id": i, "g": i % 2}, None)) for i in range(4)]
+    batch = pack_load_batch([e for q, e in again if q == p], [])
     got = scripts.apply_load(new, p, "L2", 1, 0, 0, True, batch, 10)
     assert got.status == LoadStatus.APPLIED
     assert got.applied == sum(1 for q, _e in rows if q == p)

@@ -261,7 +261,9 @@ def test_fingerprints_follow_config_apply(url, r, topic_name):
     (t,) = sow.apply_config(cfg(topic_name, 3))
     assert [r.get(keys.definition(topic_name, p)) for p in range(3)] == \
         [t.fingerprint.encode()] * 3
-    (t2,) = parse_topics(cfg(topic_name, 3, 'expiration = "1h"'))
+    (same,) = parse_topics(cfg(topic_name, 3, 'expiration = "1h"'))
+    assert same.fingerprint == t.fingerprint  # not the shape: no publisher is refused
+    (t2,) = parse_topics(cfg(topic_name, 3, 'hash_index = [["/g"]]'))
     assert t2.fingerprint != t.fingerprint
     sow.apply_config([t2])
     assert {r.get(keys.definition(topic_name, p)) for p in range(3)} == {t2.fingerprint.encode()}
