@@ -21,6 +21,7 @@ from redis.exceptions import (
     OutOfMemoryError,
     RedisError,
     ResponseError,
+    WatchError,
 )
 
 from . import keys
@@ -743,6 +744,60 @@ def _append_raw(r: Client, topic: TopicConfig, source: _Source, start: int,
         raise _interrupted(result, refused[0])
 
 
+def _append_watched(r: Client, topic: TopicConfig, chunk: list[tuple[int, Fields]],
+                    chunk_items: dict[int, list[tuple[int, Item]]], jobs: Settings | None,
+                    result: PublishResult, fenced: _Fenced) -> None:
+    """The definition fence of :func:`_append_raw` on a Redis Cluster: one transaction per
+    partition of the chunk, on its primary (``WATCH`` and ``GET`` of its definition, then
+    ``MULTI``, its XADDs and job marker, ``EXEC``). A partition whose definition differs or
+    changes before ``EXEC`` puts its items in ``fenced`` (nothing of it appended).
+
+    Raises:
+        ResponseError: Redis refused the transaction (out of memory …).
+    """
+    by_p: dict[int, list[Fields]] = {}
+    for p, entry in chunk:
+        by_p.setdefault(p, []).append(entry)
+    mine = topic.fingerprint.encode()
+    for p, entries in sorted(by_p.items()):
+        log_key, def_key = keys.log(topic.name, p), keys.definition(topic.name, p)
+        node = (r.get_redis_connection(r.get_node_from_key(log_key))  # type: ignore[attr-defined]
+                if is_cluster(r) else r)
+        job_id = new_job_id() if jobs is not None else ""
+        with node.pipeline(transaction=_raw_fence(r)) as pipe:
+            try:
+                if _raw_fence(r):
+                    pipe.watch(def_key)
+                    stored = cast("bytes | None", pipe.get(def_key))
+                    if stored is not None and stored != mine:
+                        why = stored.decode("utf-8", "replace")
+                        fenced.why[p] = why if why in (keys.DEFINITION_MIGRATING,
+                                                       keys.DEFINITION_DROPPED) else "changed"
+                        fenced.held += chunk_items[p]
+                        continue
+                    pipe.multi()
+                for entry in entries:
+                    pipe.xadd(log_key, entry)
+                if jobs is not None:
+                    pipe.set(keys.job_marker(topic.name, p), job_marker_value(job_id), nx=True,
+                             px=jobs.queued_marker_ttl_ms)
+                replies = pipe.execute()
+            except WatchError:
+                fenced.why[p] = "changed"
+                fenced.held += chunk_items[p]
+                continue
+            except NoPermissionError:  # an ACL file older than the fence: append unfenced
+                r._sow_raw_fence_off = True  # type: ignore[attr-defined]
+                _append_watched(r, topic, [(p, e) for e in entries], chunk_items, jobs, result,
+                                fenced)
+                continue
+        last = replies[len(entries) - 1]
+        result.last_ids[p] = last.decode() if isinstance(last, bytes) else last
+        result.published += len(entries)
+        if jobs is not None and replies[-1]:
+            enqueue_job(r, topic.name, p, behind=len(entries), job_id=job_id)
+
+
 def _interrupted(result: PublishResult, refusal: Exception) -> Exception:
     """What a publish raises when Redis refused a command: PublishInterrupted (with
     ``result``) when something was appended before, else the refusal itself (e.g. the
@@ -853,6 +908,15 @@ def _append_cluster(r: Client, topic: TopicConfig, source: _Source, start: int,
             grouped: dict[int, list[Fields]] = {}
             job_ids = {p: new_job_id() for p in touched} if jobs is not None else {}
             commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+            if through is None and not durable and _raw_fence(r):
+                try:
+                    _append_watched(r, topic, chunk, chunk_items, jobs, result, fenced)
+                except ResponseError as exc:
+                    raise _interrupted(result, exc) from exc
+                if on_chunk and handled:
+                    on_chunk(handled)
+                chunk, chunk_items, handled = [], {}, 0
+                return
             if through is not None:
                 for p, entry in chunk:
                     grouped.setdefault(p, []).append(entry)

@@ -145,7 +145,9 @@ def test_cli_publish_keeps_running_across_a_migration(url, r, topic_name, worker
     check_layout(r, topic_name, want, 5)
 
 
-def test_a_publisher_holding_an_old_definition_rekeys_what_redis_refused(url, r, topic_name):
+@pytest.mark.parametrize("scripts", [True, False], ids=["script", "transaction"])
+def test_a_publisher_holding_an_old_definition_rekeys_what_redis_refused(url, r, topic_name,
+                                                                         scripts):
     sow = Sow(url)
     sow.apply_config(cfg(topic_name, 4))
     old = get_topic(r, topic_name)
@@ -154,7 +156,12 @@ def test_a_publisher_holding_an_old_definition_rekeys_what_redis_refused(url, r,
     assert r.get(keys.definition(topic_name, 3)) == keys.DEFINITION_DROPPED.encode()
     # a publisher that kept the 4-partition definition: Redis refuses it, it reads the
     # 3-partition one and sends again (partition 3 no longer exists)
-    res = append(r, old, [("publish", {"id": i, "v": 1}, None) for i in range(50)],
+    if not scripts:  # as the ACL publisher role: a WATCH / MULTI / EXEC fence
+        from sow_redis.publisher import WriteThrough
+        from sow_redis.scripts import attached
+
+        attached(sow.r, "write_through", WriteThrough).refused = True
+    res = append(sow.r, old, [("publish", {"id": i, "v": 1}, None) for i in range(50)],
                  jobs=sow.job_settings)
     assert res.published == 50 and not res.rejected
     assert res.definition is not None and res.definition.partitions == 3
