@@ -1,6 +1,8 @@
-"""The Spark bulk load (issue 11, first part): one local Spark session per test run against a
-real redis-server. Load equals publish record by record on real data (NYC flights, FIX logs);
-a retried task appends nothing twice; bad rows reach the error stream."""
+"""The Spark bulk load (issue 11, first part): one Spark session per test run (conftest's
+``spark``: on a standalone master with two workers, the package shipped to the executors;
+``SOW_TEST_SPARK=local`` for ``local[2]``) against a real redis-server. Load equals publish
+record by record on real data (NYC flights, FIX logs); a retried task appends nothing twice;
+bad rows reach the error stream."""
 
 from __future__ import annotations
 
@@ -19,19 +21,10 @@ from sow_redis.client import Sow
 from sow_redis.publisher import append
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
-pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime")
+pytestmark = [pytest.mark.spark,
+              pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime")]
 
 N_FLIGHTS = 20_000
-
-
-@pytest.fixture(scope="session")
-def spark():
-    from sow_redis.spark.session import get_session
-
-    session = get_session("local[2]", "sow-redis-tests")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="session")
