@@ -252,6 +252,10 @@ def test_cli_spark_load(url, topic_name, tmp_path):
     print(line, out.stderr.decode()[:2000])
     assert line.startswith(f"loaded 3 row(s) into {topic_name}: appended 2, applied 2, "
                            "rejected 1")
+    import re
+
+    started = re.search(r"; Spark start-up (\d+\.\d) s$", line)  # issue 28.5
+    assert started and 0.5 < float(started.group(1)) < 170
     assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [1, 2]
     assert out.stderr == b""
     assert "log4j" in log.read_text()  # Spark's log went there
