@@ -157,9 +157,10 @@ def test_slot_owner_grouping_writes_each_primary_from_one_task(spark, redis_clus
 
 def test_durable_load_survives_a_killed_primary(spark, tmp_path, topic_name, flights):
     """A cluster of its own (3 primaries, two replicas each): a ``durable`` load while the
-    primary of two of the topic's partitions is killed (-9) after its first batches: the
-    load completes; the records equal publish's; every partition's change sequence counts
-    each entry once (nothing applied twice); every batch marker is there (nothing lost)."""
+    primary of some of the topic's partitions is killed (-9) after its first batches: the
+    load completes; the records equal publish's; the log holds each entry once and every
+    partition's change sequence counts each once (nothing applied twice, nothing lost); the
+    load's position in every partition is its end."""
     gen = _own_cluster(tmp_path, replicas=2)
     url, control, cluster = next(gen)
     try:
@@ -186,14 +187,15 @@ def test_durable_load_survives_a_killed_primary(spark, tmp_path, topic_name, fli
         th.start()
         victim_client = client(f"redis://127.0.0.1:{victim}/0")
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and th.is_alive():
-            try:
-                if victim_client.hlen(keys.loads(loaded, vparts[0])) >= 2:
-                    break
-            except Exception:
-                pass
-            time.sleep(0.02)
-        markers_at_kill = victim_client.hlen(keys.loads(loaded, vparts[0]))
+
+        def position() -> tuple[int, int]:
+            pos = victim_client.hget(keys.loads(loaded, vparts[0]), "fo") or b"0:0"
+            split, batch = pos.decode().split(":")
+            return int(split), int(batch)
+
+        while time.monotonic() < deadline and th.is_alive() and position() < (0, 2):
+            time.sleep(0.01)
+        at_kill = position()
         cluster.procs[victim].send_signal(signal.SIGKILL)
         cluster.procs[victim].wait(timeout=10)
         th.join(timeout=240)
@@ -204,11 +206,12 @@ def test_durable_load_survives_a_killed_primary(spark, tmp_path, topic_name, fli
         sow = Sow(url, inline=True, control_url=control)  # a fresh slot map
         pub = _publish(sow, published, flights)
         a, b = _records(sow, loaded), _records(sow, published)
-        batches = {p: sow.r.hlen(keys.loads(loaded, p)) for p in range(6)}
+        ends = {p: sow.r.hget(keys.loads(loaded, p), "fo") for p in range(6)}
         entries = sum(sow.r.xlen(keys.log(loaded, p)) for p in range(6))
-        print(f"victim {victim} (partitions {vparts}) killed after {markers_at_kill} batches; "
-              f"{res}; markers {batches}; log entries {entries}")
-        assert markers_at_kill >= 2 and markers_at_kill < batches[vparts[0]]
+        print(f"victim {victim} (partitions {vparts}) killed at position {at_kill} of "
+              f"partition {vparts[0]}; {res}; positions {ends}; log entries {entries}")
+        assert at_kill[0] == 0 and at_kill[1] >= 2  # killed in the middle of the load
+        assert set(ends.values()) == {b"1:0"}
         assert res.rows == N_ROWS
         assert entries == pub.published == _seq_sum(sow.r, loaded, 6)
         assert a == b and len(a) > 1000

@@ -714,7 +714,8 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
                                          lambda p: owner[max(p, 0)])
 
             def task_o(_i: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
-                return write_owned(url, topic_json, load_id, batch_size, apply, it, durable)
+                return write_owned(url, topic_json, load_id, batch_size, apply, it, durable,
+                                   cmd)
 
             counts = keyed.mapPartitionsWithIndex(task_o).collect()
         else:
@@ -733,10 +734,13 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
 
 def write_owned(url: str, topic_json: bytes, load_id: str, batch_size: int, apply: bool,
                 rows: Iterable[tuple[int, tuple[int, Any, Any]]],
-                durable: bool = False) -> Iterator[dict[str, int]]:
+                durable: bool = False, cmd: str = "publish") -> Iterator[dict[str, int]]:
     """Executor side on a Redis Cluster: the rows of the topic partitions one primary owns
-    (``(partition, row)``; skipped FIX messages as partition -1), each partition written
-    and applied by :func:`write_partition` in turn. Yields one count dict."""
+    (``(partition, row)``; skipped FIX messages as partition -1), each partition written in
+    turn: plain publishes of a topic without chaining by :func:`apply_partition`
+    (``apply_load.lua``: appended and applied in one call), the rest by
+    :func:`write_partition`. Yields one count dict."""
+    topic = TopicConfig.from_json(topic_json)
     by_p: dict[int, list[tuple[int, Any, Any]]] = {}
     for p, row in rows:
         by_p.setdefault(p, []).append(row)
@@ -744,12 +748,58 @@ def write_owned(url: str, topic_json: bytes, load_id: str, batch_size: int, appl
     skipped = by_p.pop(-1, [])
     out["rows"] += len(skipped)
     out["skipped"] += len(skipped)
+    direct = cmd == "publish" and apply and not topic.chaining
     for p in sorted(by_p):
-        for got in write_partition(url, topic_json, load_id, batch_size, apply, p, by_p[p],
-                                   durable):
-            for k, v in got.items():
-                out[k] += v
+        got = (apply_partition(url, topic, load_id, batch_size, p, by_p[p], durable) if direct
+               else next(write_partition(url, topic_json, load_id, batch_size, apply, p,
+                                         by_p[p], durable)))
+        for k in out:
+            out[k] += got.get(k, 0)
     yield out
+
+
+def apply_partition(url: str, topic: TopicConfig, load_id: str, batch_size: int, p: int,
+                    rows: list[tuple[int, Any, Any]], durable: bool = False
+                    ) -> dict[str, int]:
+    """Plain publishes of topic partition ``p`` (all of the load's rows there, one split) in
+    order, batch by batch, to ``lua/apply_load.lua``: each batch appended and applied in one
+    atomic call, exactly once (the load's position in the partition's loads hash). After a
+    lost connection (the primary killed) the task waits for the slot's new owner and goes on
+    from the position that owner has, so batches written but not replicated before the
+    failover are applied again, in order, and no batch twice. ``durable``: each batch returns
+    once a replica has it. A count dict."""
+    from .. import keys
+
+    w = _SplitWriter(url, topic, load_id, 1, 0, 3600.0)
+    rows.sort(key=lambda row: row[0])
+    w.counts["rows"] = len(rows)
+    batches = max(1, -(-len(rows) // batch_size))
+    before: dict[int, dict[str, int]] = {}
+    b = 0
+    while b < batches:
+        chunk = rows[b * batch_size:(b + 1) * batch_size]
+        before[b] = dict(w.counts)
+        try:
+            w.send(p, b, b == batches - 1,
+                   [fields for _o, fields, _rej in chunk if fields is not None],
+                   [rej for _o, _f, rej in chunk if rej is not None])
+            if durable:
+                wait_replicated(w.sow.r, keys_log(topic.name, p))
+            b += 1
+        except Exception as exc:
+            if not _connection_lost(exc):
+                raise
+            deadline = time.monotonic() + FAILOVER_WAIT_S
+            _reconnect(w.sow.r, deadline)
+            pos = _with_failover(w.sow.r, lambda: w.sow.r.hget(keys.loads(topic.name, p),
+                                                               load_id))
+            text = pos.decode() if isinstance(pos, bytes) else str(pos or "0:0")
+            split, batch = (int(x) for x in text.split(":"))
+            b = batches if split >= 1 else batch  # the first batch the new owner lacks
+            if b in before:  # it was sent before: its counts (and the later ones') go
+                w.counts = before[b]
+    _with_failover(w.sow.r, lambda: w.apply_staged(p))
+    return w.counts
 
 
 def _result(counts: list[dict[str, int]], chains: ChainResult | None) -> LoadResult:

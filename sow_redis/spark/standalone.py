@@ -10,6 +10,7 @@ Nothing here is used by ``sow-redis spark …`` itself, which connects to whatev
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import SowError
 from ..server import free_port, stop_processes
@@ -117,9 +119,28 @@ def _spawn(workdir: Path, name: str, args: list[str]) -> subprocess.Popen[bytes]
     log = open(workdir / f"{name}.log", "ab")
     try:
         return subprocess.Popen([exe, *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=_die_with_parent)  # noqa: PLW1509 (one prctl call)
     finally:
         log.close()
+
+
+def _libc() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not glibc Linux
+        return None
+
+
+_LIBC = _libc()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the thread that started it ends
+    (``PR_SET_PDEATHSIG``), so a test run or benchmark killed without its clean-up leaves no
+    Spark daemon behind. Only a C call: nothing is imported or allocated after the fork."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
 
 
 def start_standalone(workdir: str | Path, workers: int = 2, cores: int = 1,
