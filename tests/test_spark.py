@@ -297,6 +297,10 @@ def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name,
          f"Error: topic '{topic_name}' has no chaining key generator"),
         (["load", "-t", topic_name, str(ok), "--delta", "--delete"], 2,
          "Error: give at most one of --delta and --delete"),
+        (["load", "-t", topic_name, str(ok), "--durable"], 1,
+         f"Error: --durable needs a replica, and the server at {url} has none (INFO "
+         "replication: connected_slaves:0): nothing was published; publish without --durable "
+         "or add a replica"),
         (["stream", "-t", topic_name, "/nodir"], 1, "Error: folder not found: '/nodir'"),
         (["stream", "-t", topic_name, str(ok)], 1, f"Error: folder {str(ok)!r} is not a folder"),
         (["rebuild", "-t", topic_name, "--from", "/nosnap"], 1,

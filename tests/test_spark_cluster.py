@@ -225,15 +225,22 @@ def test_cli_spark_shell_on_the_cluster_one_session_for_load_export_sql_archive_
     """``spark shell`` on ``local[2]`` against the Redis Cluster (rq on --control-url):
     Spark starts once (its start-up time in the shell's first line), and every command of
     the script says ``Spark session reused``: load (the flights), load --delta of the FIX
-    logs into a chaining topic, export, sql, archive, rebuild, a failing command (one line,
-    the next one runs, exit status 1)."""
+    logs into a chaining topic, stream --once of a folder of two daily files, export, sql,
+    archive, rebuild, a failing command (one line, the next one runs, exit status 1)."""
     url, control, _c = redis_cluster
     sow = Sow(url, inline=True, control_url=control)
     fix_cfg = (ROOT / "examples" / "fix_orders.toml").read_text()
     fix_name = re.search(r'name = "([^"]+)"', fix_cfg).group(1)
     fix_topic = topic_name + "_fix"
-    sow.apply_config(_cfg(topic_name) + fix_cfg.replace(f'name = "{fix_name}"',
-                                                        f'name = "{fix_topic}"'))
+    streamed = topic_name + "_s"
+    sow.apply_config(_cfg(topic_name) + _cfg(streamed, 3) + fix_cfg.replace(
+        f'name = "{fix_name}"', f'name = "{fix_topic}"'))
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    lines = flights.read_bytes().splitlines()
+    for day, part in enumerate((lines[:1500], lines[1500:3000])):
+        (inbox / f"day{day}.jsonl").write_bytes(b"\n".join(part) + b"\n")
+        os.utime(inbox / f"day{day}.jsonl", (1e9 + day, 1e9 + day))
     logs = [x for x in sorted((SHARED / "data" / "fix").glob("*")) if x.suffix != ".md"]
     logs.sort(key=lambda x: not x.name.startswith("Ireach"))
     snap, arch = tmp_path / "snap", tmp_path / "arch"
@@ -242,7 +249,8 @@ def test_cli_spark_shell_on_the_cluster_one_session_for_load_export_sql_archive_
     for log in logs:
         sep = " --separator ';'" if log.name.startswith("Ireach") else ""
         script.append(f"load -t {fix_topic} --delta --format fix{sep} '{log}'")
-    script += [f"export -t {topic_name} {snap}",
+    script += [f"stream -t {streamed} {inbox} --once --checkpoint {tmp_path / 'cp'}",
+               f"export -t {topic_name} {snap}",
                f'sql "SELECT count(*) AS n FROM {view}"',
                "load -t nosuch_topic " + str(flights),
                f"archive -t {topic_name} {arch}",
@@ -251,22 +259,33 @@ def test_cli_spark_shell_on_the_cluster_one_session_for_load_export_sql_archive_
                   input=("\n".join(script) + "\n").encode(), check=False, timeout=600)
     stdout, stderr = out.stdout.decode(), out.stderr.decode()
     print(stdout, stderr[-3000:])
-    lines = stdout.splitlines()
+    out_lines = stdout.splitlines()
     assert out.returncode == 1
     assert re.fullmatch(r"spark shell: a session on local\[2\]; Spark start-up \d+\.\d s",
-                        lines[0])
-    summaries = [ln for ln in lines[1:] if "Spark session reused" in ln]
+                        out_lines[0])
+    summaries = [ln for ln in out_lines[1:] if "Spark session reused" in ln]
     assert len(summaries) == len(script) - 2  # all but sql (stderr) and nosuch
-    assert lines[1].startswith(f"loaded {N_ROWS} row(s) into {topic_name}: ")
+    assert out_lines[1].startswith(f"loaded {N_ROWS} row(s) into {topic_name}: ")
     assert [ln for ln in stderr.splitlines() if ln.startswith("Error:")] == [
         "Error: topic 'nosuch_topic' is not defined in the registry (run: sow-redis config "
         "apply FILE)"]
     assert re.search(r"^\d+ row\(s\); Spark session reused$", stderr, re.M)
-    n = orjson.loads(next(ln for ln in lines if ln.startswith('{"n"')))["n"]
+    n = orjson.loads(next(ln for ln in out_lines if ln.startswith('{"n"')))["n"]
     records = _records(sow, topic_name)
     assert n == len(records) > 1000
-    assert any(ln.startswith(f"exported {n} record(s) of {topic_name}") for ln in lines)
-    assert any(ln.startswith(f"rebuilt {topic_name}: restored {n} record(s)") for ln in lines)
+    assert any(ln.startswith(f"exported {n} record(s) of {topic_name}") for ln in out_lines)
+    assert any(ln.startswith(f"rebuilt {topic_name}: restored {n} record(s)")
+               for ln in out_lines)
+    # the stream: two micro-batches (a file each), the SOW of each aircraft's last flight
+    batches = [ln for ln in out_lines if re.match(r"batch \d+: ", ln)]
+    assert len(batches) == 2 and all("rejected" in b for b in batches)
+    last: dict[str, dict] = {}
+    for ln in lines[:3000]:
+        row = orjson.loads(ln)
+        if row.get("tailnum"):
+            last[row["tailnum"]] = row
+    got = {r["tailnum"]: r for r in _records(sow, streamed).values()}
+    assert got == last and len(got) > 500
     # the FIX delta load on the cluster equals delta-publish of the same logs
     ref = topic_name + "_fixcli"
     sow.apply_config(fix_cfg.replace(f'name = "{fix_name}"', f'name = "{ref}"'))
