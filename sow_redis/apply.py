@@ -138,7 +138,7 @@ def _transient(exc: BaseException) -> bool:
 @dataclass(frozen=True)
 class _LogRun:
     """Verified plain publishes at the head of the unapplied log, applied by one
-    apply_log.lua call: ``count`` entries, the last of them ``upto``."""
+    apply.lua (log) call: ``count`` entries, the last of them ``upto``."""
 
     count: int
     upto: str
@@ -339,7 +339,7 @@ class PartitionApplier:
     ``FencedError`` and Redis errors are raised. A batch holding a ``sow_delete`` by filter is
     applied on its own, after everything before it (the filter must see all of that).
 
-    A publisher's write-through (lua/apply_appended.lua) or a Spark load (lua/apply_load.lua)
+    A publisher's write-through (lua/include/apply_appended.lua) or a Spark load (lua/include/apply_load.lua)
     may apply entries of a caught-up partition between two batches: a planned batch the
     cursor has moved into is refused (``ConflictError``: planned again), and the planner is
     dropped whenever the cursor is not where this applier left it.
@@ -348,7 +348,7 @@ class PartitionApplier:
     index members sow_redis's publisher computed (fields ``k``/``m``) needs no planning once
     this worker has checked them against the data
     (:func:`~sow_redis.keying.verified_prepared`): while a batch starts with such entries,
-    :meth:`step` lets ``apply_log.lua`` apply them inside Redis up to the last one checked
+    :meth:`step` lets ``apply.lua` (operation `log`)` apply them inside Redis up to the last one checked
     (one call, no round trip of the messages back), and plans here from the first entry
     it leaves (a delta, a delete, a message expiration, a chaining topic's entry, an entry
     without ``k``, and one whose ``k`` or ``m`` is not what its data gives, which the planner
@@ -369,7 +369,7 @@ class PartitionApplier:
         self._planner: _Planner | None = None
         self._cursor: str | None = None  # after the last batch read (None: read it again)
         # planned, not sent yet: a segment for apply.lua, or a run of verified publishes for
-        # apply_log.lua (how many, the stream id of the last)
+        # apply.lua (log) (how many, the stream id of the last)
         self._planned: tuple[_Segment | _LogRun, list] | None = None
         self._inflight: tuple[PendingCall, _Segment | _LogRun, list] | None = None
         self.drained = False
@@ -431,7 +431,7 @@ class PartitionApplier:
     log (entries of clients that append with XADD: verified here instead)."""
 
     def _apply_trusted(self) -> int | None:
-        """One apply_log.lua call for the trusted entries at the head of the unapplied log
+        """One apply.lua (log) call for the trusted entries at the head of the unapplied log
         (nothing planned or in flight). Returns the entries applied, or None when it applied
         none before an entry the worker must read (the caller goes on to read the batch)."""
         try:
@@ -456,7 +456,7 @@ class PartitionApplier:
         return 0
 
     def _settle_log_run(self, call: PendingCall, run: _LogRun) -> int:
-        """The reply of an apply_log.lua call: the entries it applied. When it did not reach
+        """The reply of an apply.lua (log) call: the entries it applied. When it did not reach
         the run's last entry (an entry Lua would not take, a write-through that moved the
         cursor meanwhile) or failed, everything planned after it is dropped and planning
         starts again from the cursor in Redis (the planned path applies those entries,
@@ -483,12 +483,12 @@ class PartitionApplier:
 
         A batch that starts with plain publishes whose SOW key and index members this worker
         verified against their data (:func:`~sow_redis.keying.verified_prepared`) is applied
-        by apply_log.lua up to the last of them, without the messages' round trip back; like
+        by apply.lua (log) up to the last of them, without the messages' round trip back; like
         a planned batch, it is verified here while Redis applies the batch before it."""
         self.drained = False
         done = 0
         if self._in_redis and not self._trusted_skip:
-            # entries a trusted caller appended: apply_log.lua applies them unread
+            # entries a trusted caller appended: apply.lua (log) applies them unread
             done = self._flush()
             trusted = self._apply_trusted()
             if trusted is not None:
@@ -570,7 +570,7 @@ class PartitionApplier:
 
 
 def _prepared_publish(e: LogEntry | Exception, topic: TopicConfig) -> bool:
-    """True for an entry apply_log.lua may apply itself once verified (see
+    """True for an entry apply.lua (log) may apply itself once verified (see
     :class:`PartitionApplier`): a candidate for the next step's in-Redis apply."""
     return (isinstance(e, LogEntry) and e.command is Command.PUBLISH
             and e.prepared_key is not None and e.expiration_s is None

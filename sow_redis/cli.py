@@ -656,15 +656,18 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
                         jobs=sow.job_settings,
                         on_chunk=lambda _n: progress.update(task, completed=fh.tell()),
                         durable=durable))
+                    t = result.definition or t  # read again across a migration
         else:
             for block in blocks:
                 result.merge(append(sow.r, t, items(block), start=result.read + 1,
                                     fix_separator=sep, jobs=sow.job_settings, durable=durable))
+                t = result.definition or t  # read again across a migration
                 if stop.hit:
                     break
     except PublishInterrupted as exc:  # some were appended (else the refusal is raised)
         refused = exc
         result.merge(exc.result)
+        t = result.definition or t
     ctrl_c = stop.hit and refused is None
     stop.hard()
     not_sent = _rest_of(fh) if ctrl_c else None
@@ -983,6 +986,10 @@ def _report_recovery(msg: dict[str, Any]) -> None:
         key = "" if msg.get("sow_key") is None else f" (SOW key {msg['sow_key']!r})"
         click.echo(f"error: topic {msg['topic']}{where}{seq}{key}: {msg['error']}; skipped",
                    err=True)
+        return
+    if msg["cause"] == "migration":
+        click.echo(f"topic {msg['topic']} was migrated to {msg['partitions']} partition(s): "
+                   "following the new layout; its records were read again", err=True)
         return
     click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
                f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "
@@ -1493,7 +1500,8 @@ def down(ctx: click.Context, data_dir: str, timeout: float) -> None:
 def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
               password: str | None) -> None:
     """Run rq-dashboard on this Redis (the --control-url one when given) to watch workers,
-    the 'sow' queue and jobs; it listens on 127.0.0.1 unless --bind says otherwise.
+    the 'sow' queue and jobs, with a SOW page (/sow/) of the topics: figures, rates, lag,
+    rejections, partitions and queries; it listens on 127.0.0.1 unless --bind says otherwise.
 
     \b
     Example (then open http://127.0.0.1:9181/):
@@ -1514,7 +1522,9 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
     _check_port_free(bind, port)
     # the Redis URL (it may hold a password) goes in the environment, never in argv, which
     # `ps` shows to every user: rq-dashboard reads RQ_DASHBOARD_<OPTION> variables
-    env = dict(os.environ, RQ_DASHBOARD_REDIS_URL=url)
+    env = dict(os.environ, RQ_DASHBOARD_REDIS_URL=url, SOW_REDIS_URL=settings.redis_url)
+    if settings.control_url:  # the SOW page reads the data plane (sow_redis/dashboard)
+        env["SOW_CONTROL_URL"] = settings.control_url
     if username:
         # handed over in the environment, not argv, so `ps` does not show the password
         env.update(RQ_DASHBOARD_USERNAME=username, RQ_DASHBOARD_PASSWORD=password or "")
@@ -1522,7 +1532,7 @@ def dashboard(ctx: click.Context, port: int, bind: str, username: str | None,
         click.echo(f"warning: rq-dashboard on {bind} without --username/--password: anyone "
                    "who reaches this port can see and delete jobs", err=True)
     host = f"[{bind}]" if ":" in bind else bind
-    click.echo(f"rq-dashboard on http://{host}:{port}/ for {redact(url)}"
+    click.echo(f"rq-dashboard on http://{host}:{port}/ (SOW page: /sow/) for {redact(url)}"
                + (f" (basic auth, user {username})" if username else "")
                + "; Ctrl-C stops it", err=True)
     sys.stderr.flush()

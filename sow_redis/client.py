@@ -219,8 +219,9 @@ class Sow:
     def _published(self, result: PublishResult, started: float) -> None:
         """After a publish begun at ``started`` (``time.monotonic()``): keep the cached
         definitions :data:`TOPIC_KEEP_S` seconds more when ``result`` read the version they
-        were read under, else drop them."""
-        if result.registry_version is not NOT_READ \
+        were read under (and no definition fence made it read the topic again), else drop
+        them."""
+        if result.registry_version is not NOT_READ and result.definition is None \
                 and result.registry_version == self._topics_version:
             self._topics_until = max(self._topics_until, started + TOPIC_KEEP_S)
         else:
@@ -252,13 +253,14 @@ class Sow:
                                            jobs=self.job_settings, durable=self.durable,
                                            registry_check=True)
             self._published(result, started)
+            t = result.definition or t  # read again across a migration
             call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout,
                                                      jobs_started=True), self.retry_s)
             return result
         result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings,
                         durable=self.durable, registry_check=True)
         self._published(result, started)
-        self.handoff(t, result.last_ids, wait, timeout, jobs_started=True)
+        self.handoff(result.definition or t, result.last_ids, wait, timeout, jobs_started=True)
         return result
 
     def handoff(self, topic: str | TopicConfig, last_ids: dict[int, str], wait: bool = False,
@@ -421,6 +423,7 @@ class Sow:
                 rej = res.rejected[0]
                 raise MessageError(rej.reason, rej.detail)
             ids = res.last_ids
+            t = res.definition or t  # read again across a migration
         # a delete applied in its own call (delete_now.lua; also out of memory, when a job
         # could not be enqueued) needs no worker
         cursors = read_cursors(self.r, t.name, ids)

@@ -31,8 +31,10 @@ host read the same definitions; ``apply_config`` bumps a version and announces i
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, cast
@@ -189,6 +191,14 @@ class TopicConfig:
     def publisher_keys(self) -> bool:
         """True when the topic has no key fields and publishers must supply the SOW key."""
         return not self.key and not self.chaining
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits of the SHA-1 of the stored definition (:meth:`to_json`): equal for
+        equal definitions in every process. Stored per partition (:func:`keys.definition`)
+        by :func:`store_topics`; a publisher's append carries it, and Redis appends nothing
+        for a publisher whose definition is not the stored one (issue 23.4)."""
+        return hashlib.sha1(self.to_json()).hexdigest()[:16]
 
     def to_json(self) -> bytes:
         d = asdict(self)
@@ -735,8 +745,35 @@ def store_topics(r: Client, topics: list[TopicConfig]) -> int:
         pipe.execute()
     pipe.incr(keys.REGISTRY_VERSION)
     version = pipe.execute()[-1]
+    store_fingerprints(r, topics)
     r.publish(keys.REGISTRY_CHANNEL, str(version))
     return int(version)
+
+
+def store_fingerprints(r: Client, topics: list[TopicConfig]) -> None:
+    """Set each partition's :func:`keys.definition` to its topic's :attr:`fingerprint`,
+    after the registry holds the definitions (a publisher refused for a stale definition
+    then reads the new one). A migration's lease keeps refusing publishers until it ends
+    (``lua/include/apply_appended.lua``)."""
+    pipe = r.pipeline(transaction=False)
+    for t in topics:
+        for p in range(t.partitions):
+            pipe.set(keys.definition(t.name, p), t.fingerprint)
+    pipe.execute()
+
+
+def migration_holds(r: Client, topic: str, partitions: Iterable[int]) -> bool:
+    """True while a shape migration (``config apply --migrate``) holds one of the topic's
+    ``partitions``: its definition reads ``migrating`` or its lease is a migration's."""
+    parts = list(partitions)
+    pipe = r.pipeline(transaction=False)
+    for p in parts:
+        pipe.get(keys.definition(topic, p))
+        pipe.get(keys.lease(topic, p))
+    replies = pipe.execute()
+    migrating = keys.DEFINITION_MIGRATING.encode()
+    return any(d == migrating or (o or b"").startswith(b"migrate:")
+               for d, o in zip(replies[0::2], replies[1::2]))
 
 
 def apply_topics(r: Client, topics: list[TopicConfig], source: str = "<config>") -> int:

@@ -136,6 +136,12 @@ def from_script_error(exc: Exception) -> Exception:
     return exc
 
 
+class SubscriptionEnded(SowError):
+    """A subscription cannot go on (e.g. the topic was migrated to a new layout and its
+    bookmarks are kept in a bookmark store, whose positions are the old layout's). One line
+    saying why and what to do."""
+
+
 class BookmarkError(SowError):
     """A bookmark that cannot be used: malformed, for another number of partitions, or older
     than what the change feed retains (the message names the oldest retained point)."""

@@ -236,15 +236,23 @@ def events_of(raw: bytes) -> list[ChangeEvent]:
         return []
 
 
-def is_topic_removed(raw: bytes) -> bool:
-    """True for the message of :func:`topic_removed`."""
+def topic_migrating(topic: str) -> bytes:
+    """The notice a shape migration sends on each of the topic's old partition channels when
+    it begins (:mod:`sow_redis.migrate`): JSON ``{"topic", "op": "topic_migrating"}``."""
+    return orjson.dumps({"topic": topic, "op": "topic_migrating"})
+
+
+def notice_op(raw: bytes) -> str | None:
+    """The ``op`` of a topic notice (:func:`topic_removed`, :func:`topic_migrating`) on a
+    topic's channels; None for anything else."""
     if raw[:1] != b"{":
-        return False
+        return None
     try:
         msg = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return False
-    return isinstance(msg, dict) and msg.get("op") == "topic_removed"
+        return None
+    op = msg.get("op") if isinstance(msg, dict) else None
+    return op if op in ("topic_removed", "topic_migrating") else None
 
 
 def topic_removed(topic: str) -> bytes:

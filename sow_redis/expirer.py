@@ -128,7 +128,7 @@ def forward_dead_letters(r: Client, topic: TopicConfig, sow: Sow | None = None) 
                                       int(f[b"expiry_ms"]), f[b"data"])
             msgs.append(("publish", body, f[b"sow_key"].decode() if dl.publisher_keys else None))
         res = append(r, dl, msgs)
-        sow.handoff(dl, res.last_ids)
+        sow.handoff(res.definition or dl, res.last_ids)
         for rej in res.rejected:
             r.xadd(keys.errors(topic.dead_letter), {"reason": rej.reason, "detail": rej.detail,
                                                    "data": msgs[rej.position - 1][1]})

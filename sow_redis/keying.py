@@ -53,7 +53,7 @@ def _check_partition(obj: dict[str, Any], topic: TopicConfig, key: str, p: int) 
 
 
 def verified_prepared(entry: LogEntry, topic: TopicConfig, p: int) -> bool:
-    """True when ``entry`` is a plain ``publish`` that apply_log.lua may apply from the log
+    """True when ``entry`` is a plain ``publish`` that apply.lua (log) may apply from the log
     itself: it carries the SOW key (field ``k``) and, on a topic with hash indexes, the index
     members (``m``) that the topic's definition gives for its data in partition ``p``, and no
     message expiration. False for anything else (the worker plans it, rejecting a forged

@@ -108,11 +108,28 @@ def job_marker(topic: str, p: int) -> str:
 
 def trusted(topic: str, p: int) -> str:
     """ZSET (score 0, by member) of the ranges of log entries a caller with the right to run
-    scripts appended and left unapplied (``lua/apply_appended.lua``): member
+    scripts appended and left unapplied (``lua/include/apply_appended.lua``): member
     ``<last id>:<first id>``, each id padded to ``<15 digits>-<10 digits>`` so members sort
-    as the ids do. ``apply_log.lua`` applies the prepared publishes inside these ranges
+    as the ids do. ``apply.lua` (operation `log`)` applies the prepared publishes inside these ranges
     without the worker reading them; any other entry is verified by the worker first."""
     return partition_tag(topic, p) + ":trusted"
+
+
+def definition(topic: str, p: int) -> str:
+    """STRING: the fingerprint of the topic definition the partition takes entries under
+    (:func:`sow_redis.config.fingerprint`), written by ``config apply``; ``migrating`` while
+    a shape migration holds the topic, ``dropped`` for a partition a migration removed.
+    ``apply.lua` (operation `appended`)` appends nothing for a publisher whose definition differs: the
+    publisher reads the definition again, re-keys the refused messages and sends them again
+    (see :func:`sow_redis.publisher.append`)."""
+    return partition_tag(topic, p) + ":def"
+
+
+DEFINITION_MIGRATING = "migrating"
+""":func:`definition` while a shape migration holds the partition."""
+
+DEFINITION_DROPPED = "dropped"
+""":func:`definition` of a partition beyond the count a migration reduced the topic to."""
 
 
 def acks(topic: str, p: int) -> str:
@@ -166,14 +183,14 @@ def loads(topic: str, p: int) -> str:
     * ``<load id>:<batch number>`` → last stream id: a batch appended to the log
       (``lua/load_batch.lua``, chaining topics);
     * ``<load id>`` → ``<split>:<batch>``, the next batch to apply, and ``<load id>:<split>``
-      → the split's number of batches while it is staged (``lua/apply_load.lua``)."""
+      → the split's number of batches while it is staged (``lua/include/apply_load.lua``)."""
     return partition_tag(topic, p) + ":loads"
 
 
 def load_staged(topic: str, p: int) -> str:
     """HASH ``<load id>:<split>:<batch>`` → a bulk-load batch (MessagePack) of partition ``p``
     prepared before the batches ahead of it were applied; removed as it is applied
-    (``lua/apply_load.lua``)."""
+    (``lua/include/apply_load.lua``)."""
     return partition_tag(topic, p) + ":loads:staged"
 
 
@@ -214,8 +231,12 @@ def partition_channel(topic: str, p: int) -> str:
 
 
 def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
-    """The KEYS of ``apply.lua`` and ``expire.lua`` for one partition, in the scripts' order
-    (lua/include/remove_record.lua ``partition_context``)."""
+    """The KEYS of every Lua script that works on one partition (``apply.lua``, the one apply
+    entry point, ``expire.lua``, ``delete_now.lua``), in the one order the scripts read them
+    (``lua/include/partition.lua``; :class:`sow_redis.scripts.Partition`): records, state,
+    expiry, acks, index members, dead-letter outbox, chain, errors, log, change feed, change
+    feed times, lease, job marker, trusted ranges, definition, loads, staged load batches,
+    then the ``n_indexes`` hash indexes (last: the only part whose length varies)."""
     return [
         records(topic, p),
         state(topic, p),
@@ -228,6 +249,12 @@ def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
         log(topic, p),
         changes(topic, p),
         change_times(topic, p),
+        lease(topic, p),
+        job_marker(topic, p),
+        trusted(topic, p),
+        definition(topic, p),
+        loads(topic, p),
+        load_staged(topic, p),
     ] + [index(topic, p, n) for n in range(n_indexes)]
 
 
@@ -236,6 +263,4 @@ def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]
     out = [errors(topic), chain_conflicts(topic), topic_stats(topic)]
     for p in range(partitions):
         out += partition_keys(topic, p, n_indexes)
-        out += [lease(topic, p), job_marker(topic, p), loads(topic, p),
-                load_staged(topic, p), trusted(topic, p)]
     return out

@@ -24,9 +24,24 @@ anything; :func:`migrate_topic` changes it and moves what the topic holds:
    streams, dead-letter outbox, entries logged meanwhile by old-definition publishers,
    re-routed under the new definition), delete their keys, release the leases.
 
-Queries during a migration may see a partial SOW. Stop publishers (or let them finish) first:
-a publisher that keeps an old definition cached after the migration appends to the old
-partitions, where entries in the wrong partition are rejected (``wrong_partition``).
+Clients keep running across a migration (issue 23.4). Once it holds the leases, the
+migration marks every partition ``migrating`` (:func:`keys.definition`) and sends a notice on
+the old partitions' live channels. ``apply.lua` (operation `appended`)` then appends nothing for any
+publisher, and after the migration nothing for a publisher whose definition is not the
+stored one (a fingerprint per partition; ``dropped`` for a partition the migration removed):
+the publisher waits, reads the new definition, re-keys the refused messages and sends them
+again (:func:`sow_redis.publisher.append`), so nothing is stored under the old layout and
+nothing is lost. A subscriber that gets the notice waits for the migration to end, then
+subscribes to the new partitions and re-reads the records (a ``recovery`` with cause
+``migration``); one that keeps bookmarks in a bookmark store ends with one line saying why.
+A migration that fails stores the old definition's fingerprints back.
+
+Not fenced: publishers without the right to run scripts (the ACL ``publisher`` role, which
+appends with XADD). Their entries are verified by the workers under the definition stored
+when they are applied: one appended after the migration drained its partition and keyed to
+another partition under the new definition is rejected (``wrong_partition``, in the error
+stream with its data). Pause such publishers during a migration. Queries during a migration
+may see a partial SOW.
 """
 
 from __future__ import annotations
@@ -51,10 +66,12 @@ from .config import (
     load_topics,
     registry_problems,
     shape_changes,
+    store_fingerprints,
     store_topics,
 )
 from .connection import Client, Fields, StreamEntry
 from .errors import ConfigError, FencedError, MessageError, SowError
+from .events import topic_migrating
 from .messages import parse, partition_for
 from .partition_state import read_cursor
 from .records import decode as decode_record
@@ -164,8 +181,10 @@ def _clear_layout(r: Client, topic: str, partitions: int, n_indexes: int) -> Non
     """Delete the records, expiry sets, hash-index members and indexes, chain tables."""
     pipe = r.pipeline(transaction=False)
     for p in range(partitions):
-        pipe.delete(keys.records(topic, p), keys.expiry(topic, p), keys.index_members(topic, p),
-                    keys.chain(topic, p), *[keys.index(topic, p, n) for n in range(n_indexes)])
+        # one key per DEL: a cluster's pipeline sends no multi-key command
+        for k in (keys.records(topic, p), keys.expiry(topic, p), keys.index_members(topic, p),
+                  keys.chain(topic, p), *[keys.index(topic, p, n) for n in range(n_indexes)]):
+            pipe.delete(k)
     pipe.execute()
 
 
@@ -339,7 +358,24 @@ def _drop_partitions(r: Client, old: TopicConfig, new: TopicConfig) -> None:
         r.delete(keys.log(name, p), keys.state(name, p), keys.acks(name, p),
                  keys.dead_letters(name, p), keys.partition_errors(name, p),
                  keys.job_marker(name, p), keys.lease(name, p), keys.changes(name, p),
-                 keys.change_times(name, p))
+                 keys.change_times(name, p), keys.trusted(name, p))
+        # a publisher still holding the old definition is refused here, reads the new one
+        r.set(keys.definition(name, p), keys.DEFINITION_DROPPED)
+
+
+def _fence(r: Client, old: TopicConfig, partitions: int) -> None:
+    """Once the leases are held: mark partitions ``0..partitions-1`` ``migrating``
+    (:func:`keys.definition`: from now on ``apply.lua` (operation `appended`)` appends nothing for any
+    publisher; they wait and re-key their messages under the new definition), and tell the
+    subscribers of the old partitions' channels (:func:`events.topic_migrating`: they
+    follow the new layout once the migration ends, see :mod:`sow_redis.feed.subscriber`)."""
+    pipe = r.pipeline(transaction=False)
+    for p in range(partitions):
+        pipe.set(keys.definition(old.name, p), keys.DEFINITION_MIGRATING)
+    pipe.execute()
+    notice = topic_migrating(old.name)
+    for p in range(old.partitions):
+        r.spublish(keys.partition_channel(old.name, p), notice)
 
 
 def changes_to_move(old: TopicConfig, new: TopicConfig) -> list[str]:
@@ -362,7 +398,9 @@ def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
     scripts = Scripts(r)
     changes = tuple(changes_to_move(old, new))
     leases = _Leases(r, scripts, old.name, max(old.partitions, new.partitions), settings)
+    stored = False
     try:
+        _fence(r, old, max(old.partitions, new.partitions))
         drained = sum(_drain(r, scripts, old, p, leases, settings)
                       for p in range(old.partitions))
         records = {p: _read_hash(r, keys.records(old.name, p)) for p in range(old.partitions)}
@@ -387,8 +425,11 @@ def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
         failed = _apply_rejections(r, new.name, starts, wanted)
         _restore_expiry(r, new, wanted)
         store_topics(r, [new])
+        stored = True
         _drop_partitions(r, old, new)
     finally:
+        if not stored:  # publishers go on under the old definition
+            store_fingerprints(r, [old])
         leases.release()
     after = holdings(r, new).records
     return Migration(old.name, changes, drained, len(wanted) - failed, rejected + failed, after)

@@ -24,15 +24,15 @@ from redis.exceptions import (
 )
 
 from . import keys
-from .config import TopicConfig
+from .config import TopicConfig, get_topic, migration_holds
 from .connection import Client, Fields, is_cluster, server_ms
 from .entries import make_entry
-from .errors import MessageError, NotDurableError, PublishInterrupted, WaitTimeout
+from .errors import MessageError, NotDurableError, PublishInterrupted, SowError, WaitTimeout
 from .fix import to_message
 from .jobs import enqueue_job, ensure_jobs, job_marker_value, new_job_id
 from .messages import check_expiration, encode, index_members, parse, unwrap
 from .partition_state import read_cursors
-from .scripts import Scripts, attached, pack_entries
+from .scripts import OP_ARGS, Scripts, attached, pack_entries
 from .settings import Settings
 from .streamids import ms_of, reached
 
@@ -82,6 +82,10 @@ class PublishResult:
     skipped: int = 0
     read: int = 0
     registry_version: object = field(default=NOT_READ, repr=False)
+    definition: TopicConfig | None = field(default=None, repr=False)
+    """The topic's definition read again during the publish, when Redis refused messages
+    keyed under the one passed in (a migration; :func:`append`): the later messages, and
+    :attr:`last_ids`, are of this definition. None: the one passed in."""
 
     def merge(self, other: PublishResult) -> None:
         self.read += other.read
@@ -91,6 +95,8 @@ class PublishResult:
         self.last_ids.update(other.last_ids)
         if other.registry_version is not NOT_READ:
             self.registry_version = other.registry_version
+        if other.definition is not None:
+            self.definition = other.definition
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -165,12 +171,15 @@ def _start_jobs(r: Client, topic: TopicConfig, sent: list[int], marks: list[Any]
 
 def _settle_through(r: Client, topic: TopicConfig, jobs: Settings | None, through: WriteThrough,
                     chunk: dict[int, list[Fields]], job_ids: dict[int, str],
-                    replies: list[Any], result: PublishResult, durable: bool = False) -> None:
+                    replies: list[Any], result: PublishResult, durable: bool = False,
+                    chunk_items: dict[int, list[tuple[int, Item]]] | None = None,
+                    fenced: _Fenced | None = None) -> None:
     """Take the replies of one chunk's write-through calls (one per partition of ``chunk``,
     ascending): count what was appended, enqueue a job (id ``job_ids[p]``) where a call set
     the job marker, and append the entries of each call the server could not run (no
     script, no right to run it: an error reply appended nothing) with plain XADDs, making
-    sure of a job for them.
+    sure of a job for them. A call the definition fence refused (nothing appended) puts its
+    items (``chunk_items[p]``: position and item of each entry) in ``fenced``.
 
     Raises:
         ResponseError: a call Redis refused for its own state (out of memory, read-only …;
@@ -181,6 +190,11 @@ def _settle_through(r: Client, topic: TopicConfig, jobs: Settings | None, throug
     refused: ResponseError | None = None
     for (p, entries), reply in zip(sorted(chunk.items()), replies):
         taken = through.settle(topic, reply)
+        if isinstance(taken, str):
+            assert fenced is not None and chunk_items is not None
+            fenced.why[p] = taken
+            fenced.held += chunk_items[p]
+            continue
         if taken is None:
             if isinstance(reply, (NoScriptError, NoPermissionError)):
                 retry[p] = entries
@@ -223,26 +237,64 @@ class _ReadFailed(Exception):
         self.exc = exc
 
 
-def _validated(topic: TopicConfig, items: Iterable[Item], start: int, result: PublishResult,
-               sep: bytes, skip: frozenset[str]) -> Iterator[tuple[int, Fields] | None]:
-    """Each item read, validated (:func:`prepare`): ``(partition, entry)`` to append, or None
-    when it was rejected (added to ``result.rejected`` with its position) or skipped;
-    ``result.read`` counts the items.
+class _Source:
+    """The items of one :func:`append`, each with its position (``start`` for the first);
+    items a definition fence refused are put back in front (:meth:`put_back`) and come again
+    marked as not new, so that they are validated again but counted as read once."""
+
+    def __init__(self, items: Iterable[Item], start: int) -> None:
+        self._it = iter(items)
+        self._next = start
+        self._back: deque[tuple[int, Item]] = deque()
+
+    def put_back(self, held: list[tuple[int, Item]]) -> None:
+        """Items to take again before the rest, in position order."""
+        self._back.extendleft(sorted(held, key=lambda pair: pair[0], reverse=True))
+
+    def __iter__(self) -> Iterator[tuple[int, Item, bool]]:
+        return self
+
+    def __next__(self) -> tuple[int, Item, bool]:
+        """``(position, item, new)``. Raises StopIteration, or what iterating raises."""
+        if self._back:
+            pos, item = self._back.popleft()
+            return pos, item, False
+        item = next(self._it)
+        pos, self._next = self._next, self._next + 1
+        return pos, item, True
+
+
+@dataclass
+class _Fenced:
+    """What the definition fence of ``apply.lua` (operation `appended`)` refused in one pass of
+    :func:`append`: the items (position, item) and, per partition, why (``migrating``,
+    ``absent``, ``dropped``, ``changed``)."""
+
+    held: list[tuple[int, Item]] = field(default_factory=list)
+    why: dict[int, str] = field(default_factory=dict)
+
+
+def _validated(topic: TopicConfig, source: _Source, result: PublishResult, sep: bytes,
+               skip: frozenset[str]) -> Iterator[tuple[int, Item, tuple[int, Fields] | None,
+                                                       bool]]:
+    """Each item read, validated (:func:`prepare`): ``(position, item, (partition, entry) to
+    append or None, new)``; None when it was rejected (added to ``result.rejected`` with its
+    position) or skipped; ``new`` is False for an item put back after a definition fence
+    (``result.read`` counts new items only).
 
     Raises:
         _ReadFailed: iterating ``items`` raised (the caller appends what it has, then
             :func:`_read_failed`).
     """
-    it = iter(items)
     while True:
         try:
-            item = next(it)
+            pos, item, new = next(source)
         except StopIteration:
             return
         except Exception as exc:
             raise _ReadFailed(exc) from exc
-        result.read += 1
-        pos = start - 1 + result.read
+        if new:
+            result.read += 1
         try:
             checked = prepare(topic, item, sep, skip)
         except MessageError as exc:
@@ -254,7 +306,7 @@ def _validated(topic: TopicConfig, items: Iterable[Item], start: int, result: Pu
         else:
             if checked is None:
                 result.skipped += 1
-        yield checked
+        yield pos, item, checked, new
 
 
 def _read_failed(r: Client, topic: TopicConfig, start: int, result: PublishResult,
@@ -269,6 +321,12 @@ def _read_failed(r: Client, topic: TopicConfig, start: int, result: PublishResul
     raise exc from None
 
 
+DEFINITION_WAIT_S = 600.0
+"""Seconds a publish waits at most, in all, for a topic's definition to settle when Redis
+refused its messages for a definition that is no longer (or not yet) the stored one: a shape
+migration running (``config apply --migrate``), or a ``config apply`` between its writes."""
+
+
 def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
            fix_separator: bytes | None = None,
@@ -279,6 +337,17 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     Every item is either appended or rejected with its reason, whatever the other items do:
     a problem with one item (including an exception no check foresaw, reported as
     ``bad_message`` with the exception text) never stops the others.
+
+    Definition fence (issue 23.4): where the client may run scripts, each partition takes
+    entries only from a publisher whose definition of the topic is the stored one (its
+    :attr:`~sow_redis.config.TopicConfig.fingerprint`, ``lua/include/apply_appended.lua``). When
+    Redis refuses a chunk's entries for a partition (the topic was changed or a shape
+    migration holds it), nothing of them was appended: the publish stops sending, waits
+    until no migration holds those partitions (at most :data:`DEFINITION_WAIT_S` seconds in
+    all), reads the definition again, validates the refused messages (and the rest) under it
+    and goes on. So a publisher that keeps running across ``config apply --migrate`` stores
+    nothing under the old layout and loses nothing; :attr:`PublishResult.definition` is then
+    the definition read.
 
     Args:
         items: ``(cmd, message, publisher SOW key or None[, expiration seconds or None])``;
@@ -297,7 +366,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             in round trips of its own). None: the caller hands the entries over itself.
             Where the client may run scripts (not the ACL ``publisher`` role, not
             ``memory://``), each chunk's entries of one partition go as one
-            apply_appended.lua call: the script appends them and records them as trusted
+            apply.lua (appended) call: the script appends them and records them as trusted
             (the workers then apply their prepared publishes without reading them); with
             ``jobs.write_through`` (the default), when the partition's log held no
             unapplied entry before them, it applies the plain publishes there and then; the
@@ -321,25 +390,110 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         PublishInterrupted: Redis refused a command (out of memory under ``noeviction``, a
         read-only replica, …) after some messages were appended: its ``result`` counts
         them; nothing after the refusal was sent; the refusal itself (``ResponseError``:
-        ``OutOfMemoryError``, ``NoPermissionError`` …) when nothing was appended;
+        ``OutOfMemoryError``, ``NoPermissionError`` …) when nothing was appended; the same
+        (with a SowError as cause) when the definition did not settle within
+        :data:`DEFINITION_WAIT_S` seconds; UnknownTopicError: the topic was removed while
+        its messages were refused;
         connection errors;
         NotDurableError: with ``durable``, no replica confirmed a chunk in time (its
         messages are in the log of the primary, not acknowledged).
     """
-    if durable or is_cluster(r):
-        return _append_cluster(r, topic, items, start, on_chunk, fix_separator, jobs, durable,
-                               registry_check)
     result = PublishResult()
+    source = _Source(items, start)
+    deadline = 0.0
+    while True:
+        fenced = _Fenced()
+        if durable or is_cluster(r):
+            _append_cluster(r, topic, source, start, result, on_chunk, fix_separator, jobs,
+                            durable, registry_check, fenced)
+        else:
+            _append_server(r, topic, source, start, result, on_chunk, fix_separator, jobs,
+                           registry_check, fenced)
+        if not fenced.why:
+            break
+        registry_check = False
+        deadline = deadline or time.monotonic() + DEFINITION_WAIT_S
+        try:
+            topic = await_definition(r, topic, fenced.why, deadline)
+        except SowError as exc:
+            if result.last_ids:
+                _touch_used(r, topic, result.last_ids)
+            raise _interrupted(result, exc) from exc
+        # what was appended before the fence was applied under the old definition (a
+        # migration drains every old partition first): partitions it removed have no cursor
+        result.last_ids = {p: sid for p, sid in result.last_ids.items() if p < topic.partitions}
+        result.definition = topic
+        source.put_back(fenced.held)
+    if result.last_ids:
+        _touch_used(r, topic, result.last_ids)
+    return result
+
+
+def await_definition(r: Client, topic: TopicConfig, why: dict[int, str],
+                     deadline: float) -> TopicConfig:
+    """After the definition fence refused ``topic``'s entries for the partitions of ``why``
+    (see :func:`append`): wait until no shape migration holds them, then read the topic's
+    definition again and return it. When it is unchanged and a partition had none stored
+    (a topic stored before definitions were, or a key lost), store it there (``SET NX``).
+
+    Args:
+        why: partition → the script's reason (``migrating``, ``absent``, ``dropped``,
+            ``changed``).
+        deadline: ``time.monotonic()`` after which to give up.
+
+    Raises:
+        SowError: still refused at ``deadline`` (e.g. a migration that failed to end, or a
+            stored value that is no definition of the topic: ``config apply`` stores it
+            again); UnknownTopicError: the topic is no longer defined.
+    """
+    parts = sorted(why)
+    pause = 0.02
+    while True:
+        if not migration_holds(r, topic.name, parts):
+            fresh = get_topic(r, topic.name)
+            if fresh.fingerprint != topic.fingerprint:
+                return fresh
+            pipe = r.pipeline(transaction=False)
+            for p in parts:
+                pipe.get(keys.definition(topic.name, p))
+            stored = pipe.execute()
+            absent = [p for p, d in zip(parts, stored) if d is None and p < fresh.partitions]
+            if absent:
+                pipe = r.pipeline(transaction=False)
+                for p in absent:
+                    pipe.set(keys.definition(topic.name, p), fresh.fingerprint, nx=True)
+                pipe.execute()
+                return fresh
+            # unchanged in the registry, another value stored: a config apply between its
+            # two writes (look again), or a value no config apply wrote (the deadline)
+        if time.monotonic() >= deadline:
+            raise SowError(
+                f"topic '{topic.name}': partition(s) {parts} refused this publisher's "
+                f"definition for {DEFINITION_WAIT_S:g} s "
+                f"({', '.join(sorted(set(why.values())))}); if no migration runs, "
+                "'sow-redis config apply' with the topic's definition stores it again")
+        time.sleep(pause)
+        pause = min(0.5, pause * 2)
+
+
+def _append_server(r: Client, topic: TopicConfig, source: _Source, start: int,
+                   result: PublishResult, on_chunk: Callable[[int], None] | None,
+                   fix_separator: bytes | None, jobs: Settings | None, registry_check: bool,
+                   fenced: _Fenced) -> None:
+    """One pass of :func:`append` on one server (not durable): chunks pipelined, at most
+    :data:`IN_FLIGHT` waiting for their replies. Stops sending at the first fence refusal:
+    what was refused and what was not sent yet go to ``fenced``."""
     batch = XaddBatch(r)
     through = _write_through(r)
     apply_through = jobs is not None and jobs.write_through
     parts: list[int] = []
     grouped: dict[int, list[Fields]] = {}  # with write-through: the chunk's entries by partition
+    items: dict[int, list[tuple[int, Item]]] = {}  # and their positions and items
     handled = 0
-    # (partitions, items handled, registry version read after them, write-through chunk,
-    # job id per partition touched), sent
+    # (partitions, items handled, registry version read after them, write-through chunk and
+    # its items, job id per partition touched), sent
     inflight: deque[tuple[list[int], int, bool, dict[int, list[Fields]] | None,
-                          dict[int, str]]] = deque()
+                          dict[int, list[tuple[int, Item]]], dict[int, str]]] = deque()
     check = registry_check
     log_keys = [keys.log(topic.name, p).encode() for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
@@ -351,14 +505,15 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
         after what was appended is counted; no more chunks are sent after it)."""
         if not inflight:
             return
-        sent, n_handled, checked, chunk, job_ids = inflight.popleft()
+        sent, n_handled, checked, chunk, chunk_items, job_ids = inflight.popleft()
         try:
             if chunk is not None:
                 assert through is not None
                 replies = batch.collect(tolerate_from=0)
                 if checked:
                     result.registry_version = _registry_version(replies.pop())
-                _settle_through(r, topic, jobs, through, chunk, job_ids, replies, result)
+                _settle_through(r, topic, jobs, through, chunk, job_ids, replies, result,
+                                chunk_items=chunk_items, fenced=fenced)
             else:
                 replies = batch.collect(tolerate_from=0)
                 if checked:
@@ -379,9 +534,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     def flush(last: bool = False) -> None:
         """Send the chunk validated so far; Redis appends it while the next chunks are
         validated here (at most :data:`IN_FLIGHT` chunks wait for their replies)."""
-        nonlocal parts, grouped, handled, check
+        nonlocal parts, grouped, items, handled, check
         if len(inflight) >= IN_FLIGHT:
             settle()
+        if fenced.why:  # refused: nothing more is sent in this pass
+            return
         if parts:
             chunk = None
             job_ids = {p: new_job_id() for p in set(parts)} if jobs is not None else {}
@@ -399,28 +556,29 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             if check:
                 batch.add_packed(_GET_REGISTRY_VERSION)
             batch.send()
-            inflight.append((parts, handled, check, chunk, job_ids))
+            inflight.append((parts, handled, check, chunk, items, job_ids))
             check = False
         elif on_chunk and handled:
             on_chunk(handled)
-        parts, handled = [], 0
+        parts, handled, items = [], 0, {}
         while last and inflight:
             settle()
 
     try:
-        for checked in _validated(topic, items, start, result, sep, skip):
-            handled += 1
+        for pos, item, checked, new in _validated(topic, source, result, sep, skip):
+            handled += new
             if checked is None:
                 continue
             p, entry = checked
             if through is not None:
                 grouped.setdefault(p, []).append(entry)
+                items.setdefault(p, []).append((pos, item))
             else:
                 batch.add(log_keys[p], entry)
             parts.append(p)
             if len(parts) >= CHUNK:
                 flush()
-                if refused:
+                if refused or fenced.why:
                     break
     except _ReadFailed as failed:
         try:
@@ -435,11 +593,12 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             settle()
     finally:
         batch.close()
-    if result.last_ids:
-        _touch_used(r, topic, result.last_ids)
+    if fenced.why:  # validated under the old definition, not sent: validated again
+        fenced.held += [pair for held in items.values() for pair in held]
     if refused:
+        if result.last_ids:
+            _touch_used(r, topic, result.last_ids)
         raise _interrupted(result, refused[0])
-    return result
 
 
 def _interrupted(result: PublishResult, refusal: Exception) -> Exception:
@@ -525,27 +684,27 @@ def _raise_first(commands: list[tuple[str, tuple[Any, ...], dict[str, Any]]],
     return replies
 
 
-def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start: int,
-                    on_chunk: Callable[[int], None] | None, fix_separator: bytes | None,
-                    jobs: Settings | None, durable: bool = False,
-                    registry_check: bool = False) -> PublishResult:
-    """:func:`append` on a Redis Cluster, or with ``durable`` (same arguments, result and
-    errors): each chunk of :data:`CHUNK` messages goes as one redis-py pipeline (on a
+def _append_cluster(r: Client, topic: TopicConfig, source: _Source, start: int,
+                    result: PublishResult, on_chunk: Callable[[int], None] | None,
+                    fix_separator: bytes | None, jobs: Settings | None, durable: bool,
+                    registry_check: bool, fenced: _Fenced) -> None:
+    """One pass of :func:`append` on a Redis Cluster, or with ``durable`` (same arguments,
+    result and errors): each chunk of :data:`CHUNK` messages goes as one redis-py pipeline (on a
     cluster one round trip per node holding its partitions; the XADDs of one partition stay
     in order) with the write-through calls (or the ``SET NX`` of its job markers), and with
     ``durable`` a ``WAIT 1`` per node; no chunk is in flight while the next one is
-    validated."""
-    result = PublishResult()
+    validated. Stops at the first fence refusal (what was refused goes to ``fenced``)."""
     log_keys = [keys.log(topic.name, p) for p in range(topic.partitions)]
     sep = fix_separator or topic.field_separator.encode()
     skip = frozenset(topic.skip_msg_types)
     chunk: list[tuple[int, Fields]] = []
+    chunk_items: dict[int, list[tuple[int, Item]]] = {}
     handled = 0
     through = _write_through(r)
     apply_through = jobs is not None and jobs.write_through
 
     def flush() -> None:
-        nonlocal chunk, handled, registry_check
+        nonlocal chunk, chunk_items, handled, registry_check
         if chunk:
             touched = sorted({p for p, _e in chunk})
             sent = [p for p, _e in chunk]
@@ -578,7 +737,7 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 if grouped:
                     assert through is not None
                     _settle_through(r, topic, jobs, through, grouped, job_ids, replies, result,
-                                    durable)
+                                    durable, chunk_items=chunk_items, fenced=fenced)
                 else:
                     error = None
                     for (p, _e), sid in zip(chunk, replies):
@@ -595,23 +754,23 @@ def _append_cluster(r: Client, topic: TopicConfig, items: Iterable[Item], start:
                 raise _interrupted(result, exc) from exc
         if on_chunk and handled:
             on_chunk(handled)
-        chunk, handled = [], 0
+        chunk, chunk_items, handled = [], {}, 0
 
     try:
-        for checked in _validated(topic, items, start, result, sep, skip):
-            handled += 1
+        for pos, item, checked, new in _validated(topic, source, result, sep, skip):
+            handled += new
             if checked is None:
                 continue
             chunk.append(checked)
+            chunk_items.setdefault(checked[0], []).append((pos, item))
             if len(chunk) >= CHUNK:
                 flush()
+                if fenced.why:
+                    return
     except _ReadFailed as failed:
         flush()
         _read_failed(r, topic, start, result, failed)
     flush()
-    if result.last_ids:
-        _touch_used(r, topic, result.last_ids)
-    return result
 
 
 def resp(args: Sequence[Any], header: bool = True) -> bytes:
@@ -752,7 +911,7 @@ class XaddBatch:
 
 
 class WriteThrough:
-    """The publisher's side of apply_appended.lua, one per client (:func:`_write_through`):
+    """The publisher's side of apply.lua (appended), one per client (:func:`_write_through`):
     the script is loaded once (``SCRIPT LOAD``) and then sent as a bare EVALSHA per partition
     in each chunk's write, carrying that partition's entries, which it appends and applies
     (when the partition is caught up) or leaves to the workers, setting the job marker
@@ -782,7 +941,7 @@ class WriteThrough:
         Raises:
             NoPermissionError: the client's user may not run scripts.
         """
-        self._scripts.load("apply_appended")
+        self._scripts.load("apply")
         self._loaded = True
 
     def call(self, topic: TopicConfig, p: int, entries: Sequence[Fields],
@@ -810,8 +969,9 @@ class WriteThrough:
         hit = self._packed.get(key)
         if hit is None or (hit[0] is not topic and hit[0] != topic):
             args = [b"EVALSHA", *self.call(topic, p, [], marker_ttl_ms, "", through)]
-            at = 3 + int(args[2]) + 5  # ARGV[6], the entries (see apply_appended.lua)
-            # ARGV[7..12] between the entries and the marker value, ARGV[13], the last
+            # the entries: the operation's first argument (lua/include/apply_appended.lua),
+            # then its marker lifetime and write-through flag, then the marker value, last
+            at = 3 + int(args[2]) + OP_ARGS
             hit = (topic, b"*%d\r\n" % len(args) + resp(args[:at], header=False),
                    resp(args[at + 1:-1], header=False))
             self._packed[key] = hit
@@ -820,12 +980,14 @@ class WriteThrough:
         return (hit[1] + b"$%d\r\n%s\r\n" % (len(data), data) + hit[2]
                 + b"$%d\r\n%s\r\n" % (len(value), value))
 
-    def settle(self, topic: TopicConfig, reply: Any) -> tuple[int, str, bool] | None:
+    def settle(self, topic: TopicConfig, reply: Any) -> tuple[int, str, bool] | str | None:
         """Take the reply of one write-through call.
 
         Returns:
             ``(entries applied, stream id of the last entry appended, job marker set)``;
-            None for an error reply (nothing was appended).
+            the reason (``migrating``, ``absent``, ``dropped``, ``changed``) when the
+            definition fence refused the call; None for an error reply (in both cases
+            nothing was appended).
         """
         if isinstance(reply, ResponseError):
             # redis-py takes the code (NOSCRIPT, NOPERM) off the text of its own classes
@@ -837,6 +999,9 @@ class WriteThrough:
                 self._warn(topic, type(reply).__name__, f"write-through failed ({reply}); "
                            "the entries are appended with XADD and applied by the workers")
             return None
+        if int(reply[0]) < 0:
+            why = reply[1]
+            return why.decode() if isinstance(why, bytes) else str(why)
         applied, last, marked, error = reply
         if error:
             self._warn(topic, "apply", f"write-through apply failed ({error!r}); the workers "
@@ -851,7 +1016,7 @@ class WriteThrough:
 
 
 def _write_through(r: Client) -> WriteThrough | None:
-    """The appender of client ``r`` (its entries are appended by apply_appended.lua, which
+    """The appender of client ``r`` (its entries are appended by apply.lua (appended), which
     records them as trusted and writes them through where asked), or None where the server
     runs no script for this client's user (the ACL ``publisher`` role: plain XADD) and on
     ``memory://`` (fakeredis runs no MessagePack in Lua)."""

@@ -12,7 +12,7 @@ import enum
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property, lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -121,7 +121,7 @@ class Scripts:
 
     def apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
               rejects: Sequence[Reject], ops: Sequence[Op]) -> tuple[int, str]:
-        """apply.lua: apply the batch of log entries ``first`` … ``last`` (stream ids) of
+        """apply.lua, operation ``planned``: apply the batch of log entries ``first`` … ``last`` (stream ids) of
         partition ``p``: write ``rejects`` to its error stream, apply ``ops`` in order, move the
         cursor to ``last``; atomically.
 
@@ -137,7 +137,7 @@ class Scripts:
 
     def apply_log(self, topic: TopicConfig, p: int, fence: int, count: int,
                   upto: str = "") -> LogApplied:
-        """apply_log.lua: apply the plain publishes at the head of partition ``p``'s unapplied
+        """apply.lua, operation ``log``: apply the plain publishes at the head of partition ``p``'s unapplied
         log, read by the script itself, at most ``count`` entries: those inside the ranges a
         trusted caller appended (:func:`sow_redis.keys.trusted`) and those up to stream id
         ``upto``, which the caller has verified (their ``k``/``m`` are what their data
@@ -148,34 +148,31 @@ class Scripts:
             FencedError: ``fence`` is stale (another worker took the lease).
         """
         ks, argv = apply_log_args(topic, p, fence, count, upto or "0-0")
-        return _log_applied(self.call("apply_log", ks, argv))
+        return _log_applied(self.call("apply", ks, argv))
 
     def send_apply_log(self, topic: TopicConfig, p: int, fence: int, count: int,
                        upto: str) -> PendingCall:
         """Send the :meth:`apply_log` call now and read its reply later
         (:meth:`PendingCall.result`, a :class:`LogApplied`), on a connection of its own."""
         ks, argv = apply_log_args(topic, p, fence, count, upto)
-        return PendingCall(self, "apply_log", ks, argv, _log_applied)
+        return PendingCall(self, "apply", ks, argv, _log_applied)
 
     def apply_appended_call(self, topic: TopicConfig, p: int, packed: bytes, marker_ttl_ms: int,
                             through: bool, marker: str) -> tuple[str, list[str], list[Any]]:
-        """``(sha, KEYS, ARGV)`` of apply_appended.lua for partition ``p``: a publisher's
+        """``(sha, KEYS, ARGV)`` of apply.lua's operation ``appended`` for partition ``p``
+        (include apply_appended): a publisher's
         append of the entries of one chunk to ``p`` (``packed``: :func:`pack_entries`),
         which the script appends itself, records as trusted and, with ``through``, applies
         when the log held no unapplied entry before them; sent as a bare EVALSHA (see
         :meth:`load`). ``marker``: the job marker value set (``SET NX PX marker_ttl_ms``)
         when entries are left to the workers ("" none). Its reply is ``[entries applied,
         stream id of the last entry appended, 1 when it set the job marker, apply error text
-        or ""]``; an error reply means nothing was appended."""
-        n_idx = len(topic.hash_index)
-        return (self._scripts["apply_appended"].sha,
-                keys.partition_keys(topic.name, p, n_idx)
-                + [keys.lease(topic.name, p), keys.job_marker(topic.name, p),
-                   keys.trusted(topic.name, p)],
-                [keys.partition_channel(topic.name, p), topic.name, n_idx,
-                 "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-                 packed, expiry_for(topic, None, "0-0"), p, *retention_args(topic),
-                 marker_ttl_ms, "1" if through else "0", marker])
+        or ""]``, or ``[-1, why, stored definition]`` when the partition takes entries under
+        another definition than ``topic`` (nothing appended; see the script's header); an
+        error reply means nothing was appended."""
+        ks, argv = partition(topic, p).args("appended", packed, marker_ttl_ms,
+                                            "1" if through else "0", marker)
+        return self._scripts["apply"].sha, ks, argv
 
     def delete_now(self, topic: TopicConfig, p: int, fields: Fields,
                    sow_keys: Sequence[str]) -> tuple[int, str] | None:
@@ -186,16 +183,12 @@ class Scripts:
 
         Returns:
             ``(records removed, stream id of the entry)``; None when nothing was written
-            (unapplied entries wait before it, or a migration runs).
+            (unapplied entries wait before it, a migration runs, or the partition stores
+            another definition of the topic).
         """
-        n_idx = len(topic.hash_index)
-        removed, sid = self.call(
-            "delete_now", keys.partition_keys(topic.name, p, n_idx) + [keys.lease(topic.name, p)],
-            [keys.partition_channel(topic.name, p), topic.name, n_idx,
-             "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0", p,
-             *retention_args(topic),
-             msgpack.packb([x for kv in fields.items() for x in kv], use_bin_type=False),
-             *sow_keys])
+        removed, sid = self.call("delete_now", *partition(topic, p).args(
+            "delete_now", msgpack.packb([x for kv in fields.items() for x in kv],
+                                        use_bin_type=False), *sow_keys))
         if int(removed) < 0:
             return None
         return int(removed), sid.decode() if isinstance(sid, bytes) else sid
@@ -216,10 +209,7 @@ class Scripts:
         """Queue expire.lua for partition ``p`` on ``pipe`` (remove at most ``limit`` due
         records); its reply (from :meth:`execute`) is ``[expired, next due ms or -1, server
         now ms, dead-letter outbox length]``."""
-        n_idx = len(topic.hash_index)
-        self.queue(pipe, "expire", keys.partition_keys(topic.name, p, n_idx),
-                   [keys.partition_channel(topic.name, p), topic.name, n_idx,
-                    "1" if topic.dead_letter else "0", limit, p, *retention_args(topic)])
+        self.queue(pipe, "expire", *partition(topic, p).args("expire", limit))
 
     def load_batch(self, topic: str, p: int, marker: str, entries: Sequence[Fields],
                    rejects: Sequence[tuple[str, str, bytes]]) -> tuple[int, str]:
@@ -238,7 +228,7 @@ class Scripts:
 
     def apply_load(self, topic: TopicConfig, p: int, load_id: str, splits: int, split: int,
                    batch: int, last: bool, packed: bytes, max_batches: int) -> LoadApplied:
-        """apply_load.lua: batch ``batch`` of split ``split`` of the bulk load ``load_id`` into
+        """apply.lua, operation ``load``: batch ``batch`` of split ``split`` of the bulk load ``load_id`` into
         partition ``p``, in the load's order and exactly once: appended to the log and applied
         when the batches ahead of it are, else staged; then the staged batches that follow
         (``max_batches`` batches in all). ``split`` -1: only the staged batches. ``splits``:
@@ -249,15 +239,8 @@ class Scripts:
             last: this is the split's last batch of partition ``p``.
             packed: :func:`pack_load_batch` of the batch's entries and rejected rows.
         """
-        n_idx = len(topic.hash_index)
-        reply = self.call(
-            "apply_load", keys.partition_keys(topic.name, p, n_idx)
-            + [keys.lease(topic.name, p), keys.loads(topic.name, p),
-               keys.load_staged(topic.name, p)],
-            [keys.partition_channel(topic.name, p), topic.name, n_idx,
-             "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-             expiry_for(topic, None, "0-0"), p, *retention_args(topic), load_id, split, batch,
-             "1" if last else "0", packed, max_batches, splits])
+        reply = self.call("apply", *partition(topic, p).args(
+            "load", load_id, split, batch, "1" if last else "0", packed, max_batches, splits))
         status, applied, rejected, split_at, batch_at = (int(x) for x in reply)
         return LoadApplied(LoadStatus(status), applied, rejected, (split_at, batch_at))
 
@@ -273,14 +256,14 @@ class Scripts:
 
 def pack_entries(entries: Sequence[Fields]) -> bytes:
     """MessagePack of log entries, each the flat array of its field names and values (the
-    entries argument of apply_appended.lua and, inside :func:`pack_load_batch`, of
-    apply_load.lua)."""
+    entries argument of apply.lua (appended) and, inside :func:`pack_load_batch`, of
+    apply.lua (load))."""
     return msgpack.packb([[x for kv in fields.items() for x in kv] for fields in entries],
                          use_bin_type=False)
 
 
 def pack_load_batch(entries: Sequence[Fields], rejects: Sequence[tuple[str, str, bytes]]) -> bytes:
-    """The batch argument of load_batch.lua and apply_load.lua: MessagePack of ``[entries,
+    """The batch argument of load_batch.lua and apply.lua (load): MessagePack of ``[entries,
     rejected rows]``, each entry its fields and values in turn, each rejected row ``[reason,
     detail, data]``. One packed argument instead of one per field: the client packs a batch
     in one C call (redis-py's per-argument packing was a fifth of a load task's time)."""
@@ -289,7 +272,7 @@ def pack_load_batch(entries: Sequence[Fields], rejects: Sequence[tuple[str, str,
 
 
 class LoadStatus(enum.IntEnum):
-    """What :meth:`Scripts.apply_load` did with its batch (lua/apply_load.lua)."""
+    """What :meth:`Scripts.apply_load` did with its batch (lua/include/apply_load.lua)."""
 
     APPLIED = 0
     """Applied (with the staged batches after it); or nothing was staged (split -1)."""
@@ -304,6 +287,9 @@ class LoadStatus(enum.IntEnum):
     """A shape migration holds the partition: nothing done."""
     SPLITS_CHANGED = 5
     """The load ran before with another number of splits: nothing done."""
+    DEFINITION_CHANGED = 6
+    """The partition stores another definition of the topic than the load's (``config
+    apply`` changed it since the load read it): nothing done."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,34 +356,69 @@ def _packing(r: Client) -> str:
 def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
                rejects: Sequence[Reject], ops: Sequence[Op],
                packing: str = "flat") -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of apply.lua, in the order of the script's header; with ``packing``
-    ``"msgpack"`` the rejected entries' and ops' fields go as one MessagePack array (every
-    field as a string: Redis's cmsgpack takes no binary type)."""
+    """KEYS and ARGV of apply.lua's operation ``planned`` (include apply_planned); with
+    ``packing`` ``"msgpack"`` the rejected entries' and ops' fields go as one MessagePack
+    array (every field as a string: Redis's cmsgpack takes no binary type)."""
     fields: list[Any] = []
     for rj in rejects:
         fields += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
     for op in ops:
         fields += _pack_op(op)
-    argv: list[Any] = [fence, keys.partition_channel(topic.name, p), topic.name, first, last,
-                       len(topic.hash_index), "1" if topic.dead_letter else "0",
-                       "1" if topic.expiration_enabled else "0", p, len(rejects),
-                       *retention_args(topic), packing]
     if packing == "msgpack":
-        argv.append(msgpack.packb([f if isinstance(f, (str, bytes)) else str(f) for f in fields],
-                                  use_bin_type=False))
-    else:
-        argv += fields
-    return keys.partition_keys(topic.name, p, len(topic.hash_index)), argv
+        fields = [msgpack.packb([f if isinstance(f, (str, bytes)) else str(f) for f in fields],
+                                use_bin_type=False)]
+    return partition(topic, p).args("planned", fence, first, last, len(rejects), packing,
+                                    *fields)
 
 
 def apply_log_args(topic: TopicConfig, p: int, fence: int, count: int,
                    upto: str) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of apply_log.lua (see its header)."""
-    n_idx = len(topic.hash_index)
-    return keys.partition_keys(topic.name, p, n_idx) + [keys.trusted(topic.name, p)], [
-        fence, keys.partition_channel(topic.name, p), topic.name, n_idx,
-        "1" if topic.dead_letter else "0", "1" if topic.expiration_enabled else "0",
-        count, expiry_for(topic, None, "0-0"), p, *retention_args(topic), upto]
+    """KEYS and ARGV of apply.lua's operation ``log`` (include apply_from_log)."""
+    return partition(topic, p).args("log", fence, count, upto)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One partition of a topic as every script that writes its records sees it
+    (``lua/include/partition.lua``): its KEYS (:func:`keys.partition_keys`) and the head of
+    its ARGV, each built here once and in one order: the operation, channel, topic name,
+    partition number, number of hash indexes, dead-letter flag, expiration flag, change-feed
+    retention (changes; ms), the expiry of a message without its own (:func:`expiry_for`:
+    "" none, "now", or a lifetime in ms) and the definition's fingerprint. Made by
+    :func:`partition` (cached per definition and partition)."""
+
+    topic: TopicConfig
+    p: int
+
+    @cached_property
+    def keys(self) -> list[str]:
+        """The KEYS, in the scripts' order."""
+        return keys.partition_keys(self.topic.name, self.p, len(self.topic.hash_index))
+
+    @cached_property
+    def head(self) -> tuple[Any, ...]:
+        """ARGV[2 ..] of the head (ARGV[1] is the operation)."""
+        t = self.topic
+        return (keys.partition_channel(t.name, self.p), t.name, self.p, len(t.hash_index),
+                "1" if t.dead_letter else "0", "1" if t.expiration_enabled else "0",
+                *retention_args(t), expiry_for(t, None, "0-0"), t.fingerprint)
+
+    def args(self, op: str, *rest: Any) -> tuple[list[str], list[Any]]:
+        """``(KEYS, ARGV)`` of operation ``op`` with its own arguments ``rest``
+        (ARGV[OP + 1 ..])."""
+        return self.keys, [op, *self.head, *rest]
+
+
+OP_ARGS = 11
+"""Arguments of the head (the operation included): an operation's own i-th argument is
+ARGV[OP_ARGS + i] (``OP`` in ``lua/include/partition.lua``)."""
+
+
+@lru_cache(maxsize=4096)
+def partition(topic: TopicConfig, p: int) -> Partition:
+    """The :class:`Partition` handle of partition ``p`` of ``topic`` (one per definition and
+    partition: its KEYS and ARGV head are built once)."""
+    return Partition(topic, p)
 
 
 def _log_applied(reply: Any) -> LogApplied:

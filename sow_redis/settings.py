@@ -45,7 +45,7 @@ class Settings:
             entries are never trimmed).
         write_through: a publisher that starts the workers (``append(jobs=…)``: ``Sow.publish``,
             ``sow-redis publish``) also applies the plain publishes it appended to a caught-up
-            partition, in the same write (lua/apply_appended.lua): subscribers get them one
+            partition, in the same write (lua/include/apply_appended.lua): subscribers get them one
             round trip after the publish, with no worker hop. Workers still apply everything
             else (deltas, deletes, chaining topics, a backlog left by a crash).
     """

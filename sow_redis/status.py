@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from . import keys
 from .config import TopicConfig
 from .connection import Client
@@ -145,4 +147,47 @@ def with_rates(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     out = dict(after)
     out["per_second"] = {k: round((after["counters"][k] - before["counters"][k]) / dt_s, 1)
                          for k in after["counters"]}
+    return out
+
+
+def log_appended(r: Client, topic: TopicConfig) -> int:
+    """Log entries ever appended to the topic's partitions: the sum of each log stream's
+    ``entries-added`` (``XINFO STREAM``, Redis ≥ 7.0; trimming does not lower it). A partition
+    whose log does not exist yet counts 0. Its rate is the topic's rate in (entries/s); with
+    :func:`topic_stats`' ``lag``, ``log_appended - lag`` counts the entries the workers have
+    passed (applied or rejected), exact while no partition is behind by more than
+    :data:`~sow_redis.partition_state.PENDING_COUNT_MAX`."""
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        pipe.xinfo_stream(keys.log(topic.name, p))
+    total = 0
+    for info in pipe.execute(raise_on_error=False):
+        if isinstance(info, ResponseError):  # no such key: nothing appended to it yet
+            continue
+        total += int(info.get("entries-added") or 0)
+    return total
+
+
+def partition_table(r: Client, topic: TopicConfig) -> list[dict[str, Any]]:
+    """Per partition, for the dashboard's SOW page: ``partition``, ``records``, ``log``
+    (entries in its log stream), ``cursor`` (stream id of the last entry applied, ``0-0``
+    before any), ``pending`` (entries after the cursor, counted up to
+    :data:`~sow_redis.partition_state.PENDING_COUNT_MAX`), ``owner`` (the lease holder's id
+    ``<host>:<pid>:<random>``, None while no job holds the partition) and ``lease_left_ms``
+    (milliseconds until that lease lapses; None without an owner)."""
+    states = read_partitions(r, topic.name, topic.partitions)
+    pipe = r.pipeline(transaction=False)
+    for st in states:
+        pipe.get(keys.lease(topic.name, st.partition))
+        pipe.pttl(keys.lease(topic.name, st.partition))
+    res = pipe.execute()
+    out = []
+    for i, st in enumerate(states):
+        owner, ttl = res[2 * i], int(res[2 * i + 1])
+        out.append({
+            "partition": st.partition, "records": st.records, "log": st.log,
+            "cursor": st.cursor, "pending": st.pending,
+            "owner": None if owner is None else owner.decode(errors="replace"),
+            "lease_left_ms": None if owner is None or ttl < 0 else ttl,
+        })
     return out

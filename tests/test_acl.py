@@ -146,7 +146,7 @@ TOPIC = "a.b-c/d_1"
 KEY_BUILDERS = {
     "log", "records", "expiry", "state", "lease", "job_marker", "acks", "index_members",
     "dead_letters", "chain", "chain_conflicts", "index", "changes", "change_times", "loads",
-    "load_staged", "trusted",
+    "load_staged", "trusted", "definition",
     "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED",
     "SWEEP_LEASE"}
 """Every key template of keys.py (functions and constants), each checked below."""
@@ -234,7 +234,8 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
     placement = {"partition_tag", "partition_slot"}  # the tag itself, not a key
     assert builders - lists - channels - placement == {k for k in KEY_BUILDERS if not k.isupper()}
     consts = {name for name, v in vars(keys).items() if name.isupper() and isinstance(v, str)}
-    assert consts - {"REGISTRY_CHANNEL"} == {k for k in KEY_BUILDERS if k.isupper()}
+    values = {"DEFINITION_MIGRATING", "DEFINITION_DROPPED"}  # values of a key, not keys
+    assert consts - {"REGISTRY_CHANNEL"} - values == {k for k in KEY_BUILDERS if k.isupper()}
     # the list builders return only keys of the single templates
     singles = {k for ks in _built_keys().values() for k in ks}
     built = {k for p in (0, 7) for k in keys.partition_keys(TOPIC, p, 4)} | set(
@@ -246,7 +247,8 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
                                                   keys.partition_errors, keys.changes,
                                                   keys.change_times, keys.lease,
                                                   keys.job_marker, keys.loads,
-                                                  keys.load_staged, keys.trusted)}
+                                                  keys.load_staged, keys.trusted,
+                                                  keys.definition)}
 
 
 def test_acl_key_patterns_give_each_role_exactly_its_rights_on_what_keys_py_builds():

@@ -108,7 +108,7 @@ def test_a_batch_whose_apply_call_fails_is_retried_entry_by_entry(url, topic_nam
 
     monkeypatch.setattr(scripts_module, "_pack_op", pack)
     # delta_publish: entries the worker plans into ops (plain publishes are applied by
-    # apply_log.lua without ops)
+    # apply.lua (log) without ops)
     res = sow.delta_publish(t.name, [{"k": i, "v": "POISON" if i == 3 else "ok"}
                                      for i in range(6)], wait=True)
     assert res.published == 6

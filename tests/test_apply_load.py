@@ -1,4 +1,4 @@
-"""The bulk load's apply (lua/apply_load.lua, sow_redis.spark.load.write_split), without Spark:
+"""The bulk load's apply (lua/include/apply_load.lua, sow_redis.spark.load.write_split), without Spark:
 batches apply in the load's order whatever order the splits finish in, exactly once on a
 retry or a rerun, never ahead of unapplied publishes or during a shape migration; and the
 bulk mode of the apply (one write per SOW key and batch) gives what applying message by
@@ -128,7 +128,7 @@ def test_an_incomplete_load_says_where_it_stopped(url, topic_name):
 
 
 def test_the_bulk_apply_equals_message_by_message(url, topic_name):
-    """apply_log.lua writes each SOW key once per batch (bulk mode, a topic without expiration);
+    """apply.lua (log) writes each SOW key once per batch (bulk mode, a topic without expiration);
     apply.lua (the worker's planned ops: a topic with expiration planned by the worker) writes
     message by message. Same records, index members, feed and insert/update counts."""
     sow = Sow(url, inline=True)

@@ -1,4 +1,4 @@
-"""apply_log.lua (plain publishes applied inside Redis) writes exactly what the planned path
+"""apply.lua (log) (plain publishes applied inside Redis) writes exactly what the planned path
 (worker plans ops, apply.lua) writes, and hands everything else to the worker (issue 9.5).
 
 The same log entries, with the same stream ids, are applied twice to one topic (emptied in

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +122,23 @@ def test_lua_headers_match_keys_and_argv_used(name):
         documented = {int(n) for n in re.findall(kind + r"\[(\d+)\]", header)}
         assert used <= documented, f"{name}: {kind} {sorted(used - documented)} not in header"
     assert "..\"}" not in body and "keys." not in body  # scripts never build key names
+
+
+INCLUDES = sorted(p.stem for p in (Path(__file__).parent.parent / "sow_redis" / "lua"
+                                   / "include").glob("*.lua"))
+
+
+@pytest.mark.parametrize("name", INCLUDES)
+def test_lua_includes_document_the_arguments_they_read(name):
+    """An operation's own arguments (``ARGV[OP + i]``, include partition) are documented in
+    its include's header; no include reads KEYS by position but include partition."""
+    header, _, body = script_source(f"include/{name}").partition("]]")
+    used = {int(n) for n in re.findall(r"ARGV\[OP \+ (\d+)\]", body)}
+    documented = {int(n) for n in re.findall(r"ARGV\[OP \+ (\d+)", header)}
+    assert used <= documented, f"{name}: ARGV[OP + {sorted(used - documented)}] not in header"
+    if name != "partition":
+        assert not re.findall(r"KEYS\[\d", body), name
+    assert "..\"}" not in body and "keys." not in body
 
 
 # -- wrong shapes and types (issues 8.10, 7.12, 7.5) ------------------------------------

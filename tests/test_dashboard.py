@@ -105,6 +105,8 @@ def test_dashboard_serves_its_page_on_loopback_only(url, tmp_path):
         assert status == 200 and b"<title>RQ dashboard</title>" in page, page[:300]
         status, body = _get(f"http://127.0.0.1:{d.port}/0/data/workers.json")
         assert status == 200 and "workers" in orjson.loads(body)
+        status, page = _get(f"http://127.0.0.1:{d.port}/sow/")  # the SOW page, same server
+        assert status == 200 and b"<h2>SOW topics</h2>" in page, page[:300]
         listening = _listening(d.port)
         print(f"dashboard on port {d.port}: listening sockets {listening}")
         if listening:  # Linux: every listening socket is 127.0.0.1 (0100007F)
@@ -129,6 +131,15 @@ def test_dashboard_basic_auth_from_env_hides_the_password(url, tmp_path):
         assert d.wait_page(("watcher", "wrong"))[0] == 401
         status, page = d.wait_page(("watcher", secret))
         assert status == 200 and b"RQ dashboard" in page
+        # the SOW page and its files ask for the same user and password
+        for path in ("sow/", "sow/topic?name=x", "sow/data/series.json?name=x",
+                     "sow/static/sow.js"):
+            assert _get(f"http://127.0.0.1:{d.port}/{path}")[0] == 401, path
+            assert _get(f"http://127.0.0.1:{d.port}/{path}", ("watcher", "wrong"))[0] == 401
+            assert _get(f"http://127.0.0.1:{d.port}/{path}", ("watcher", secret))[0] in (
+                200, 404), path  # 404: no topic x
+        status, page = _get(f"http://127.0.0.1:{d.port}/sow/", ("watcher", secret))
+        assert status == 200 and b"SOW topics" in page
         argv = Path(f"/proc/{d.proc.pid}/cmdline").read_bytes() if Path("/proc").exists() else b""
         assert secret.encode() not in argv
         assert secret not in d.output() and "watcher" in d.output()

@@ -123,7 +123,7 @@ def test_a_forged_entry_before_a_write_through_is_not_applied_by_it(url, topic_n
 
 def test_entries_of_a_trusted_appender_are_applied_unread_others_are_verified(
         url, topic_name, monkeypatch):
-    """A publisher that may run scripts appends through apply_appended.lua, which records the
+    """A publisher that may run scripts appends through apply.lua (appended), which records the
     entries it leaves unapplied as a trusted range: a worker applies them without reading
     them (no verification in Python). An entry appended with a plain XADD, even a correct
     one, is read and verified first. Ranges the cursor passed are dropped."""

@@ -1,5 +1,5 @@
 """Write-through (issue 10: publish → subscriber latency): a publisher applies the plain
-publishes it appended to a caught-up partition in its own write (lua/apply_appended.lua),
+publishes it appended to a caught-up partition in its own write (lua/include/apply_appended.lua),
 while workers apply deltas and everything behind them. Both may apply the same partition at
 once; each log entry must still be applied exactly once and in log order."""
 
@@ -31,7 +31,7 @@ def cfg(name: str, partitions: int) -> str:
 
 def test_a_write_through_applies_only_its_own_entries_of_a_caught_up_partition(
         lonely_url, topic_name):
-    """apply_appended.lua appends its entries itself and applies them only when the log held
+    """apply.lua (appended) appends its entries itself and applies them only when the log held
     no unapplied entry before them: entries another client appended (here a publish and a
     delta) are left to the workers, and so are the call's own, behind them (job marker set).
     apply.lua refuses a batch the cursor lies inside (SOW_CONFLICT); a batch wholly behind the

@@ -31,7 +31,9 @@ Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
 * ``completed``: the end of the replay part of a bookmark subscription: ``bookmark``;
 * ``recovery``: ``partition``, ``cause`` (``gap`` | ``reconnect`` | ``replay``: the change
   feed could not give a bookmark replay's changes | ``resync``: the same, asked for with
-  ``resync``, for a bookmark older than the feed), ``how`` (``feed`` | ``requery``),
+  ``resync``, for a bookmark older than the feed | ``migration``: the topic was migrated to a
+  new layout, ``config apply --migrate``, and every record was read again, ``partition``
+  None and ``partitions`` the new count), ``how`` (``feed`` | ``requery``),
   ``after`` and ``to`` (the seqs the recovery covered).
 
 Nothing a subscriber receives stops it. A change it cannot decode or render (a SOW key or
@@ -61,10 +63,10 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
-from ..config import TopicConfig
+from ..config import TopicConfig, get_topic, migration_holds, shape_changes
 from ..connection import Client, server_ms
-from ..errors import FilterEvalError
-from ..events import ChangeBlock, ChangeEvent, decode_change, is_topic_removed, parse_block
+from ..errors import FilterEvalError, SubscriptionEnded
+from ..events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
 from ..logs import fields
 from ..records import decode as decode_record
 from .bookmark import Bookmark, position_text
@@ -74,6 +76,10 @@ from .live import ShardListener, refresh_topology
 log = logging.getLogger(__name__)
 
 Message = dict[str, Any]
+
+MIGRATION_WAIT_S = 600.0
+"""Seconds a subscriber waits at most for a shape migration of its topic to end before it
+ends with :class:`~sow_redis.errors.SubscriptionEnded`."""
 
 
 class Tracker(Protocol):
@@ -129,6 +135,8 @@ class Subscriber:
         from ..filter import compile_filter
         from ..orderby import parse_order_by
 
+        if migration_holds(r, topic.name, range(topic.partitions)):
+            topic = _after_migration(r, topic)  # started during a migration: its new layout
         self.r, self.topic, self.oof = r, topic, oof
         self.pred = compile_filter(filter) if filter else None
         self._order = parse_order_by(order_by) if order_by else None
@@ -182,6 +190,9 @@ class Subscriber:
         warned = False
         while True:
             try:
+                if self._layout_changed():  # migrated while this subscriber was away
+                    self._follow_migration()
+                    return
                 self._subscribe()
                 cur = current_seqs(self.r, self.topic)
                 break
@@ -411,6 +422,80 @@ class Subscriber:
             msg["bookmark"] = bm
             self._ready.append(msg)
 
+    # -- a shape migration ---------------------------------------------------------------
+    def _layout_changed(self) -> bool:
+        """True while a shape migration holds the topic or when the stored definition lays
+        the topic out otherwise than this subscriber's (another definition of the same shape
+        is taken as it is)."""
+        if migration_holds(self.r, self.topic.name, range(self.topic.partitions)):
+            return True
+        fresh = get_topic(self.r, self.topic.name)
+        if fresh.fingerprint == self.topic.fingerprint:
+            return False
+        if shape_changes(self.topic, fresh):
+            return True
+        self.topic = fresh
+        return False
+
+    def _follow_migration(self) -> None:
+        """The topic's shape migration began (its notice on a partition channel; see
+        :mod:`sow_redis.migrate`): stop listening to the old partitions, wait until the
+        migration ends (at most :data:`MIGRATION_WAIT_S` seconds), then subscribe to the
+        partitions of the definition stored by then and re-read their records: each record
+        as a ``publish`` (the view brought up to date as a gap recovery by re-reading does),
+        with ``oof`` a ``resync`` notice for each record of the view that is gone, and one
+        ``recovery`` message with cause ``migration`` (``partitions``: the new count).
+
+        Raises:
+            SubscriptionEnded: the subscription keeps its bookmarks in a bookmark store
+                (positions of the old layout), or the migration did not end in time.
+        """
+        old = self.topic
+        if self._live is not None:
+            self._live.close()
+            self._live = None
+        if self.tracker is not None:
+            raise SubscriptionEnded(
+                f"topic '{old.name}' is being migrated to a new layout (config apply "
+                "--migrate): the bookmark store's positions are of the old layout; "
+                "subscribe again with --resync once the migration ends")
+        new = _after_migration(self.r, old)
+        seen = set().union(*self._view)
+        n = new.partitions
+        self.topic = new
+        self._view = [set() for _ in range(n)]
+        self._texts, self._text_seqs = [""] * n, [-1] * n
+        self.pos = [0] * n
+        self._subscribe()
+        out: list[Message] = []
+        now: set[str] = set()
+        for p in range(n):
+            seq, recs = self._snapshot(p)
+            self.pos[p] = seq
+            for rec, obj in sorted(recs, key=lambda pair: pair[0].seq):
+                out.append({"kind": "publish", "op": "publish", "topic": new.name,
+                            "sow_key": rec.sow_key, "partition": p, "seq": rec.seq,
+                            "id": rec.stream_id, "data": obj})
+                now.add(rec.sow_key)
+            if self.oof:
+                self._view[p] = {rec.sow_key for rec, _obj in recs}
+        if self.oof:
+            out += [{"kind": "oof", "reason": "resync", "topic": new.name, "sow_key": key,
+                     "partition": None, "seq": None, "data": None}
+                    for key in sorted(seen - now)]
+        msg = {"kind": "recovery", "topic": new.name, "partition": None,
+               "cause": "migration", "how": "requery", "after": None, "to": None,
+               "partitions": n}
+        log.warning("subscriber of %s: the topic was migrated (%d → %d partition(s)); "
+                    "re-read its records", new.name, old.partitions, n)
+        if self.report is not None:
+            self.report(msg)
+        bm = self.bookmark
+        for m in out:
+            m["bookmark"] = bm
+        self._ready.extend(out)
+        self._ready.append(msg)
+
     # -- the API -------------------------------------------------------------------------
     @property
     def bookmark(self) -> str:
@@ -444,7 +529,10 @@ class Subscriber:
             try:
                 block = parse_block(data)
             except ValueError as exc:
-                if not is_topic_removed(data):
+                notice = notice_op(data)
+                if notice == "topic_migrating":
+                    self._follow_migration()
+                elif notice is None:
                     self._error(None, None, None, None, f"a message on the topic's channels "
                                 f"is no change block ({exc}); ignored")
                 continue
@@ -500,6 +588,25 @@ class Subscriber:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _after_migration(r: Client, topic: TopicConfig) -> TopicConfig:
+    """Wait until no shape migration holds ``topic`` (at most :data:`MIGRATION_WAIT_S`
+    seconds), then its stored definition.
+
+    Raises:
+        SubscriptionEnded: the migration did not end in time; UnknownTopicError.
+    """
+    deadline = time.monotonic() + MIGRATION_WAIT_S
+    pause = 0.02
+    while migration_holds(r, topic.name, range(topic.partitions)):
+        if time.monotonic() >= deadline:
+            raise SubscriptionEnded(
+                f"topic '{topic.name}': a migration to a new layout did not end within "
+                f"{MIGRATION_WAIT_S:g} s; subscribe again once it has")
+        time.sleep(pause)
+        pause = min(0.5, pause * 2)
+    return get_topic(r, topic.name)
 
 
 def to_line(msg: Message) -> bytes:

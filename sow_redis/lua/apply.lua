@@ -1,138 +1,50 @@
 --[[
-  apply: apply one batch of a partition's transaction log to the SOW, atomically.
+  apply: the one entry point through which a partition's SOW changes, whoever hands the
+  entries over (issue 23, item 6). Every caller passes the partition's KEYS and the head of
+  ARGV in one order (include partition; sow_redis.scripts.Partition builds them), and names
+  its operation in ARGV[1]:
 
-  Checks the fencing token and that the batch is newer than the applied cursor (a batch the
-  cursor lies inside was partly applied by someone else: SOW_CONFLICT, plan again), checks the
-  expected record versions (compare-and-set for delta merges done by the worker), writes the
-  batch's rejected entries to the partition's error stream, then upserts / deletes records,
-  keeps expiry scores and hash-index members, moves the cursor, counts sow_delete results and
-  publishes the batch's changes as one change block on the partition's channel and in the
-  partition's change feed (include remove_record publish_changes).
+    "planned"   a worker's batch, planned in Python from the log entries it read and
+                verified (delta merges, deletes, expirations, chain links, rejections):
+                include apply_planned; fencing token
+    "log"       a worker's run of plain publishes read by the script from the log, applied
+                inside trusted ranges or up to the id the worker verified: include
+                apply_from_log; fencing token
+    "appended"  a publisher's chunk, appended by the script and written through when the
+                log is caught up, else recorded as a trusted range: include
+                apply_appended; definition fence
+    "load"      a Spark load's batch, appended and applied in the load's order, exactly
+                once: include apply_load; definition fence
 
-  Every entry sees the SOW as of its own log time (ARCHITECTURE §5; issue "deltas race
-  expiry"): when the topic's expiration is enabled and the stored record of an op's SOW key
-  was due at or before the op's stream id time, the record is first removed as an expiry
-  (change reason "expired", dead-letter copy), then the op runs on an absent record.
+  One trust rule for all of them: an entry is applied only if its SOW key, partition and
+  index members are what the topic's definition gives for its data. The worker operations
+  apply what the worker verified (or what a trusted caller appended); the operations without
+  a fencing token apply only entries they append themselves, on a caught-up log, under the
+  definition stored for the partition (include partition definition_refused). They share the
+  record writes (include write_record), removals and the change feed (include
+  remove_record), the change events (include event) and the prepared-publish loop (include
+  apply_prepared). expire.lua (due records) and delete_now.lua (a delete that must run out
+  of memory: flagged allow-oom, which no apply may be) are the two other scripts that write
+  records; they take the same KEYS and ARGV head.
 
-  Input:
-    KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
-          dead, chain, errors, log, changes, change times, hash indexes)
-    ARGV[1] fencing token          ARGV[2] partition channel   ARGV[3] topic name
-    ARGV[4] first stream id of the batch   ARGV[5] last stream id of the batch
-    ARGV[6] n (number of hash indexes)     ARGV[7] "1" when the topic has a dead_letter topic
-    ARGV[8] "1" when the topic's expiration is enabled     ARGV[9] partition number
-    ARGV[10] e (number of rejected entries)
-    ARGV[11] change feed retention: changes kept per partition (0: no feed, pub/sub only)
-    ARGV[12] change feed retention in ms (0: by count only)
-    ARGV[13] packing: "flat" (the fields below are ARGV[14..]) or "msgpack" (ARGV[14] is one
-             MessagePack array of the fields below, unpacked with Redis's cmsgpack: one
-             argument instead of 7 per op, measured cheaper for the worker; docs/benchmarks.md)
-    then e × 6 fields:
-              stream id, reason, detail, cmd, data, sow_key   (→ XADD errors, exactly once)
-    then ops, 7 fields each (packed by sow_redis/scripts.py _pack_op from sow_redis/ops.py):
-              op: "publish" | "delta_publish" (upsert), "sow_delete" (delete), "ack",
-                  "chain" (sow_key field = chain identifier, data = its chain head)
-              stream id, sow_key, data,
-              expiry: "" (none), "now" (TTL 0: deliver to current subscribers, then expire)
-                      or absolute ms,
-              expected seq: "" (unchecked) or the seq the record must have ("0" = absent),
-              index members: positional, comma-separated, as stored in ixm
-
-  Output:
-    {applied ops, new cursor} or {-1, cursor} when the batch was applied before.
-    Error replies: "SOW_FENCED …" (stale fencing token), "SOW_CONFLICT <sow_key>" (a record
-    changed since the worker read it; nothing was written), "SOW_CONFLICT cursor …" (the
-    cursor lies inside the batch; nothing was written), "SOW_BADARGS …" (malformed call).
+  Input: the partition's KEYS and ARGV head (include partition), ARGV[1] naming the
+    operation; the operation's own arguments ARGV[OP + 1 ..]: see its include.
+  Output: the operation's (see its include); error reply "SOW_BADARGS unknown operation …".
 ]]
-local fence, chan, topic = ARGV[1], ARGV[2], ARGV[3]
-local first_id, last_id, nidx = ARGV[4], ARGV[5], tonumber(ARGV[6])
-local dead_letter, expiring, partition = ARGV[7] == "1", ARGV[8] == "1", ARGV[9]
-local nerr = tonumber(ARGV[10])
-local keep_count, keep_ms = ARGV[11], ARGV[12]
-local D, ERR_FIRST = ARGV, 14
-if ARGV[13] == "msgpack" then D, ERR_FIRST = cmsgpack.unpack(ARGV[14]), 1 end
-local ERR_WIDTH, WIDTH = 6, 7
-local FIRST = ERR_FIRST + ERR_WIDTH * (nerr or 0)
-local ERRORS_MAXLEN = 100000
-
+--@include partition
 --@include event
 --@include remove_record
 --@include write_record
+--@include apply_prepared
+--@include apply_planned
+--@include apply_from_log
+--@include apply_appended
+--@include apply_load
 
-if not nerr or (#D - FIRST + 1) % WIDTH ~= 0 then
-  return redis.error_reply("SOW_BADARGS ops must have " .. WIDTH .. " fields each")
-end
-local P = partition_context(chan, topic, partition, nidx)
-
-local function id_parts(id)
-  local ms, s = string.match(id, "^(%d+)-(%d+)$")
-  return tonumber(ms), tonumber(s)
-end
-
-local function id_less_eq(a, b)
-  local ams, aseq = id_parts(a)
-  local bms, bseq = id_parts(b)
-  return ams < bms or (ams == bms and aseq <= bseq)
-end
-
-local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
-if meta[1] ~= fence then
-  return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
-end
-local cursor = meta[2] or "0-0"
-if id_less_eq(last_id, cursor) then
-  return {-1, cursor}
-end
-if id_less_eq(first_id, cursor) then
-  -- the head of the batch was applied meanwhile (the publisher's write-through,
-  -- apply_appended.lua): what the worker planned after it may rest on an older state
-  return redis.error_reply("SOW_CONFLICT cursor " .. cursor .. " is inside the batch")
-end
-local seq = tonumber(meta[3] or "0")
-
--- validation pass: nothing is written unless every expected version holds
-for i = FIRST, #D, WIDTH do
-  local expect = D[i + 5]
-  if expect ~= "" then
-    local cur = redis.call("HGET", P.rec, D[i + 2])
-    local cur_seq = "0"
-    if cur then cur_seq = string.match(cur, "^(%d+):") end
-    if cur_seq ~= expect then
-      return redis.error_reply("SOW_CONFLICT " .. D[i + 2])
-    end
-  end
-end
-
-for i = ERR_FIRST, FIRST - 1, ERR_WIDTH do
-  redis.call("XADD", P.errors, "MAXLEN", "~", ERRORS_MAXLEN, "*",
-    "reason", D[i + 1], "detail", D[i + 2], "id", D[i], "partition", partition,
-    "cmd", D[i + 3], "data", D[i + 4], "sow_key", D[i + 5])
-end
-
-local S = batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
-local applied = 0
-for i = FIRST, #D, WIDTH do
-  local op, id, key = D[i], D[i + 1], D[i + 2]
-  if op == "chain" then
-    redis.call("HSET", P.chain, key, D[i + 3])
-  elseif op == "ack" then
-    redis.call("HSETNX", P.acks, id, 0)
-    redis.call("PEXPIRE", P.acks, 3600000)
-  elseif op == "sow_delete" then
-    local old = live_record(P, S, key, id)
-    if old then
-      remove_record(P, S, key, old, "deleted", id)
-      redis.call("HINCRBY", P.acks, id, 1)
-      applied = applied + 1
-    end
-  elseif op == "publish" or op == "delta_publish" then
-    upsert(P, S, op, id, key, D[i + 3], D[i + 4], D[i + 6])
-    applied = applied + 1
-  else
-    return redis.error_reply("SOW_BADARGS unknown op " .. tostring(op))
-  end
-end
-
-redis.call("HSET", P.state, "cursor", last_id, "seq", S.seq)
-publish_changes(P, S)
-return {applied, last_id}
+local P = partition_context()
+local op = ARGV[1]
+if op == "planned" then return apply_planned(P) end
+if op == "log" then return apply_from_log(P) end
+if op == "appended" then return apply_appended(P) end
+if op == "load" then return apply_load(P) end
+return redis.error_reply("SOW_BADARGS unknown operation " .. tostring(op))

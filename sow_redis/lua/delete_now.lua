@@ -11,38 +11,31 @@
   SOW with its expiry score and index members, a "deleted" change event, the delete counted
   at its stream id in the acks hash), only when the log holds no unapplied entry: an entry
   before it may need memory to apply and must be applied first, in log order. Otherwise
-  nothing is written. During a shape migration nothing is written either.
+  nothing is written. Nor is anything written during a shape migration, or when the
+  partition stores another definition of the topic than the caller's (include partition
+  definition_refused; none stored, as before issue 23.4, is taken).
 
   Trust: the SOW keys come from the caller, who may run scripts (a sow_redis client with the
   writer's rights); they are removed as named, as a worker removes the keys of a sow_delete
   by keys.
 
-  Input:
-    KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
-          dead, chain, errors, log, changes, change times, hash indexes), then the
-          partition's lease
-    ARGV[1] partition channel   ARGV[2] topic name     ARGV[3] n (number of hash indexes)
-    ARGV[4] "1" when the topic has a dead_letter topic
-    ARGV[5] "1" when the topic's expiration is enabled     ARGV[6] partition number
-    ARGV[7] change feed retention: changes kept per partition (0: no feed, pub/sub only)
-    ARGV[8] change feed retention in ms (0: by count only)
-    ARGV[9] the log entry: MessagePack (cmsgpack) flat array of its field names and values
-    ARGV[10..] the SOW keys to remove
+  Input: the partition's KEYS and ARGV head (include partition; ARGV[1] "delete_now"), then
+    ARGV[OP + 1] the log entry: MessagePack (cmsgpack) flat array of its field names and
+             values
+    ARGV[OP + 2 ..] the SOW keys to remove
 
   Output:
     {records removed, stream id of the entry} or {-1, ""} when the log holds unapplied
     entries (nothing written), {-2, ""} during a shape migration (nothing written).
 ]]
-local chan, topic, nidx = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local dead_letter, expiring, partition = ARGV[4] == "1", ARGV[5] == "1", ARGV[6]
-
+--@include partition
 --@include event
 --@include remove_record
 --@include write_record
 
-local P = partition_context(chan, topic, partition, nidx)
-local owner = redis.call("GET", KEYS[12 + nidx])
-if owner and string.sub(owner, 1, 8) == "migrate:" then
+local P = partition_context()
+local why = definition_refused(P)
+if why and why ~= "absent" then
   return {-2, ""}
 end
 local meta = redis.call("HMGET", P.state, "cursor", "seq")
@@ -51,10 +44,11 @@ if #redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", 1) > 0 then
   return {-1, ""}
 end
 
-local id = redis.call("XADD", P.log, "*", unpack(cmsgpack.unpack(ARGV[9])))
-local S = batch_state(P, tonumber(meta[2] or "0"), expiring, dead_letter, ARGV[7], ARGV[8])
+local id = redis.call("XADD", P.log, "*", unpack(cmsgpack.unpack(ARGV[OP + 1])))
+local S = batch_state(P, tonumber(meta[2] or "0"), P.expiring, P.dead_letter, P.keep_count,
+  P.keep_ms)
 local removed = 0
-for i = 10, #ARGV do
+for i = OP + 2, #ARGV do
   local old = live_record(P, S, ARGV[i], id)
   if old then
     remove_record(P, S, ARGV[i], old, "deleted", id)

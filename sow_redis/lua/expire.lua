@@ -12,25 +12,18 @@
   "expired" is published (one change block for the call, also in the change feed), and with
   a dead_letter topic a copy goes to the outbox stream.
 
-  Input:
-    KEYS: the partition layout of include/remove_record (records, state, expiry, acks, ixm,
-          dead, chain, errors, log, changes, change times, hash indexes)
-    ARGV[1] partition channel ARGV[2] topic name   ARGV[3] n (hash indexes)
-    ARGV[4] "1" when the topic has a dead_letter topic   ARGV[5] most records to expire
-    ARGV[6] partition number
-    ARGV[7] change feed retention: changes kept per partition (0: no feed, pub/sub only)
-    ARGV[8] change feed retention in ms (0: by count only)
+  Input: the partition's KEYS and ARGV head (include partition; ARGV[1] "expire"), then
+    ARGV[OP + 1] most records to expire
   Output:
     {expired count, next due ms or -1 when none, server now ms, dead-letter outbox length}
     (next due is at least now + 5 while due records wait for the workers)
 ]]
-local chan, topic, nidx = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local dead_letter, limit = ARGV[4] == "1", tonumber(ARGV[5])
-
+--@include partition
 --@include event
 --@include remove_record
 
-local P = partition_context(chan, topic, ARGV[6], nidx)
+local P = partition_context()
+local limit = tonumber(ARGV[OP + 1])
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local horizon = now
@@ -42,7 +35,7 @@ if pending[1] then
 end
 local due = redis.call("ZRANGEBYSCORE", P.exp, "-inf", horizon, "LIMIT", 0, limit)
 local S = batch_state(P, tonumber(redis.call("HGET", P.state, "seq") or "0"), true,
-  dead_letter, ARGV[7], ARGV[8])
+  P.dead_letter, P.keep_count, P.keep_ms)
 S.now = now
 local n = 0
 for _, key in ipairs(due) do

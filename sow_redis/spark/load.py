@@ -6,7 +6,7 @@
    (:func:`sow_redis.publisher.prepare`: the same SOW keys, canonical values and FIX parsing
    as ``sow-redis publish``); a row it refuses becomes an error-stream entry with its reason.
 3. Each split's task sends its rows, batch by batch per topic partition, to
-   ``lua/apply_load.lua``, which appends a batch to the partition's transaction log and
+   ``lua/include/apply_load.lua``, which appends a batch to the partition's transaction log and
    applies it in the same atomic call (the workers' upsert, index, sequence and change-feed
    code), in the load's order: a batch that arrives before the batches ahead of it (the
    previous split still running) is staged in Redis and applied by the call that reaches
@@ -22,17 +22,19 @@ A chaining topic resolves its chains first (:mod:`sow_redis.spark.chains`), then
 to one task per topic partition (a shuffle), which appends them with ``lua/load_batch.lua``
 (exactly once per batch) and applies them with the workers' planning path, which a chaining
 message needs. Delta publishes and deletes (``cmd``: ``spark load --delta`` / ``--delete``)
-take this path too, on any topic: ``apply_load.lua`` applies prepared plain publishes only,
+take this path too, on any topic: ``apply.lua` (operation `load`)` applies prepared plain publishes only,
 and the workers' apply code (``jobs.drain_partition``, run by each partition's task under
 the partition's lease) merges and deletes exactly as ``delta-publish`` and ``sow-delete``.
 
 On a Redis Cluster (``redis+cluster://``) every load takes the shuffle path, with the
 topic's partitions grouped by the primary that owns their slot (:func:`slot_owners`): one
 task per primary, which writes only to that primary (each partition's keys share one slot;
-no call spans two). ``durable`` makes each batch wait until a replica has it
-(:func:`wait_replicated`), so a failover during the load loses no batch a task went past;
-a task that lost its connection (a primary killed) checks which of its partition's batches
-the new primary has and sends the missing ones again, in order (:func:`write_partition`).
+no call spans two): plain publishes as one split per partition through ``lua/apply.lua``
+(operation ``load``; :func:`apply_partition`), the rest through ``lua/load_batch.lua`` and the
+workers' apply code (:func:`write_partition`). ``durable`` makes each batch wait until a
+replica has it (:func:`wait_replicated`), so a failover during the load loses no batch a task
+went past; a task that lost its connection (a primary killed) reads what the new primary has
+(the load's position, or its batch markers) and sends the missing batches again, in order.
 
 The resulting SOW is the one that publishing the same messages in the same order gives.
 """
@@ -57,7 +59,7 @@ APPLY_BATCH = 2000
 path with a larger batch: a load's entries are all there already)."""
 
 MAX_BATCHES = 4
-"""Batches one apply_load.lua call applies at most (its own and the staged ones after it):
+"""Batches one apply.lua (load) call applies at most (its own and the staged ones after it):
 with the default batch size, Redis is never held for more than about 20,000 messages."""
 
 SPLIT_BYTES = 12 << 20
@@ -392,7 +394,7 @@ def slot_owners(url: str, topic: str, partitions: int) -> dict[int, int]:
 
 
 class _SplitWriter:
-    """Sends one split's batches to ``lua/apply_load.lua`` (executor side of step 3) and keeps
+    """Sends one split's batches to ``lua/include/apply_load.lua`` (executor side of step 3) and keeps
     the counts."""
 
     def __init__(self, url: str, topic: TopicConfig, load_id: str, splits: int, split: int,
@@ -495,6 +497,11 @@ class _SplitWriter:
                                f"with another number of splits than {self.splits}: give this "
                                "run another --load-id (its rows are applied again) or the "
                                "same inputs and Spark settings")
+        if status == LoadStatus.DEFINITION_CHANGED:
+            raise RuntimeError(f"topic {self.topic.name} was changed (config apply) while "
+                               f"load {self.load_id} ran: its rows are keyed under the old "
+                               "definition; run the load again (nothing of this batch was "
+                               "applied)")
         if status == LoadStatus.LOG_BACKLOG:
             self.counts["applied"] += self.sow.handoff(
                 self.topic, {p: "0-0"}, timeout=max(1.0, deadline - time.monotonic()))
@@ -522,7 +529,7 @@ def write_split(url: str, topic_json: bytes, load_id: str, batch_size: int, spli
                 timeout: float = 3600.0) -> Iterator[dict[str, int]]:
     """Executor side of step 3 for input split ``split`` of ``splits`` (rows from
     :func:`prepare_rows`, in order): each partition's entries in batches of ``batch_size``
-    to ``lua/apply_load.lua``,
+    to ``lua/include/apply_load.lua``,
     each rejected row with the next batch sent, every partition's last batch (empty when the
     split has no row there) flagged, sent from a second thread while the rows that follow are
     prepared; then the staged batches after this split's. Yields one count dict (``staged``:
@@ -672,7 +679,7 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
     active one), so the apply path finds every identifier's head in the table.
 
     Plain publishes (``cmd`` ``publish``) of a topic without chaining take
-    ``lua/apply_load.lua`` (steps 3 and 4), which applies prepared publishes only. Delta
+    ``lua/include/apply_load.lua`` (steps 3 and 4), which applies prepared publishes only. Delta
     publishes and deletes, like chaining topics, go to one task per topic partition (a
     shuffle) that appends them with ``lua/load_batch.lua`` (exactly once per batch) and
     then drains the partition with the workers' own apply code (:meth:`Sow.handoff` inline:
@@ -738,7 +745,7 @@ def write_owned(url: str, topic_json: bytes, load_id: str, batch_size: int, appl
     """Executor side on a Redis Cluster: the rows of the topic partitions one primary owns
     (``(partition, row)``; skipped FIX messages as partition -1), each partition written in
     turn: plain publishes of a topic without chaining by :func:`apply_partition`
-    (``apply_load.lua``: appended and applied in one call), the rest by
+    (``lua/apply.lua``, operation ``load``: appended and applied in one call), the rest by
     :func:`write_partition`. Yields one count dict."""
     topic = TopicConfig.from_json(topic_json)
     by_p: dict[int, list[tuple[int, Any, Any]]] = {}
@@ -762,7 +769,7 @@ def apply_partition(url: str, topic: TopicConfig, load_id: str, batch_size: int,
                     rows: list[tuple[int, Any, Any]], durable: bool = False
                     ) -> dict[str, int]:
     """Plain publishes of topic partition ``p`` (all of the load's rows there, one split) in
-    order, batch by batch, to ``lua/apply_load.lua``: each batch appended and applied in one
+    order, batch by batch, to ``lua/apply.lua`` (operation ``load``): each batch appended and applied in one
     atomic call, exactly once (the load's position in the partition's loads hash). After a
     lost connection (the primary killed) the task waits for the slot's new owner and goes on
     from the position that owner has, so batches written but not replicated before the

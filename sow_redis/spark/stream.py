@@ -2,7 +2,7 @@
 files into a SOW topic, exactly once.
 
 Each micro-batch goes through the bulk load's path (:func:`sow_redis.spark.load.load_rows`:
-the publisher's key code, ``apply_load.lua``: the workers' apply code) under the load id
+the publisher's key code, ``apply.lua` (operation `load`)`: the workers' apply code) under the load id
 ``stream:<checkpoint id>:<batch id>``, as one split: the batch id and the load's position
 are recorded in Redis in the same atomic call that appends and applies the rows, so a
 restarted query that replays a batch (Spark replays the batches its checkpoint did not
@@ -77,7 +77,7 @@ def batch_loader(url: str, topic: TopicConfig, stream_id: str,
         from pyspark.sql import functions as F
 
         # one split, whatever the partitioning of the batch: a replayed batch lines up with
-        # its first run (lua/apply_load.lua applies a load's splits exactly once)
+        # its first run (lua/include/apply_load.lua applies a load's splits exactly once)
         ordered = df.select("value").coalesce(1).withColumn(
             "_order", F.monotonically_increasing_id())
         rows = ordered.rdd.map(lambda x: (x[0], x[1]))

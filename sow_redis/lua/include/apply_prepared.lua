@@ -1,8 +1,8 @@
 --[[
   include apply_prepared: upsert the plain publishes prepared by sow_redis's publisher at the
   head of a list of log entries (XRANGE reply), in log order, stopping before the first entry
-  that is anything else. Shared by apply_log.lua (the worker, under its fencing token) and
-  apply_appended.lua (the publisher, in the write that appended the entries), so both apply a
+  that is anything else. Shared by apply.lua (log) (the worker, under its fencing token) and
+  apply.lua (appended) (the publisher, in the write that appended the entries), so both apply a
   prepared publish exactly the same way. Included after include write_record.
 
   A prepared publish: cmd "publish", the SOW key the publisher computed (field "k"), a body
@@ -14,7 +14,7 @@
     ttl: the topic's expiry of a message without its own: "" (none), "now" (TTL 0) or a
          lifetime in ms added to the entry's stream id time
     accept: nil (the caller appended the entries itself) or a function of a stream id that
-         says whether the entry may be applied without the worker (apply_log.lua: inside a
+         says whether the entry may be applied without the worker (apply.lua (log): inside a
          trusted range, or verified by the worker)
     stopped: true when it stopped before an entry the worker must plan (apply.lua)
 

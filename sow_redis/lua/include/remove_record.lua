@@ -1,13 +1,9 @@
 --[[
-  include remove_record: the partition context, the batch state and the change feed, shared
-  by apply.lua, apply_log.lua and expire.lua (included textually by the loader, after include
-  event). Every function takes the partition context P and the batch state S as parameters.
+  include remove_record: the batch state, record removal and the change feed, shared by
+  apply.lua, expire.lua and delete_now.lua (included textually by the loader, after includes
+  partition and event). Every function takes the partition context P and the batch state S as parameters.
 
-  partition_context(chan, topic, partition, nidx) reads the scripts' common KEYS layout:
-    KEYS[1] records  KEYS[2] state  KEYS[3] expiry  KEYS[4] acks  KEYS[5] ixm
-    KEYS[6] dead-letter outbox  KEYS[7] chain  KEYS[8] errors  KEYS[9] log
-    KEYS[10] change feed (stream)  KEYS[11] change feed block times (zset)
-    KEYS[12..11+n] hash indexes
+  The partition context P comes from include partition (partition_context).
 
   batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms) starts a batch: S.seq (the
   partition's change sequence, moved by every change), S.first (the seq of the batch's first
@@ -17,16 +13,6 @@
   partition, and milliseconds; keep_count 0 = no feed), S.deferred (see write_deferred),
   S.now (set by the caller: the block time in ms; nil: publish_changes reads TIME).
 ]]
-local function partition_context(chan, topic, partition, nidx)
-  local idx = {}
-  for j = 1, nidx do idx[j] = KEYS[11 + j] end
-  return {
-    rec = KEYS[1], state = KEYS[2], exp = KEYS[3], acks = KEYS[4], ixm = KEYS[5],
-    dead = KEYS[6], chain = KEYS[7], errors = KEYS[8], log = KEYS[9], changes = KEYS[10],
-    change_times = KEYS[11], idx = idx, chan = chan, topic = topic, partition = partition,
-  }
-end
-
 local function batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
   return {seq = seq, first = seq + 1, changes = {}, inserts = 0, deletes = 0, expiries = 0,
           expiring = expiring,

@@ -1,15 +1,15 @@
 --[[
   include write_record: the upsert of one record, shared by apply.lua (ops planned by the
-  worker), apply_log.lua (plain publishes read from the log by the script itself),
-  apply_appended.lua and apply_load.lua, so all
+  worker), apply.lua (log) (plain publishes read from the log by the script itself),
+  apply.lua (appended) and apply.lua (load), so all
   write records, expiry scores, hash-index members and change events the same way. Included
   after include event and include remove_record (batch state S: see there).
 ]]
 -- arguments of one bulk HSET / HMGET / ZREM (well below Lua's stack limit)
 local DEFERRED_MAX = 1000
 
--- Deferred writes (bulk mode): a caller whose batch reads no record it writes (apply_log.lua,
--- apply_appended.lua, apply_load.lua: prepared publishes only, on a topic without expiration)
+-- Deferred writes (bulk mode): a caller whose batch reads no record it writes (apply.lua (log),
+-- apply.lua (appended), apply.lua (load): prepared publishes only, on a topic without expiration)
 -- sets S.deferred = new_deferred(). upsert then keeps, per SOW key, only the batch's last write
 -- (its seq, expiry, stream id, data and index members) and write_deferred, which the caller
 -- must call before it returns, writes each key once: one HSET of the records, one HMGET of

@@ -1,5 +1,7 @@
 """``python -m sow_redis.dashboard``: rq-dashboard for sow_redis (``sow-redis dashboard`` runs
-it with rq-dashboard's own options).
+it with rq-dashboard's own options), with a **SOW** page of the topics themselves
+(:mod:`.sow_page`, on the data Redis of ``SOW_REDIS_URL`` / ``SOW_CONTROL_URL``) and its Jobs
+tab opening on the queue ``sow``.
 
 rq-dashboard 0.9 lists workers with ``Worker.all(connection=…)``, without its configured
 serializer, so each worker comes with rq's default (pickle) serializer and its current job,
@@ -20,7 +22,9 @@ from typing import Any
 from rq.job import Job
 from rq.worker import Worker
 
-from .safejob import SERIALIZER
+from ..client import Sow
+from ..safejob import SERIALIZER
+from .sow_page import install
 
 _all = Worker.all.__func__  # type: ignore[attr-defined]
 _fetch = Job.fetch.__func__  # type: ignore[attr-defined]
@@ -48,16 +52,25 @@ def _described(serialize: Any) -> Any:
     return serialize_current_job
 
 
+def _with_sow_page(make_flask_app: Any) -> Any:
+    """rq-dashboard's ``make_flask_app`` that also installs the SOW page on the app."""
+
+    def make(config: Any, username: str | None, password: str | None, url_prefix: str,
+             *args: Any, **kwargs: Any) -> Any:
+        app = make_flask_app(config, username, password, url_prefix, *args, **kwargs)
+        install(app, Sow(), username, password, url_prefix or "")
+        return app
+
+    return make
+
+
 def main() -> None:
     Worker.all = classmethod(_json_workers)  # type: ignore[method-assign, assignment]
     Job.fetch = classmethod(_json_fetch)  # type: ignore[method-assign, assignment]
-    from rq_dashboard import web
+    from rq_dashboard import cli, web
     from rq_dashboard.cli import main as dashboard_main
 
     web.serialize_current_job = _described(web.serialize_current_job)
+    cli.make_flask_app = _with_sow_page(cli.make_flask_app)
 
     dashboard_main()
-
-
-if __name__ == "__main__":
-    main()
