@@ -1,46 +1,46 @@
 #!/usr/bin/env python3
-"""Bulk load throughput: ``sow-redis spark load`` against the CLI publish + workers path, on
-the same data in the same run.
+"""Bulk load cost and throughput: ``sow-redis spark load`` against the CLI publish + workers
+path on the same data in the same run (issue 28 items 3 and 4).
 
 Starts its own redis-server on a free port (benchlib; the machine's 6379 is never used), takes
 the NYC flights (``scripts/export_flights.py`` into ``--data``, 336,776 rows; ``--rows N``
-keeps the first N), and measures, each into a fresh topic of the same definition (key
+keeps the first N), and loads them, each run into fresh topics of the same definition (key
 ``/tailnum``, key domain ``flights``, hash indexes on ``/carrier`` and ``/origin``,
-``--partitions`` partitions, the default change feed):
+``--partitions`` partitions, the default change feed).
+
+Default mode (item 3), ``--runs`` times (3), alternating:
 
 * ``cli publish + workers``: ``--workers`` W ``sow-redis worker`` processes are started and
   registered first (not timed); the clock runs from starting ``python -m sow_redis.cli publish
   -t T FILE`` (a subprocess, as a user runs it) until every partition's applied cursor
-  reached its last entry (``wait_applied``, polled every 5 ms).
-* ``spark load``: ``sow_redis.spark.load.load`` in this process on a ``--master`` session
-  (``local[*]``), from the call until it returns (every split appended and applied). The
-  session is created before (``spark start: session``) and one trivial job is run (``spark
-  start: first job``: starting the Python workers); both are in the JSON, and the row
-  ``spark load incl. start-up`` adds them to the load time.
+  reached its last entry (``wait_all_applied``, polled every 5 ms).
+* ``spark load``: ``sow_redis.spark.load.load`` in this process on one session (``--master``,
+  default ``local[*]``; ``--standalone W``: a Spark standalone cluster of W workers of 1 core
+  and 1 GB started for the run), from the call until it returns. The session's start-up and
+  a first trivial job are measured once, apart.
 
-* ``apply alone`` (the bound, ``--no-bound`` to skip): the same file appended to a third
-  topic with no worker running (``publisher.append``, no jobs), then ``--workers`` workers
-  started and the partitions handed to them; Redis's CPU while they apply is the work any path
-  that gives the same SOW (records, hash indexes, change feed) makes Redis's single thread do,
-  whoever sends it, less the log reads (``XRANGE``, from ``INFO commandstats``), which a path
-  holding the messages itself could skip. When that exceeds half the CLI path's time, no load
-  through the Lua apply path can be 2× the CLI path on this Redis.
+Each run is verified (records equal record by record, change sequences, rejections), and the
+medians are printed as a table: wall time, rows/s, and CPU seconds per 1,000 rows for each
+process group (Spark's JVMs, its Python workers, redis-server, the sow-redis workers, this
+process with the CLI publisher it waited for), counted over this process and its descendants
+only (:func:`own_cpu_by_group`: other users of a shared machine are not counted; the
+``/proc/stat`` machine CPU is kept in the JSON too), with the load average of each run. The
+goals of issue 28: the Spark load's CPU per row ≤ the CLI path's, its wall time ≤ 1.0× the
+CLI path's. ``apply alone`` (``--no-bound`` to skip): Redis CPU of applying the file appended
+with no worker running (the work any path giving this SOW makes Redis do).
 
-* ``machine CPU``: the CPU seconds all processes used during each path (``/proc/stat``; run
-  it on a quiet machine). A load on C cores cannot take less than its CPU ÷ C seconds, so 2×
-  the CLI path is out of reach when the load uses more than C × (CLI seconds) ÷ 2 CPU
-  seconds; the line says which side of that bound the run fell. ``CPU by process`` splits it
-  (``benchlib.cpu_by_group``: redis-server, the workers, Spark's JVM and Python workers,
-  this process with the publisher it ran).
+``--scaling`` (item 4): no CLI path; the Spark load on ``local[2]`` against the server and
+against a 3-primary Redis Cluster (no replicas) started for the run, and on a standalone
+cluster of 2 workers limited to 1 and to 2 executors (``spark.cores.max``) against the
+Redis Cluster; medians of ``--runs`` runs per layout, every run verified against the first,
+with Redis CPU per applied row (all primaries).
 
-Both runs are verified: records equal record by record (SOW key → message bytes), the change
-sequences sum to the messages applied, and both error streams hold the same number of
-rejections (flights without a tailnum: ``missing_key_field``).
+Output: a rich table and a JSON file (``--json``; default ``bench-results/bench_spark.json``
+or ``bench_spark_scaling.json``). Example::
 
-Output: a rich table and a JSON file (``--json``). Example::
-
-    .venv/bin/python scripts/bench_spark.py                 # full flights
-    .venv/bin/python scripts/bench_spark.py --rows 20000    # quick
+    .venv/bin/python scripts/bench_spark.py                        # full flights, 3 runs
+    .venv/bin/python scripts/bench_spark.py --rows 20000 --runs 1  # quick
+    .venv/bin/python scripts/bench_spark.py --scaling --rows 100000 --partitions 6
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    PROCESS_GROUPS,
     BenchError,
     Workers,
+    _cpu_ticks,
     applied_counts,
-    cpu_by_group,
-    cpu_by_group_since,
     machine_cpu_s,
     machine_info,
     private_redis,
@@ -143,7 +143,7 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
     ws.start()
     try:
         ws.wait_registered(r)
-        cpu0, m0, g0 = redis_cpu_s(r), machine_cpu_s(), cpu_by_group()
+        cpu0, m0, g0 = redis_cpu_s(r), machine_cpu_s(), own_cpu_by_group()
         t0 = time.perf_counter()
         env = dict(os.environ, SOW_REDIS_URL=url)
         proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", "publish", "-t", t.name,
@@ -156,7 +156,7 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
         wait_all_applied(r, t, timeout_s)
         took = time.perf_counter() - t0
         redis_cpu, machine_cpu = redis_cpu_s(r) - cpu0, machine_cpu_s() - m0
-        by_process = cpu_by_group_since(g0)
+        by_process = own_cpu_by_group_since(g0)
     finally:
         ws.stop()
     return {"seconds": took, "publish_seconds": published, "redis_cpu_s": redis_cpu,
@@ -192,30 +192,133 @@ def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int
             "log_read_cpu_s": xrange, "apply_cpu_s": cpu - xrange}
 
 
-def run_spark(url: str, r: Redis, t: TopicConfig, path: Path, master: str,
-              batch_size: int) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def own_cpu_by_group() -> dict[str, float]:
+    """:func:`benchlib.cpu_by_group` restricted to this process and its descendants (the
+    redis-servers, workers, publisher, Spark driver JVM, standalone daemons, executors and
+    their Python workers it started): on a machine shared with other users, their processes
+    are not counted. Groups: ``spark python workers``, ``spark JVM``, ``redis-server``,
+    ``sow-redis workers``, ``benchmark`` (this process, with the publisher it waited for),
+    ``other``. CPU seconds (user + system, with waited-for children)."""
+    tck = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    parent[int(pid)] = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    me = os.getpid()
+    mine = {me}
+    grew = True
+    while grew:
+        grew = False
+        for pid, pp in parent.items():
+            if pp in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    out: dict[str, float] = {}
+    for pid in mine:
+        ticks = _cpu_ticks(pid, children=True)
+        if ticks is None:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        group = "benchmark" if pid == me else next(
+            (name for text, name in PROCESS_GROUPS if text in cmd), "other")
+        out[group] = out.get(group, 0.0) + ticks / tck
+    return out
+
+
+def own_cpu_by_group_since(before: dict[str, float]) -> dict[str, float]:
+    """:func:`own_cpu_by_group` now less ``before`` (groups under 0.01 s left out)."""
+    now = own_cpu_by_group()
+    diff = {g: round(now.get(g, 0.0) - before.get(g, 0.0), 2) for g in now.keys() | before}
+    return dict(sorted(((g, v) for g, v in diff.items() if v >= 0.01), key=lambda x: -x[1]))
+
+
+def cluster_redis_cpu_s(r: Any) -> float:
+    """CPU seconds every primary of a Redis Cluster (or the one server) has used."""
+    from sow_redis.connection import is_cluster
+
+    if not is_cluster(r):
+        return redis_cpu_s(r)
+    infos = r.info("cpu", target_nodes=r.PRIMARIES)
+    return sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in infos.values())
+
+
+SESSION: dict[str, Any] = {"spark": None, "key": None}
+
+
+def spark_session(master: str, conf: dict[str, str] | None = None) -> tuple[Any, float, float]:
+    """The benchmark's SparkSession on ``master`` with ``conf`` (a running one with other
+    settings is stopped first); (session, seconds to start it, seconds of a first trivial job
+    that starts the executors' Python workers); 0.0, 0.0 when it was running already."""
     from sow_redis.spark.session import get_session
 
-    spark = get_session(master, "bench-spark")
+    key = (master, tuple(sorted((conf or {}).items())))
+    if SESSION["spark"] is not None and SESSION["key"] == key:
+        return SESSION["spark"], 0.0, 0.0
+    if SESSION["spark"] is not None:
+        SESSION["spark"].stop()
+        SESSION["spark"] = None
+    t0 = time.perf_counter()
+    spark = get_session(master, "bench-spark", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
     session_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    spark.sparkContext.parallelize(range(4), 2).map(lambda x: x + 1).sum()
-    first_job_s = time.perf_counter() - t1
+    spark.sparkContext.parallelize(range(4), 4).map(lambda x: x + 1).sum()
+    SESSION.update(spark=spark, key=key)
+    return spark, session_s, time.perf_counter() - t1
+
+
+def run_spark(url: str, r: Any, t: TopicConfig, path: Path, master: str,
+              batch_size: int, conf: dict[str, str] | None = None) -> dict[str, Any]:
+    spark, session_s, first_job_s = spark_session(master, conf)
     from sow_redis.spark.load import load
 
     apply_topics(r, [t])
-    cpu0, m0, g0 = redis_cpu_s(r), machine_cpu_s(), cpu_by_group()
+    cpu0, m0, g0 = cluster_redis_cpu_s(r), machine_cpu_s(), own_cpu_by_group()
     t2 = time.perf_counter()
     res = load(spark, url, t, [str(path)], batch_size=batch_size,
                load_id=f"bench-{uuid.uuid4().hex[:8]}")
     took = time.perf_counter() - t2
     return {"seconds": took, "session_s": session_s, "first_job_s": first_job_s,
-            "redis_cpu_s": redis_cpu_s(r) - cpu0, "machine_cpu_s": machine_cpu_s() - m0,
-            "cpu_by_process": cpu_by_group_since(g0),
+            "redis_cpu_s": cluster_redis_cpu_s(r) - cpu0, "machine_cpu_s": machine_cpu_s() - m0,
+            "cpu_by_process": own_cpu_by_group_since(g0),
             "result": {"rows": res.rows, "appended": res.appended, "rejected": res.rejected,
-                       "applied": res.applied}, "spark": spark}
+                       "applied": res.applied}}
+
+
+def per_1000(run: dict[str, Any], rows: int) -> dict[str, float]:
+    """CPU seconds per 1,000 rows of a run, by process group, plus ``all`` (their sum)."""
+    out = {g: v * 1000 / rows for g, v in run["cpu_by_process"].items()}
+    out["all"] = sum(run["cpu_by_process"].values()) * 1000 / rows
+    return out
+
+
+def median_of(runs: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+    """Medians over runs: seconds, rows/s, Redis CPU, and CPU per 1,000 rows by group."""
+    import statistics
+
+    groups = sorted({g for run in runs for g in per_1000(run, rows)})
+    return {"seconds": statistics.median(x["seconds"] for x in runs),
+            "rows_s": statistics.median(rows / x["seconds"] for x in runs),
+            "redis_cpu_s": statistics.median(x["redis_cpu_s"] for x in runs),
+            "cpu_per_1000_rows": {g: round(statistics.median(per_1000(x, rows).get(g, 0.0)
+                                                             for x in runs), 4)
+                                  for g in groups},
+            "seconds_each": [round(x["seconds"], 2) for x in runs]}
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -228,13 +331,226 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="Workers of the CLI path.")
     ap.add_argument("--master", default="local[*]", help="Spark master of the load.")
+    ap.add_argument("--standalone", type=int, default=0, metavar="W",
+                    help="Start a Spark standalone cluster of W workers (1 core, 1 GB each) "
+                    "and load through it (instead of --master).")
+    ap.add_argument("--runs", type=int, default=3, help="Runs of each path (the median is "
+                    "reported).")
+    ap.add_argument("--scaling", action="store_true",
+                    help="Item 4 of issue 28: the Spark load alone on local[2] against one "
+                    "server and a 3-primary Redis Cluster, and on a standalone cluster with 1 "
+                    "and 2 executors against the Redis Cluster (no CLI path).")
     ap.add_argument("--batch-size", type=int, default=5000,
                     help="Log entries per load_batch call of the Spark load.")
     ap.add_argument("--timeout", type=float, default=1800, help="Seconds per path, at most.")
     ap.add_argument("--no-bound", action="store_true",
                     help="Skip the apply-alone measurement (Redis CPU of the apply).")
-    ap.add_argument("--json", default=str(ROOT / "bench-results" / "bench_spark.json"))
+    ap.add_argument("--json", default=None, help="JSON result file (default: "
+                    "bench-results/bench_spark.json, or bench_spark_scaling.json).")
     return ap.parse_args(argv)
+
+
+def executor_env() -> None:
+    """The Spark processes of the benchmark listen on loopback only, and the executors run
+    this interpreter (the package is shipped to them: spark/session.py)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def cpu_table(title: str, rows: list[tuple[str, dict[str, Any]]], cli_seconds: float | None
+              ) -> Table:
+    groups = ["spark JVM", "spark python workers", "redis-server", "sow-redis workers",
+              "benchmark", "other", "all"]
+    short = {"spark JVM": "JVM", "spark python workers": "Python wk", "redis-server": "redis",
+             "sow-redis workers": "sow wk", "benchmark": "bench+pub", "other": "other",
+             "all": "all"}
+    table = Table(title=title)
+    for col in ("path", "seconds", "rows/s", *(["× cli"] if cli_seconds else []),
+                *[short[g] for g in groups]):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    for name, m in rows:
+        cells = [name, f"{m['seconds']:.1f}", f"{m['rows_s']:,.0f}"]
+        if cli_seconds:
+            cells.append(f"{cli_seconds / m['seconds']:.2f}")
+        cells += [f"{m['cpu_per_1000_rows'].get(g, 0.0):.4f}" for g in groups]
+        table.add_row(*cells)
+    return table
+
+
+def main_compare(args: argparse.Namespace, path: Path, n: int) -> int:
+    """Item 3: the CLI path and the Spark load on the same data in the same run, ``--runs``
+    times each (alternating), medians of wall time and CPU per 1,000 rows by process."""
+    from sow_redis.spark.standalone import start_standalone
+
+    standalone = None
+    with private_redis("sow-bench-spark-") as server:
+        r = Redis.from_url(server.url)
+        master = args.master
+        try:
+            if args.standalone:
+                standalone = start_standalone(server.workdir / "spark", args.standalone)
+                master = standalone.master_url
+            _s, session_s, first_job_s = spark_session(master)
+            console.print(f"Spark on {master}: session {session_s:.1f} s, first job "
+                          f"{first_job_s:.1f} s (load average {loadavg()})")
+            clis, sparks, verified, loads = [], [], [], []
+            for i in range(args.runs):
+                tag = uuid.uuid4().hex[:6]
+                t_cli = topic_config(f"cli_{tag}", args.partitions)
+                t_spark = topic_config(f"spark_{tag}", args.partitions)
+                loads.append(loadavg())
+                cli = run_cli(server.url, r, t_cli, path, args.workers, server.workdir,
+                              args.timeout)
+                sp = run_spark(server.url, r, t_spark, path, master, args.batch_size)
+                ok = verify_pair(r, t_cli, t_spark, cli, sp)
+                console.print(f"run {i + 1}: cli {cli['seconds']:.1f} s, spark "
+                              f"{sp['seconds']:.1f} s, verified {ok['ok']} (load average "
+                              f"{loads[-1]})")
+                clis.append(cli)
+                sparks.append(sp)
+                verified.append(ok)
+                r.flushdb()
+            mc, ms = median_of(clis, n), median_of(sparks, n)
+            console.print(cpu_table(
+                f"bulk load of {n:,} NYC flights, median of {args.runs} runs "
+                f"({args.partitions} partitions, {os.cpu_count()} cores, Spark {master}); "
+                "CPU s per 1,000 rows: Spark's JVMs, its Python workers, redis-server, "
+                "sow-redis workers, this process with the publisher",
+                [(f"cli publish + {args.workers} workers", mc), ("spark load", ms)],
+                mc["seconds"]))
+            cpu_ratio = ms["cpu_per_1000_rows"]["all"] / mc["cpu_per_1000_rows"]["all"]
+            wall_ratio = ms["seconds"] / mc["seconds"]
+            console.print(f"spark load / cli path: CPU per row {cpu_ratio:.2f}× (goal ≤ 1.0: "
+                          f"{'met' if cpu_ratio <= 1.0 else 'not met'}), wall time "
+                          f"{wall_ratio:.2f}× (goal ≤ 1.0: "
+                          f"{'met' if wall_ratio <= 1.0 else 'not met'}); load averages "
+                          f"{'; '.join(loads)}")
+            bound = None
+            if not args.no_bound:
+                bound = run_apply_bound(server.url, r, topic_config(f"bound_{uuid.uuid4().hex[:6]}",
+                                                                    args.partitions),
+                                        path, args.workers, server.workdir, args.timeout)
+                console.print(f"apply alone: {bound['redis_cpu_s']:.1f} s of Redis CPU "
+                              f"({bound['redis_cpu_s'] * 1000 / n:.3f} s per 1,000 rows), of "
+                              f"which log reads {bound['log_read_cpu_s']:.1f} s")
+            ok = all(v["ok"] for v in verified)
+            result = {
+                "benchmark": "bench_spark",
+                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "machine": machine_info(r), "load_averages": loads,
+                "options": {"rows": n, "partitions": args.partitions, "workers": args.workers,
+                            "master": master, "standalone_workers": args.standalone,
+                            "batch_size": args.batch_size, "runs": args.runs,
+                            "input": str(path), "input_bytes": path.stat().st_size},
+                "spark_start": {"session_s": session_s, "first_job_s": first_job_s},
+                "median": {"cli": mc, "spark": ms},
+                "ratios": {"cpu_per_row": cpu_ratio, "wall": wall_ratio},
+                "runs": {"cli": clis, "spark": sparks}, "apply_bound": bound,
+                "verify": verified, "verified": ok,
+            }
+            out = args.json or str(ROOT / "bench-results" / "bench_spark.json")
+            console.print(f"results written to {write_json(out, result)}")
+            if not ok:
+                console.print("[red]verification failed (see the JSON file)[/red]")
+                return 1
+        finally:
+            if SESSION["spark"] is not None:
+                SESSION["spark"].stop()
+                SESSION["spark"] = None
+            if standalone is not None:
+                standalone.stop()
+    return 0
+
+
+def verify_pair(r: Any, t_cli: TopicConfig, t_spark: TopicConfig, cli: dict[str, Any],
+                sp: dict[str, Any]) -> dict[str, Any]:
+    """Both paths gave the same records (SOW key → bytes), change-sequence sums and
+    rejections."""
+    import re
+
+    a, b = snapshot(r, t_cli), snapshot(r, t_spark)
+    ca, cb = applied_counts(r, t_cli), applied_counts(r, t_spark)
+    got = re.search(r"rejected (\d+)", cli["stdout_tail"])
+    cli_rejected = int(got.group(1)) if got else 0
+    return {"ok": a == b and len(a) > 0 and ca[:2] == cb[:2]
+            and cb[2] == cli_rejected == sp["result"]["rejected"],
+            "cli_rejected": cli_rejected, "records": len(a), "records_spark": len(b),
+            "cli_counts": ca, "spark_counts": cb}
+
+
+def main_scaling(args: argparse.Namespace, path: Path, n: int) -> int:
+    """Item 4: the Spark load's throughput by Spark and Redis layout (see ``--scaling``)."""
+    from sow_redis.connection import connect
+    from sow_redis.server import spawn_cluster
+    from sow_redis.spark.standalone import start_standalone
+
+    with private_redis("sow-bench-spark-scale-") as server:
+        r1 = Redis.from_url(server.url)
+        cluster = standalone = None
+        try:
+            cluster = spawn_cluster(3, 0, server.workdir / "cluster")
+            rc = connect(cluster.url)
+            standalone = start_standalone(server.workdir / "spark", 2)
+            layouts = [
+                ("local[2], one server", "local[2]", None, server.url, r1),
+                ("local[2], 3-primary cluster", "local[2]", None, cluster.url, rc),
+                ("standalone, 1 executor, 3-primary cluster", standalone.master_url,
+                 {"spark.cores.max": "1"}, cluster.url, rc),
+                ("standalone, 2 executors, 3-primary cluster", standalone.master_url,
+                 {"spark.cores.max": "2"}, cluster.url, rc),
+            ]
+            reference: dict[bytes, bytes] | None = None
+            rows, detail, loads = [], {}, []
+            ok = True
+            for name, master, conf, url, r in layouts:
+                _s, session_s, first_s = spark_session(master, conf)
+                runs = []
+                for _i in range(args.runs):
+                    loads.append(loadavg())
+                    t = topic_config(f"scale_{uuid.uuid4().hex[:6]}", args.partitions)
+                    run = run_spark(url, r, t, path, master, args.batch_size, conf)
+                    snap = snapshot(r, t)
+                    if reference is None:
+                        reference = snap
+                    ok = ok and snap == reference and len(snap) > 0
+                    run["redis_cpu_per_1000_applied"] = (
+                        run["redis_cpu_s"] * 1000 / max(run["result"]["applied"], 1))
+                    runs.append(run)
+                    console.print(f"{name}: {run['seconds']:.1f} s, {n / run['seconds']:,.0f} "
+                                  f"rows/s (load average {loads[-1]})")
+                    r.delete(*keys.all_partition_keys(t.name, t.partitions, 2))  # memory
+                m = median_of(runs, n)
+                m["redis_cpu_per_1000_applied"] = sorted(
+                    x["redis_cpu_per_1000_applied"] for x in runs)[len(runs) // 2]
+                m["spark_start_s"] = session_s + first_s
+                rows.append((name, m))
+                detail[name] = {"median": m, "runs": runs}
+            console.print(cpu_table(
+                f"Spark load scaling, {n:,} NYC flights, median of {args.runs} runs "
+                f"({args.partitions} partitions, {os.cpu_count()} cores; CPU s per 1,000 rows)",
+                rows, None))
+            for name, m in rows:
+                console.print(f"{name}: Redis CPU {m['redis_cpu_per_1000_applied']:.3f} s per "
+                              "1,000 applied rows")
+            result = {
+                "benchmark": "bench_spark_scaling",
+                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "machine": machine_info(r1), "load_averages": loads,
+                "options": {"rows": n, "partitions": args.partitions, "runs": args.runs,
+                            "batch_size": args.batch_size, "input": str(path)},
+                "layouts": detail, "verified": ok,
+            }
+            out = args.json or str(ROOT / "bench-results" / "bench_spark_scaling.json")
+            console.print(f"verified: {ok}; results written to {write_json(out, result)}")
+            return 0 if ok else 1
+        finally:
+            if SESSION["spark"] is not None:
+                SESSION["spark"].stop()
+                SESSION["spark"] = None
+            if standalone is not None:
+                standalone.stop()
+            if cluster is not None:
+                cluster.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,112 +560,23 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    executor_env()
     if args.input:
         path = Path(args.input)
         with open(path, "rb") as fh:
             n = sum(1 for _ in fh)
     else:
         path, n = flights_file(Path(args.data), args.rows)
-    size = path.stat().st_size
-    console.print(f"flights: {n:,} rows, {size / 1e6:.1f} MB ({path})")
-    spark = None
+    console.print(f"flights: {n:,} rows, {path.stat().st_size / 1e6:.1f} MB ({path}); load "
+                  f"average {loadavg()}")
     try:
-        with private_redis("sow-bench-spark-") as server:
-            r = Redis.from_url(server.url)
-            tag = uuid.uuid4().hex[:6]
-            t_cli = topic_config(f"cli_{tag}", args.partitions)
-            t_spark = topic_config(f"spark_{tag}", args.partitions)
-            cli = run_cli(server.url, r, t_cli, path, args.workers, server.workdir,
-                          args.timeout)
-            console.print(f"cli publish + {args.workers} workers: {cli['seconds']:.1f} s, "
-                          f"{n / cli['seconds']:,.0f} msg/s")
-            sp = run_spark(server.url, r, t_spark, path, args.master, args.batch_size)
-            spark = sp.pop("spark")
-            start_s = sp["session_s"] + sp["first_job_s"]
-            console.print(f"spark load: {sp['seconds']:.1f} s, {n / sp['seconds']:,.0f} msg/s "
-                          f"(+ {start_s:.1f} s Spark start-up)")
-            a, b = snapshot(r, t_cli), snapshot(r, t_spark)
-            ca, cb = applied_counts(r, t_cli), applied_counts(r, t_spark)
-            import re
-
-            got = re.search(r"rejected (\d+)", cli["stdout_tail"])
-            cli_rejected = int(got.group(1)) if got else 0
-            # the CLI publisher reports the lines it refuses; the load puts them in the
-            # topic's error stream
-            verify = {"ok": a == b and len(a) > 0 and ca[:2] == cb[:2]
-                      and cb[2] == cli_rejected == sp["result"]["rejected"],
-                      "cli_rejected": cli_rejected, "records": len(a),
-                      "records_spark": len(b), "cli_counts": ca, "spark_counts": cb}
-            rate_cli, rate_spark = n / cli["seconds"], n / sp["seconds"]
-            rate_incl = n / (sp["seconds"] + start_s)
-            rows = [
-                {"path": f"cli publish + {args.workers} workers", "seconds": cli["seconds"],
-                 "msg_s": rate_cli, "vs_cli": 1.0},
-                {"path": "spark load", "seconds": sp["seconds"], "msg_s": rate_spark,
-                 "vs_cli": rate_spark / rate_cli},
-                {"path": "spark load incl. start-up", "seconds": sp["seconds"] + start_s,
-                 "msg_s": rate_incl, "vs_cli": rate_incl / rate_cli},
-            ]
-            table = Table(title=f"bulk load of {n:,} NYC flights ({args.partitions} partitions, "
-                                f"{os.cpu_count()} cores, Spark {args.master})")
-            for col in ("path", "seconds", "msg/s", "× cli"):
-                table.add_column(col, justify="left" if col == "path" else "right")
-            for row in rows:
-                table.add_row(row["path"], f"{row['seconds']:.1f}", f"{row['msg_s']:,.0f}",
-                              f"{row['vs_cli']:.2f}")
-            console.print(table)
-            console.print(f"Spark start-up: session {sp['session_s']:.1f} s, first job "
-                          f"{sp['first_job_s']:.1f} s; verified: {verify['ok']} "
-                          f"({len(a):,} records on both paths); Redis CPU: cli path "
-                          f"{cli['redis_cpu_s']:.1f} s, spark load {sp['redis_cpu_s']:.1f} s")
-            cores = os.cpu_count() or 1
-            need = cores * cli["seconds"] / 2
-            console.print(
-                f"machine CPU (all processes, /proc/stat): cli path {cli['machine_cpu_s']:.1f} s "
-                f"({cli['machine_cpu_s'] / n * 1e6:.1f} µs/msg), spark load "
-                f"{sp['machine_cpu_s']:.1f} s ({sp['machine_cpu_s'] / n * 1e6:.1f} µs/msg); "
-                f"2× the cli path on {cores} cores needs the load to use at most {need:.1f} s "
-                f"({'within' if sp['machine_cpu_s'] <= need else 'over'} it)")
-            for name, run in (("cli path", cli), ("spark load", sp)):
-                console.print(f"CPU by process, {name}: " + ", ".join(
-                    f"{g} {v:.1f} s" for g, v in run["cpu_by_process"].items()))
-            bound = None
-            if not args.no_bound:
-                bound = run_apply_bound(server.url, r, topic_config(f"bound_{tag}",
-                                                                    args.partitions),
-                                        path, args.workers, server.workdir, args.timeout)
-                half = cli["seconds"] / 2
-                console.print(
-                    f"apply alone: {bound['redis_cpu_s']:.1f} s of Redis CPU, of which log reads "
-                    f"{bound['log_read_cpu_s']:.1f} s: {bound['apply_cpu_s']:.1f} s of work on "
-                    f"Redis's single thread for any path giving this SOW, against "
-                    f"{half:.1f} s for 2× the cli path "
-                    f"({'within' if bound['apply_cpu_s'] <= half else 'over'} it)")
-            result = {
-                "benchmark": "bench_spark",
-                "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "machine": machine_info(r),
-                "options": {"rows": n, "partitions": args.partitions, "workers": args.workers,
-                            "master": args.master, "batch_size": args.batch_size,
-                            "input": str(path), "input_bytes": size},
-                "cli": cli, "spark": sp, "apply_bound": bound,
-                "spark_start": {"session_s": sp["session_s"], "first_job_s": sp["first_job_s"]},
-                "summary": rows, "verify": verify, "verified": verify["ok"],
-            }
-            console.print(f"results written to {write_json(args.json, result)}")
-            if not verify["ok"]:
-                console.print("[red]verification failed (see the JSON file)[/red]")
-                return 1
+        return main_scaling(args, path, n) if args.scaling else main_compare(args, path, n)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]")
         return 130
     except (BenchError, SowError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
-    finally:
-        if spark is not None:
-            spark.stop()
-    return 0
 
 
 if __name__ == "__main__":

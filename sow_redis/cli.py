@@ -1588,6 +1588,16 @@ def _spark_session(master: str) -> Any:
     return session
 
 
+def _spark_start() -> str:
+    """What starting Spark cost the command, for its summary: ``Spark start-up 7.3 s`` (the
+    driver's JVM and SparkContext; wall clock), or ``Spark session reused`` in ``spark
+    shell``."""
+    from .spark.session import start_seconds
+
+    seconds, reused = start_seconds()
+    return "Spark session reused" if reused else f"Spark start-up {seconds:.1f} s"
+
+
 def _spark_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Spark's errors as one line (under :func:`_friendly`): a query or path Spark refused
     (``AnalysisException``, ``ParseException``, …) as Spark's first line; a failure in
@@ -1664,17 +1674,23 @@ _spark_input_options = [
               "stored record (as sow-redis delta-publish).")
 @click.option("--delete", is_flag=True, help="Each row removes the record a publish of it "
               "would update (as sow-redis sow-delete --data); rows need only the key fields.")
+@click.option("--durable", is_flag=True, help="Each batch returns only once a replica has "
+              "it: a failover during the load loses nothing (needs a replica of every "
+              "primary).")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.pass_context
 @_friendly
 @_spark_errors
 def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str | None,
                order_by: str | None, load_id: str | None, batch_size: int,
-               separator: str | None, delta: bool, delete: bool, master: str) -> None:
+               separator: str | None, delta: bool, delete: bool, durable: bool,
+               master: str) -> None:
     """Load JSON Lines, Parquet or FIX log files (files, folders, globs) into a topic with
     Spark: keys computed by the publisher's code in the executors, appended to the partition
     logs exactly once, applied by the workers' path; bad rows go to the error stream. Rows
-    are publishes, or with --delta delta publishes, with --delete deletes.
+    are publishes, or with --delta delta publishes, with --delete deletes. On a Redis Cluster
+    (redis+cluster://, rq's queues on --control-url) each Spark task writes to one primary
+    only: the topic partitions whose slot it owns.
 
     \b
     Example:
@@ -1690,13 +1706,16 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
     sow = _sow(ctx)
     t = sow.topic(topic)
     paths = _spark_inputs(inputs, fmt)
+    if durable:
+        _check_durable(sow.r, sow.url)
     session = _spark_session(master)
     started = time.perf_counter()
     from .fix import separator as fix_separator
 
     res = load(session, sow.url, t, paths, fmt,
                [c.strip() for c in order_by.split(",")] if order_by else None, load_id,
-               batch_size, separator=fix_separator(separator) if separator else None, cmd=cmd)
+               batch_size, separator=fix_separator(separator) if separator else None, cmd=cmd,
+               durable=durable)
     took = time.perf_counter() - started
     if res.chains is not None:
         click.echo(f"chains: {res.chains.ids} new identifier(s), {len(res.chains.conflicts)} "
@@ -1705,7 +1724,8 @@ def spark_load(ctx: click.Context, topic: str, inputs: tuple[str, ...], fmt: str
             "sow_delete": " as deletes"}[cmd]
     click.echo(f"loaded {res.rows} row(s) into {topic}{what}: appended {res.appended}, applied "
                f"{res.applied}, rejected {res.rejected} (in the error stream), skipped "
-               f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s")
+               f"{res.skipped}; {took:.1f} s, {res.rows / took if took else 0:,.0f} rows/s; "
+               f"{_spark_start()}")
 
 
 @spark.command("resolve-chains")
@@ -1751,7 +1771,7 @@ def spark_resolve_chains(ctx: click.Context, topic: str, inputs: tuple[str, ...]
     click.echo(f"resolved {res.messages} message(s) of {topic}: {res.ids} new identifier(s) in "
                f"{res.chains} chain(s), {len(res.conflicts)} conflict(s); pointer-jumping "
                f"rounds per pass {res.rounds}; wrote {res.written} chain-table entr"
-               f"{'y' if res.written == 1 else 'ies'}; {took:.1f} s")
+               f"{'y' if res.written == 1 else 'ies'}; {took:.1f} s; {_spark_start()}")
 
 
 @spark.command("stream")
@@ -1783,6 +1803,7 @@ def spark_stream(ctx: click.Context, topic: str, directory: str, checkpoint: str
     _spark_local_dir(directory, "folder")
     session = _spark_session(master)
     cp = checkpoint or os.path.join(directory, f"_sow_checkpoint_{re.sub(r'[^A-Za-z0-9_]', '_', topic)}")
+    click.echo(f"streaming {directory} into {topic} (checkpoint {cp}); {_spark_start()}")
 
     def progress(batch_id: int, res: Any) -> None:
         click.echo(f"batch {batch_id}: {res.rows} row(s), appended {res.appended}, applied "
@@ -1820,7 +1841,7 @@ def spark_export(ctx: click.Context, topic: str, out: str, master: str) -> None:
     t = sow.topic(topic)
     session = _spark_session(master)
     n = export(session, sow.url, t, out)
-    click.echo(f"exported {n} record(s) of {topic} to {out}")
+    click.echo(f"exported {n} record(s) of {topic} to {out}; {_spark_start()}")
 
 
 @spark.command("archive")
@@ -1849,7 +1870,7 @@ def spark_archive(ctx: click.Context, topic: str, out: str, trim: bool, master: 
     click.echo(f"archived {res.entries} log entr{'y' if res.entries == 1 else 'ies'} and "
                f"{res.changes} change(s) of {topic} to {out}"
                + (f"; trimmed {res.trimmed} applied entr{'y' if res.trimmed == 1 else 'ies'}"
-                  if trim else ""))
+                  if trim else "") + f"; {_spark_start()}")
 
 
 @spark.command("rebuild")
@@ -1888,7 +1909,7 @@ def spark_rebuild(ctx: click.Context, topic: str, snapshot: str, archive_dir: st
                f"{res.archived} archived and {res.live} live log entr"
                f"{'y' if res.live == 1 else 'ies'} ({res.applied} applied); {res.records} "
                "record(s) now" + (f", {res.chain_ids} chain identifier(s) restored"
-                                  if t.chaining else ""))
+                                  if t.chaining else "") + f"; {_spark_start()}")
 
 
 @spark.command("sql")
@@ -1924,10 +1945,75 @@ def spark_sql(ctx: click.Context, query: str, out: str | None, limit: int, maste
     if out:
         writer = df.write.mode("overwrite")
         (writer.option("header", True).csv(out) if out.endswith(".csv") else writer.parquet(out))
-        click.echo(f"wrote the result to {out}")
+        click.echo(f"wrote the result to {out}; {_spark_start()}")
     else:
-        for row in df.limit(limit).collect():
+        rows = df.limit(limit).collect()
+        for row in rows:
             sys.stdout.buffer.write(orjson.dumps(row.asDict(recursive=True)) + b"\n")
+        sys.stdout.flush()
+        # the rows are the output; the summary goes beside them
+        click.echo(f"{len(rows)} row(s); {_spark_start()}", err=True)
+
+
+@spark.command("shell")
+@click.argument("script", required=False, type=click.File("r"))
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL of "
+              "the one session every command runs on (a command's own --master is ignored).")
+@click.pass_context
+@_friendly
+@_spark_errors
+def spark_shell(ctx: click.Context, script: Any, master: str) -> None:
+    """Run several spark commands on one Spark session, started once: one command per line
+    of SCRIPT (default: standard input; '-' too), written as after 'sow-redis spark', '#'
+    starts a comment, 'exit' ends. A command that fails prints its one error line and the
+    next one runs; the exit status is 1 when any failed. Each command's summary says
+    'Spark session reused' where it would say its start-up time.
+
+    \b
+    Example:
+      printf 'load -t flights data/day1.jsonl\nsql "SELECT count(*) FROM flights"\n' |
+          sow-redis --redis-url redis://127.0.0.1:6390/0 spark shell --master spark://h:7077
+    """
+    import shlex
+
+    source = script or sys.stdin
+    interactive = script is None and sys.stdin.isatty()
+    _spark_session(master)
+    click.echo(f"spark shell: a session on {master}; {_spark_start()}")
+    failed = 0
+    while True:
+        if interactive:
+            click.echo("spark> ", nl=False)
+        line = source.readline()
+        if not line:
+            break
+        try:
+            args = shlex.split(line, comments=True)
+        except ValueError as exc:
+            click.echo(f"Error: {exc}: {line.strip()}", err=True)
+            failed += 1
+            continue
+        if args and args[0] == "spark":
+            args = args[1:]  # "spark load …" as well as "load …"
+        if not args:
+            continue
+        if args[0] in ("exit", "quit"):
+            break
+        if args[0] == "shell":
+            click.echo("Error: already in a spark shell", err=True)
+            failed += 1
+            continue
+        try:
+            with spark.make_context("spark", args, parent=ctx.find_root()) as sub:
+                spark.invoke(sub)
+        except click.ClickException as exc:
+            exc.show()
+            failed += 1
+        except click.exceptions.Exit as exc:  # --help
+            failed += exc.exit_code != 0
+        sys.stdout.flush()
+    if failed:
+        raise click.exceptions.Exit(1)
 
 
 if __name__ == "__main__":

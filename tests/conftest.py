@@ -207,3 +207,68 @@ def wait_until(pred, timeout_s: float, what: str, step: float = 0.01) -> float:
             pass
         assert time.monotonic() - t0 < timeout_s, f"timeout after {timeout_s} s: {what}"
         time.sleep(step)
+
+
+# -- Spark (tests/test_spark*.py) ---------------------------------------------------------
+SPARK_TEST_MASTER = os.environ.get("SOW_TEST_SPARK", "standalone")
+"""Where the Spark tests' shared session runs: ``standalone`` (default: a Spark standalone
+master and two workers of 1 core and 1 GB, started once per run) or ``local`` (``local[2]``
+in this process's JVM)."""
+
+# Spark binds to the host name's address unless told: loopback only, for this run's drivers
+# (also the CLI's, in subprocesses) and the standalone cluster's daemons
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def executor_python(folder: Path) -> str:
+    """An interpreter for Spark's Python workers that cannot import this checkout: the
+    virtualenv's Python with ``-S`` (no site: the editable install's path hook is not read)
+    and its site-packages on ``PYTHONPATH`` for the dependencies only. ``sow_redis`` then
+    comes from the zip the driver ships (spark/session.py), as on a real cluster."""
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    path = folder / "executor-python"
+    path.write_text('#!/bin/sh\n# sow_redis tests: the executors\' Python, without the '
+                    'editable sow_redis\nPYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}'
+                    f'{site}" exec {sys.executable} -S "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def spark_standalone(tmp_path_factory):
+    """A :class:`sow_redis.spark.standalone.StandaloneCluster`: master and two workers (1
+    core, 1 GB each) on loopback ports, for this test session."""
+    from sow_redis.spark.standalone import start_standalone
+
+    cluster = start_standalone(tmp_path_factory.mktemp("spark-standalone"), workers=2,
+                               cores=1, memory="1g")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(request, tmp_path_factory):
+    """The test session's SparkSession: on the standalone cluster (the package shipped to
+    executors whose Python cannot import this checkout), or ``local[2]`` with
+    ``SOW_TEST_SPARK=local``."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from sow_redis.spark.session import get_session
+
+    if SPARK_TEST_MASTER == "local":
+        session = get_session("local[2]", "sow-redis-tests")
+    else:
+        cluster = request.getfixturevalue("spark_standalone")
+        saved = os.environ.get("PYSPARK_PYTHON")
+        os.environ["PYSPARK_PYTHON"] = executor_python(tmp_path_factory.mktemp("spark-py"))
+        try:
+            session = get_session(cluster.master_url, "sow-redis-tests")
+        finally:
+            if saved is None:
+                os.environ.pop("PYSPARK_PYTHON", None)
+            else:
+                os.environ["PYSPARK_PYTHON"] = saved
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -95,24 +95,32 @@ def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "spark.json"
     proc = _run("bench_spark.py", "--input", str(src), "--partitions", "2", "--workers", "1",
-                "--master", "local[2]", "--json", str(out), timeout=300)
+                "--master", "local[2]", "--runs", "2", "--json", str(out), timeout=300)
     assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
     res = json.loads(out.read_bytes())
-    print(res["summary"], res["spark_start"])
-    assert res["verified"] is True
-    assert res["verify"]["records"] == res["verify"]["records_spark"] == 300
-    assert res["verify"]["cli_rejected"] == res["spark"]["result"]["rejected"] == 1
-    assert res["spark"]["result"]["appended"] == res["spark"]["result"]["applied"] == 2999
-    assert [r["path"] for r in res["summary"]] == [
-        "cli publish + 1 workers", "spark load", "spark load incl. start-up"]
+    print(res["median"], res["spark_start"], res["load_averages"])
+    assert res["verified"] is True and len(res["verify"]) == 2 and len(res["load_averages"]) == 2
+    assert all(v["records"] == v["records_spark"] == 300 and v["cli_rejected"] == 1
+               for v in res["verify"])
+    for run in res["runs"]["spark"]:
+        assert run["result"]["rejected"] == 1
+        assert run["result"]["appended"] == run["result"]["applied"] == 2999
     assert res["spark_start"]["session_s"] > 0 and res["spark_start"]["first_job_s"] > 0
-    # each path's CPU, all processes: at least what Redis alone used (to the clock tick)
+    # each path's CPU: at least what Redis alone used (to the clock tick); per 1,000 rows by
+    # process group, the groups summing to "all"
     for path in ("cli", "spark"):
-        assert res[path]["machine_cpu_s"] >= res[path]["redis_cpu_s"] - 0.05 > -0.05
-        assert all(v >= 0.01 for v in res[path]["cpu_by_process"].values())
-    # the split names the load's Spark processes, and the CLI path has none of them
-    assert "spark JVM" in res["spark"]["cpu_by_process"]
-    assert not {"spark JVM", "spark python workers"} & res["cli"]["cpu_by_process"].keys()
+        for run in res["runs"][path]:
+            assert run["machine_cpu_s"] >= run["redis_cpu_s"] - 0.05 > -0.05
+            assert all(v >= 0.01 for v in run["cpu_by_process"].values())
+        per = res["median"][path]["cpu_per_1000_rows"]
+        assert per["all"] > 0 and len(res["median"][path]["seconds_each"]) == 2
+    # the load's Spark processes do its work; on the CLI path they only idle
+    spark, cli = res["median"]["spark"]["cpu_per_1000_rows"], res["median"]["cli"]["cpu_per_1000_rows"]
+    assert spark.get("spark python workers", 0) > 0 and "spark JVM" in spark
+    assert cli.get("spark python workers", 0) + cli.get("spark JVM", 0) < 0.2 * cli["all"]
+    assert res["ratios"]["wall"] == pytest.approx(res["median"]["spark"]["seconds"]
+                                                  / res["median"]["cli"]["seconds"])
+    assert "CPU per row" in proc.stdout.decode()
     bound = res["apply_bound"]  # the same 2,999 messages applied again, by the workers
     print(bound)
     assert bound["appended"] == 2999 and bound["redis_cpu_s"] > 0

@@ -1,6 +1,8 @@
-"""The Spark bulk load (issue 11, first part): one local Spark session per test run against a
-real redis-server. Load equals publish record by record on real data (NYC flights, FIX logs);
-a retried task appends nothing twice; bad rows reach the error stream."""
+"""The Spark bulk load (issue 11, first part): one Spark session per test run (conftest's
+``spark``: on a standalone master with two workers, the package shipped to the executors;
+``SOW_TEST_SPARK=local`` for ``local[2]``) against a real redis-server. Load equals publish
+record by record on real data (NYC flights, FIX logs); a retried task appends nothing twice;
+bad rows reach the error stream."""
 
 from __future__ import annotations
 
@@ -19,19 +21,10 @@ from sow_redis.client import Sow
 from sow_redis.publisher import append
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
-pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime")
+pytestmark = [pytest.mark.spark,
+              pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime")]
 
 N_FLIGHTS = 20_000
-
-
-@pytest.fixture(scope="session")
-def spark():
-    from sow_redis.spark.session import get_session
-
-    session = get_session("local[2]", "sow-redis-tests")
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="session")
@@ -259,6 +252,10 @@ def test_cli_spark_load(url, topic_name, tmp_path):
     print(line, out.stderr.decode()[:2000])
     assert line.startswith(f"loaded 3 row(s) into {topic_name}: appended 2, applied 2, "
                            "rejected 1")
+    import re
+
+    started = re.search(r"; Spark start-up (\d+\.\d) s$", line)  # issue 28.5
+    assert started and 0.5 < float(started.group(1)) < 170
     assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [1, 2]
     assert out.stderr == b""
     assert "log4j" in log.read_text()  # Spark's log went there
@@ -300,6 +297,10 @@ def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name,
          f"Error: topic '{topic_name}' has no chaining key generator"),
         (["load", "-t", topic_name, str(ok), "--delta", "--delete"], 2,
          "Error: give at most one of --delta and --delete"),
+        (["load", "-t", topic_name, str(ok), "--durable"], 1,
+         f"Error: --durable needs a replica, and the server at {url} has none (INFO "
+         "replication: connected_slaves:0): nothing was published; publish without --durable "
+         "or add a replica"),
         (["stream", "-t", topic_name, "/nodir"], 1, "Error: folder not found: '/nodir'"),
         (["stream", "-t", topic_name, str(ok)], 1, f"Error: folder {str(ok)!r} is not a folder"),
         (["rebuild", "-t", topic_name, "--from", "/nosnap"], 1,

@@ -26,6 +26,16 @@ take this path too, on any topic: ``apply.lua` (operation `load`)` applies prepa
 and the workers' apply code (``jobs.drain_partition``, run by each partition's task under
 the partition's lease) merges and deletes exactly as ``delta-publish`` and ``sow-delete``.
 
+On a Redis Cluster (``redis+cluster://``) every load takes the shuffle path, with the
+topic's partitions grouped by the primary that owns their slot (:func:`slot_owners`): one
+task per primary, which writes only to that primary (each partition's keys share one slot;
+no call spans two): plain publishes as one split per partition through ``lua/apply.lua``
+(operation ``load``; :func:`apply_partition`), the rest through ``lua/load_batch.lua`` and the
+workers' apply code (:func:`write_partition`). ``durable`` makes each batch wait until a
+replica has it (:func:`wait_replicated`), so a failover during the load loses no batch a task
+went past; a task that lost its connection (a primary killed) reads what the new primary has
+(the load's position, or its batch markers) and sends the missing batches again, in order.
+
 The resulting SOW is the one that publishing the same messages in the same order gives.
 """
 
@@ -70,6 +80,13 @@ SEND_AHEAD = 2
 """Batches a task prepares ahead of the one its sender thread is sending."""
 
 TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
+
+REPLICA_WAIT_S = 10.0
+"""Seconds a ``durable`` batch waits at most for a replica to have it."""
+
+FAILOVER_WAIT_S = 60.0
+"""Seconds a task waits at most for a partition's slot to be served again after its
+primary stopped answering (Redis Cluster elects a replica after ``cluster-node-timeout``)."""
 
 
 @dataclass
@@ -185,10 +202,23 @@ def prepare_rows(topic_json: bytes, rows: Iterable[tuple[bytes | str, int]],
 
 
 def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, apply: bool,
-                    p: int, rows: Iterable[tuple[int, Any, Any]]) -> Iterator[dict[str, int]]:
+                    p: int, rows: Iterable[tuple[int, Any, Any]],
+                    durable: bool = False) -> Iterator[dict[str, int]]:
     """Executor side of steps 3 and 4 for topic partition ``p``: append its rows in order,
-    batch by batch, exactly once; then apply the partition. Yields one count dict."""
+    batch by batch, exactly once; then apply the partition. Yields one count dict.
+
+    On a Redis Cluster a lost connection (the partition's primary killed) is waited out
+    (at most ``FAILOVER_WAIT_S`` seconds, until the slot's new owner answers); then the
+    batches the partition's loads hash no longer names (written but not replicated before
+    the failover) are sent again, in order. ``durable``: each batch returns only once a
+    replica has it (:func:`wait_replicated`; ``NotDurableError`` after ``REPLICA_WAIT_S``).
+
+    Raises:
+        RuntimeError: batches lost out of order (a later batch kept, an earlier one lost:
+            only possible without ``durable``); redis errors after ``FAILOVER_WAIT_S``.
+    """
     from ..client import Sow
+    from ..connection import is_cluster
     from ..scripts import Scripts
     from ..settings import Settings
 
@@ -205,20 +235,162 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
         else:
             ordered.append(row)
     ordered.sort(key=lambda row: row[0])
-    last = ""
-    for i in range(0, len(ordered), batch_size):
-        chunk = ordered[i:i + batch_size]
+    batches = -(-len(ordered) // batch_size)
+    sent: dict[int, tuple[int, int]] = {}  # batch → (entries appended, rows rejected)
+
+    def send(b: int) -> None:
+        chunk = ordered[b * batch_size:(b + 1) * batch_size]
         entries = [fields for _o, fields, _rej in chunk if fields is not None]
         rejects = [rej for _o, _f, rej in chunk if rej is not None]
-        n, sid = scripts.load_batch(topic.name, p, f"{load_id}:{i // batch_size}", entries,
-                                    rejects)
+        n, _sid = scripts.load_batch(topic.name, p, f"{load_id}:{b}", entries, rejects)
         if n >= 0:
-            out["appended"] += n
-            out["rejected"] += len(rejects)
-            last = sid or last
+            sent[b] = (n, len(rejects))
+        if durable:
+            wait_replicated(sow.r, keys_log(topic.name, p))
+
+    b = 0
+    while True:
+        while b < batches:
+            try:
+                send(b)
+                b += 1
+            except Exception as exc:
+                if not _connection_lost(exc):
+                    raise
+                # the primary stopped answering: wait for the slot's owner (a promoted
+                # replica), then resume at the first batch it does not have
+                b = _resume_at(sow.r, topic.name, p, load_id, b)
+                for lost in [x for x in sent if x >= b]:
+                    del sent[lost]
+        if not batches or not is_cluster(sow.r):
+            break
+        # a client that retried by itself may have gone past a failover: check every batch
+        b = _resume_at(sow.r, topic.name, p, load_id, batches - 1)
+        if b >= batches:
+            break
+        for lost in [x for x in sent if x >= b]:
+            del sent[lost]
+    out["appended"] = sum(n for n, _r in sent.values())
+    out["rejected"] = sum(r for _n, r in sent.values())
     if apply:
-        out["applied"] = sow.handoff(topic, {p: last or "0-0"}, timeout=3600)
+        out["applied"] = _with_failover(sow.r, lambda: sow.handoff(topic, {p: "0-0"},
+                                                                   timeout=3600))
     yield out
+
+
+def keys_log(topic: str, p: int) -> str:
+    """The key of partition ``p``'s log (its slot is the partition's)."""
+    from .. import keys
+
+    return keys.log(topic, p)
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    from redis import exceptions as rx
+
+    return isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.ClusterDownError,
+                            rx.TryAgainError, rx.MasterDownError)) or (
+        isinstance(exc, rx.ResponseError) and str(exc).startswith(("CLUSTERDOWN", "READONLY",
+                                                                   "MOVED", "LOADING")))
+
+
+def _reconnect(r: Any, deadline: float) -> None:
+    """Until the slot map is read again and answers (a cluster client), or ``deadline``."""
+    from redis import exceptions as rx
+
+    while True:
+        try:
+            if hasattr(r, "nodes_manager"):
+                r.nodes_manager.initialize()
+            r.ping()
+            return
+        except (rx.RedisError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _with_failover(r: Any, fn: Any) -> Any:
+    """``fn()``, called again (it must be idempotent) after a lost connection, for at most
+    ``FAILOVER_WAIT_S`` seconds."""
+    deadline = time.monotonic() + FAILOVER_WAIT_S
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not _connection_lost(exc) or time.monotonic() > deadline:
+                raise
+            _reconnect(r, deadline)
+
+
+def _resume_at(r: Any, topic: str, p: int, load_id: str, upto: int) -> int:
+    """After a lost connection while batch ``upto`` of partition ``p`` was sent: the first
+    batch (≤ ``upto``) whose marker the slot's owner does not have. A failover keeps a prefix
+    of what the old primary had (replication is in order), so every batch after it is
+    missing too and is sent again, in order.
+
+    Raises:
+        RuntimeError: a batch missing before one that is there (should not happen).
+    """
+    from .. import keys
+
+    deadline = time.monotonic() + FAILOVER_WAIT_S
+    _reconnect(r, deadline)
+    markers = [f"{load_id}:{b}" for b in range(upto + 1)]
+    have = _with_failover(r, lambda: r.hmget(keys.loads(topic, p), markers))
+    first = next((b for b, v in enumerate(have) if v is None), upto + 1)
+    if any(v is not None for v in have[first:]):
+        raise RuntimeError(f"load {load_id} of topic {topic}: partition {p} lost batch {first} "
+                           "in a failover but kept a later one; load again with --durable")
+    return first
+
+
+def wait_replicated(r: Any, key: str, timeout_s: float = REPLICA_WAIT_S) -> None:
+    """Return once a replica of the node that owns ``key`` has everything that node had
+    written when this was called (its ``master_repl_offset``, against each replica's
+    acknowledged offset in ``INFO replication``): ``WAIT 1`` that needs no particular
+    connection. A single server without replicas: after ``timeout_s`` seconds.
+
+    Raises:
+        NotDurableError: no replica reached the offset within ``timeout_s`` seconds.
+    """
+    from ..connection import is_cluster
+    from ..errors import NotDurableError
+
+    if is_cluster(r):
+        node = r.get_node_from_key(key)
+        client, where = r.get_redis_connection(node), node.name
+    else:
+        client, where = r, "the server"
+    target = int(client.info("replication")["master_repl_offset"])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.info("replication")
+        offsets = [int(v["offset"]) for k, v in info.items()
+                   if k.startswith("slave") and isinstance(v, dict) and "offset" in v]
+        if any(o >= target for o in offsets):
+            return
+        if time.monotonic() > deadline:
+            raise NotDurableError(f"no replica of {where} confirmed the load's writes within "
+                                  f"{timeout_s:g} s")
+        time.sleep(0.002)
+
+
+def slot_owners(url: str, topic: str, partitions: int) -> dict[int, int]:
+    """Topic partition → index of the primary that owns its slot (primaries numbered in
+    order of their ``host:port``) on a Redis Cluster; every partition → 0 on a server."""
+    from .. import keys
+    from ..connection import connect, is_cluster_url
+
+    if not is_cluster_url(url):
+        return dict.fromkeys(range(partitions), 0)
+    r: Any = connect(url)
+    try:
+        owner = {p: r.get_node_from_key(keys.log(topic, p)).name for p in range(partitions)}
+    finally:
+        r.close()
+    names = sorted(set(owner.values()))
+    return {p: names.index(n) for p, n in owner.items()}
 
 
 class _SplitWriter:
@@ -470,7 +642,8 @@ def input_rows(spark: Any, inputs: list[str], fmt: str | None = None,
 def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str | None = None,
          order_by: list[str] | None = None, load_id: str | None = None,
          batch_size: int = 5000, apply: bool = True,
-         separator: bytes | None = None, cmd: str = "publish") -> LoadResult:
+         separator: bytes | None = None, cmd: str = "publish",
+         durable: bool = False) -> LoadResult:
     """Load ``inputs`` into ``topic`` (see the module docstring).
 
     Args:
@@ -485,18 +658,20 @@ def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str |
             into it) or ``sow_delete`` (removes the record a publish of the row would
             update); the same as ``sow-redis publish`` / ``delta-publish`` / ``sow-delete
             --data`` of each row in order.
+        durable: each batch waits until a replica has it (Redis Cluster or a server with
+            replicas; see the module docstring).
 
     Raises:
         ValueError: the format cannot be told; Spark's AnalysisException for unreadable input.
     """
     rows = input_rows(spark, inputs, fmt, order_by)
     lid = load_id or default_load_id(topic.name, inputs, cmd)
-    return load_rows(url, topic, rows, lid, batch_size, apply, separator, spark, cmd)
+    return load_rows(url, topic, rows, lid, batch_size, apply, separator, spark, cmd, durable)
 
 
 def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size: int = 5000,
               apply: bool = True, separator: bytes | None = None,
-              spark: Any = None, cmd: str = "publish") -> LoadResult:
+              spark: Any = None, cmd: str = "publish", durable: bool = False) -> LoadResult:
     """Steps 2–4 for an RDD of ``(line, order)`` rows (a file load, or one micro-batch of
     ``sow-redis spark stream``), appended exactly once under ``load_id``. On a chaining
     topic the rows' chains are resolved first (:func:`sow_redis.spark.chains.
@@ -509,9 +684,15 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
     shuffle) that appends them with ``lua/load_batch.lua`` (exactly once per batch) and
     then drains the partition with the workers' own apply code (:meth:`Sow.handoff` inline:
     ``jobs.drain_partition`` under the partition's lease), so they merge and delete exactly
-    as the workers do."""
+    as the workers do.
+
+    On a Redis Cluster (and with ``durable``) every load takes the second path, one task per
+    primary (:func:`slot_owners`), each writing its primary's partitions only."""
+    from ..connection import is_cluster_url
+
     topic_json = topic.to_json()
-    if not topic.chaining and apply and cmd == "publish":
+    cluster = is_cluster_url(url)
+    if not topic.chaining and apply and cmd == "publish" and not cluster and not durable:
         splits = rows.getNumPartitions()
 
         def task(split: int, it: Iterator[tuple[Any, int]]) -> Iterator[dict[str, int]]:
@@ -534,17 +715,98 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
     try:
         # one job: prepare (map side), one shuffle to the topic's partitions, write + apply;
         # skipped FIX messages travel to partition 0's task only to be counted there
-        keyed = prepared.partitionBy(topic.partitions, lambda p: max(p, 0))
+        if cluster:  # one task per primary: the partitions whose slot it owns
+            owner = slot_owners(url, topic.name, topic.partitions)
+            keyed = prepared.partitionBy(max(owner.values()) + 1,
+                                         lambda p: owner[max(p, 0)])
 
-        def task_p(index: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
-            return write_partition(url, topic_json, load_id, batch_size, apply, index,
-                                   (row for _p, row in it))
+            def task_o(_i: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+                return write_owned(url, topic_json, load_id, batch_size, apply, it, durable,
+                                   cmd)
 
-        counts = keyed.mapPartitionsWithIndex(task_p).collect()
+            counts = keyed.mapPartitionsWithIndex(task_o).collect()
+        else:
+            keyed = prepared.partitionBy(topic.partitions, lambda p: max(p, 0))
+
+            def task_p(index: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+                return write_partition(url, topic_json, load_id, batch_size, apply, index,
+                                       (row for _p, row in it), durable)
+
+            counts = keyed.mapPartitionsWithIndex(task_p).collect()
     finally:
         if topic.chaining:
             prepared.unpersist()
     return _result(counts, chains)
+
+
+def write_owned(url: str, topic_json: bytes, load_id: str, batch_size: int, apply: bool,
+                rows: Iterable[tuple[int, tuple[int, Any, Any]]],
+                durable: bool = False, cmd: str = "publish") -> Iterator[dict[str, int]]:
+    """Executor side on a Redis Cluster: the rows of the topic partitions one primary owns
+    (``(partition, row)``; skipped FIX messages as partition -1), each partition written in
+    turn: plain publishes of a topic without chaining by :func:`apply_partition`
+    (``lua/apply.lua``, operation ``load``: appended and applied in one call), the rest by
+    :func:`write_partition`. Yields one count dict."""
+    topic = TopicConfig.from_json(topic_json)
+    by_p: dict[int, list[tuple[int, Any, Any]]] = {}
+    for p, row in rows:
+        by_p.setdefault(p, []).append(row)
+    out = {"rows": 0, "skipped": 0, "appended": 0, "rejected": 0, "applied": 0}
+    skipped = by_p.pop(-1, [])
+    out["rows"] += len(skipped)
+    out["skipped"] += len(skipped)
+    direct = cmd == "publish" and apply and not topic.chaining
+    for p in sorted(by_p):
+        got = (apply_partition(url, topic, load_id, batch_size, p, by_p[p], durable) if direct
+               else next(write_partition(url, topic_json, load_id, batch_size, apply, p,
+                                         by_p[p], durable)))
+        for k in out:
+            out[k] += got.get(k, 0)
+    yield out
+
+
+def apply_partition(url: str, topic: TopicConfig, load_id: str, batch_size: int, p: int,
+                    rows: list[tuple[int, Any, Any]], durable: bool = False
+                    ) -> dict[str, int]:
+    """Plain publishes of topic partition ``p`` (all of the load's rows there, one split) in
+    order, batch by batch, to ``lua/apply.lua`` (operation ``load``): each batch appended and applied in one
+    atomic call, exactly once (the load's position in the partition's loads hash). After a
+    lost connection (the primary killed) the task waits for the slot's new owner and goes on
+    from the position that owner has, so batches written but not replicated before the
+    failover are applied again, in order, and no batch twice. ``durable``: each batch returns
+    once a replica has it. A count dict."""
+    from .. import keys
+
+    w = _SplitWriter(url, topic, load_id, 1, 0, 3600.0)
+    rows.sort(key=lambda row: row[0])
+    w.counts["rows"] = len(rows)
+    batches = max(1, -(-len(rows) // batch_size))
+    before: dict[int, dict[str, int]] = {}
+    b = 0
+    while b < batches:
+        chunk = rows[b * batch_size:(b + 1) * batch_size]
+        before[b] = dict(w.counts)
+        try:
+            w.send(p, b, b == batches - 1,
+                   [fields for _o, fields, _rej in chunk if fields is not None],
+                   [rej for _o, _f, rej in chunk if rej is not None])
+            if durable:
+                wait_replicated(w.sow.r, keys_log(topic.name, p))
+            b += 1
+        except Exception as exc:
+            if not _connection_lost(exc):
+                raise
+            deadline = time.monotonic() + FAILOVER_WAIT_S
+            _reconnect(w.sow.r, deadline)
+            pos = _with_failover(w.sow.r, lambda: w.sow.r.hget(keys.loads(topic.name, p),
+                                                               load_id))
+            text = pos.decode() if isinstance(pos, bytes) else str(pos or "0:0")
+            split, batch = (int(x) for x in text.split(":"))
+            b = batches if split >= 1 else batch  # the first batch the new owner lacks
+            if b in before:  # it was sent before: its counts (and the later ones') go
+                w.counts = before[b]
+    _with_failover(w.sow.r, lambda: w.apply_staged(p))
+    return w.counts
 
 
 def _result(counts: list[dict[str, int]], chains: ChainResult | None) -> LoadResult:

@@ -1,6 +1,13 @@
 """The SparkSession of ``sow-redis spark …`` commands: ``local[*]`` by default (``--master``
 to change it), the web UI off.
 
+On any master other than ``local[…]`` the package itself is shipped to the executors
+(:func:`ship_package`: a zip of ``sow_redis`` through ``SparkContext.addPyFile``), so they
+need only its dependencies (redis, orjson, xxhash, lark, google-re2, msgpack) in the Python
+they run (``PYSPARK_PYTHON``; deploy/spark/README.md), not this checkout or virtualenv.
+:func:`start_seconds` tells how long the last :func:`get_session` took (0 when it found a
+running session: ``sow-redis spark shell`` runs several commands on one).
+
 A command whose stderr is a terminal shows Spark's console progress bar and its log, as Spark
 does. Otherwise (``quiet``: a pipe, a file, a test) stderr keeps only the command's own lines:
 no progress bar, no pandas FutureWarning of pyspark, and the Java process's stderr (log4j's
@@ -15,30 +22,94 @@ Spark names it in its error line).
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import re
 import sys
 import tempfile
+import time
 import warnings
+import zipfile
+from pathlib import Path
 from typing import Any
 
 INSTALL_HINT = ("pyspark is not installed: pip install -e '.[spark]' (and a Java runtime: "
                 "apt-get install default-jre-headless)")
 
 _log: dict[str, Any] = {"path": None, "keep": False, "remove": False}
+_start: dict[str, Any] = {"seconds": 0.0, "reused": False}
 
 
-def get_session(master: str = "local[*]", app: str = "sow-redis", quiet: bool = False) -> Any:
+def get_session(master: str = "local[*]", app: str = "sow-redis", quiet: bool = False,
+                ship: bool | None = None, conf: dict[str, str] | None = None) -> Any:
     """A SparkSession (the running one when there is one).
 
     Args:
         quiet: no progress bar and no FutureWarning of pyspark on stderr, and the Java
             process's stderr to :func:`log_path` (see the module docstring); the CLI passes
             ``not sys.stderr.isatty()``.
+        ship: send the package to the executors (:func:`ship_package`); default: when
+            ``master`` is not ``local[…]``.
+        conf: more Spark settings for a new session (e.g. ``spark.cores.max``).
 
     Raises:
         RuntimeError: pyspark is not installed (the message says how to install it).
     """
+    t0 = time.perf_counter()
+    session, reused = _get_session(master, app, quiet, conf or {})
+    if ship if ship is not None else not master.startswith("local"):
+        ship_package(session)
+    _start.update(seconds=0.0 if reused else time.perf_counter() - t0, reused=reused)
+    return session
+
+
+def start_seconds() -> tuple[float, bool]:
+    """Seconds (wall clock) the last :func:`get_session` took to start Spark (the driver's
+    JVM and the SparkContext; executors start with the first job), and whether it found a
+    running session instead (then 0.0)."""
+    return _start["seconds"], _start["reused"]
+
+
+def package_zip(folder: str | Path | None = None) -> Path:
+    """A zip of the ``sow_redis`` package (its ``.py``, Lua and grammar files, no caches),
+    importable from ``sys.path``: ``<tmp>/sow_redis-<content hash>.zip``, built once per
+    content.
+
+    Args:
+        folder: where to write it (default: the system's temporary folder).
+    """
+    root = Path(__file__).resolve().parent.parent
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix not in (".pyc", ".pyo"))
+    h = hashlib.sha256()
+    for p in files:
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    out = Path(folder or tempfile.gettempdir()) / f"sow_redis-{h.hexdigest()[:16]}.zip"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for p in files:
+                z.write(p, f"sow_redis/{p.relative_to(root)}")
+        os.replace(tmp, out)
+    return out
+
+
+def ship_package(session: Any) -> str:
+    """Make ``sow_redis`` importable in the session's executors (``SparkContext.addPyFile``
+    of :func:`package_zip`; the executors put it first on their ``sys.path``); once per
+    session and content. The path of the zip."""
+    sc = session.sparkContext
+    path = str(package_zip())
+    shipped: set[str] = getattr(sc, "_sow_shipped", set())
+    if path not in shipped:
+        sc.addPyFile(path)
+        shipped.add(path)
+        sc._sow_shipped = shipped
+    return path
+
+
+def _get_session(master: str, app: str, quiet: bool, conf: dict[str, str]
+                 ) -> tuple[Any, bool]:
     if quiet:
         # pyspark warns on import and at start that it "does not yet fully support pandas
         # >= 3.0.0": nothing a sow-redis user can act on
@@ -50,6 +121,9 @@ def get_session(master: str = "local[*]", app: str = "sow-redis", quiet: bool = 
         raise RuntimeError(INSTALL_HINT) from None
     if quiet:
         mute_query_context_loggers()
+    running = SparkSession.getActiveSession()
+    if running is not None:  # sow-redis spark shell: every command on the first one's
+        return running, True
     # Python workers run this interpreter (the one with sow_redis and its dependencies); on a
     # cluster, ship the package and set PYSPARK_PYTHON there (deploy/spark/README.md)
     python = os.environ.get("PYSPARK_PYTHON", sys.executable)
@@ -59,9 +133,11 @@ def get_session(master: str = "local[*]", app: str = "sow-redis", quiet: bool = 
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false" if quiet else "true")
                .config("spark.sql.shuffle.partitions", "8"))
-    if not quiet or SparkSession.getActiveSession() is not None:
-        return builder.getOrCreate()
-    return _create_logging_to_file(builder)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    if not quiet:
+        return builder.getOrCreate(), False
+    return _create_logging_to_file(builder), False
 
 
 def mute_query_context_loggers() -> None:
