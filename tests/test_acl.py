@@ -20,9 +20,9 @@ from sow_redis.server import free_port
 ROLES = ("publisher", "reader", "worker", "operator")
 
 
-@pytest.fixture(scope="module")
-def acl_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("acl")
+def start_acl_server(folder) -> tuple[subprocess.Popen, int]:
+    """A redis-server on a free loopback port loaded with deploy/acl/users.acl (password of
+    each role: ``<role>-s3cret``), answering the operator: ``(process, port)``."""
     acl = (ROOT / "deploy" / "acl" / "users.acl").read_text()
     for role in ROLES:
         acl = acl.replace(f"<{role}-password>", f"{role}-s3cret")
@@ -36,10 +36,15 @@ def acl_server(tmp_path_factory):
     while True:
         try:
             Redis(port=port, username="operator", password="operator-s3cret").ping()
-            break
+            return proc, port
         except Exception:
             assert time.monotonic() < deadline, "redis-server with the ACL file did not start"
             time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def acl_server(tmp_path_factory):
+    proc, port = start_acl_server(tmp_path_factory.mktemp("acl"))
     yield port
     proc.terminate()
     proc.wait(timeout=10)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from pathlib import Path
 import time
 
 import orjson
@@ -73,42 +72,52 @@ def check_layout(r, name: str, want: dict[int, int], partitions: int, stored_upt
     assert rejected_reasons(r, name, stored_upto) == []
 
 
-def test_a_publisher_loop_keeps_running_across_a_migration(url, r, topic_name, worker):
-    sow = Sow(url)
-    sow.apply_config(cfg(topic_name, 2, 'hash_index = [["/g"]]'))
+def publish_across(url: str, topic: str, migrate, fields=lambda i: {}):
+    """Publish ids 0-99 one by one with ``Sow.publish(wait=True)`` in a thread, round after
+    round (``v`` = the round), call ``migrate()`` after the first round, stop two rounds
+    after it. Returns ``(id → last v, publishes re-keyed under a new definition, rounds)``."""
     last: dict[int, int] = {}
-    rekeyed = []
+    rekeyed: list[int] = []
     stop = threading.Event()
     failure: list[BaseException] = []
 
-    def publish_loop():
-        v = 0
+    def loop():
+        pub, v = Sow(url), 0
         try:
-            pub = Sow(url)
             while not stop.is_set():
                 v += 1
                 for i in range(100):
-                    res = pub.publish(topic_name, {"id": i, "g": i % 7, "v": v}, wait=True,
+                    res = pub.publish(topic, {"id": i, **fields(i), "v": v}, wait=True,
                                       timeout=120)
                     last[i] = v
                     if res.definition is not None:
-                        rekeyed.append((i, v))
+                        rekeyed.append(i)
         except BaseException as exc:  # reported by the test
             failure.append(exc)
 
-    thread = threading.Thread(target=publish_loop)
+    thread = threading.Thread(target=loop)
     thread.start()
-    wait_until(lambda: len(last) == 100, 60, "a first round of publishes")
-    rounds_before = max(last.values())
-    sow.apply_config(cfg(topic_name, 5, 'hash_index = [["/g"]]'), migrate=True)
-    rounds_at = max(last.values())
-    wait_until(lambda: max(last.values()) >= rounds_at + 2 or failure, 120,
-               "two rounds of publishes after the migration")
-    stop.set()
-    thread.join(timeout=120)
+    try:
+        wait_until(lambda: len(last) == 100 or failure, 60, "a first round of publishes")
+        migrate()
+        at = max(last.values())
+        wait_until(lambda: max(last.values()) >= at + 2 or failure, 120,
+                   "two rounds of publishes after the migration")
+    finally:
+        stop.set()
+        thread.join(timeout=120)
     assert not failure, failure
-    print(f"rounds before the migration {rounds_before}, at its end {rounds_at}, in all "
-          f"{max(last.values())}; publishes re-keyed under the new definition: {len(rekeyed)}")
+    print(f"rounds: {at} at the migration's end, {max(last.values())} in all; publishes "
+          f"re-keyed under the new definition: {len(rekeyed)}")
+    return last, rekeyed
+
+
+def test_a_publisher_loop_keeps_running_across_a_migration(url, r, topic_name, worker):
+    sow = Sow(url)
+    sow.apply_config(cfg(topic_name, 2, 'hash_index = [["/g"]]'))
+    last, rekeyed = publish_across(
+        url, topic_name, lambda: sow.apply_config(cfg(topic_name, 5, 'hash_index = [["/g"]]'),
+                                                  migrate=True), lambda i: {"g": i % 7})
     assert rekeyed, "the publisher never met the definition fence"
     check_layout(r, topic_name, last, 5)
     # the hash index follows the new layout: every g finds its ids
@@ -336,56 +345,17 @@ def test_a_publisher_without_scripts_is_fenced_by_a_transaction(tmp_path, topic_
     """The ACL publisher role may not run scripts: its XADDs go in MULTI/EXEC under WATCH of
     the partitions' definitions, so a loop of its publishes across a 2 → 5 migration stores
     every id once, in its partition, with its last value."""
-    from test_acl import ROLES, _url
+    from test_acl import _url, start_acl_server
 
-    from sow_redis.server import free_port
-
-    acl = (Path(__file__).parent.parent / "deploy" / "acl" / "users.acl").read_text()
-    for role in ROLES:
-        acl = acl.replace(f"<{role}-password>", f"{role}-s3cret")
-    (tmp_path / "users.acl").write_text(acl)
-    port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                               "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
-                               "--aclfile", str(tmp_path / "users.acl")],
-                              stdout=subprocess.DEVNULL)
+    server, port = start_acl_server(tmp_path)
     try:
-        op_url = _url(port, "operator")
-        wait_until(lambda: Sow(op_url).r.ping(), 10, "redis-server with the ACL file")
-        op = Sow(op_url)
+        op = Sow(_url(port, "operator"))
         op.apply_config(cfg(topic_name, 2))
         worker = start_worker(_url(port, "worker"))
         try:
-            last: dict[int, int] = {}
-            stop = threading.Event()
-            failure: list[BaseException] = []
-            rekeyed = []
-
-            def publish_loop():
-                pub, v = Sow(_url(port, "publisher")), 0
-                try:
-                    while not stop.is_set():
-                        v += 1
-                        for i in range(100):
-                            res = pub.publish(topic_name, {"id": i, "v": v}, wait=True,
-                                              timeout=120)
-                            last[i] = v
-                            if res.definition is not None:
-                                rekeyed.append(i)
-                except BaseException as exc:  # reported by the test
-                    failure.append(exc)
-
-            thread = threading.Thread(target=publish_loop)
-            thread.start()
-            wait_until(lambda: len(last) == 100 or failure, 60, "a first round")
-            op.apply_config(cfg(topic_name, 5), migrate=True)
-            at = max(last.values())
-            wait_until(lambda: max(last.values()) >= at + 2 or failure, 120,
-                       "two rounds after the migration")
-            stop.set()
-            thread.join(timeout=120)
-            assert not failure, failure
-            print(f"publisher role: {max(last.values())} rounds, {len(rekeyed)} re-keyed")
+            last, rekeyed = publish_across(
+                _url(port, "publisher"), topic_name,
+                lambda: op.apply_config(cfg(topic_name, 5), migrate=True))
             assert rekeyed
             check_layout(op.r, topic_name, last, 5)
         finally:
