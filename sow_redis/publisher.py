@@ -1038,11 +1038,6 @@ class XaddBatch:
             b"$2\r\nPX\r\n$%d\r\n%d\r\n" % (len(key), key, len(value), value, len(str(px)), px)
         self._n += 1
 
-    def add_command(self, *args: Any) -> None:
-        """Queue any command (str, bytes, int or float arguments)."""
-        self._buf += resp(args)
-        self._n += 1
-
     def add_packed(self, command: bytes) -> None:
         """Queue one command already packed as RESP (see :func:`resp`)."""
         self._buf += command

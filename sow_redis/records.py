@@ -72,9 +72,3 @@ def decode(sow_key: str | bytes, raw: bytes, lenient: bool = False) -> Record:
     expiry = int(exp) if len(exp) < 16 and exp.isdigit() else expiry_of(exp)
     return Record(key, int(seq), expiry, sid.decode(), data)
 
-
-def seq_of(raw: bytes | None) -> str:
-    """The ``seq`` text of a stored value, ``"0"`` for an absent record (apply.lua's CAS form)."""
-    if raw is None:
-        return "0"
-    return raw[: raw.index(b":")].decode()

@@ -45,36 +45,6 @@ def error_count(r: Client, topic: TopicConfig) -> int:
     return sum(pipe.execute())
 
 
-def expiry_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
-    """``{"topic", "records", "with_expiry", "next_due_ms", "next_due", "expiration", "policy"}``.
-
-    ``next_due_ms`` is the earliest expiry (ms since the epoch, Redis server clock), ``next_due``
-    the same in ISO 8601 UTC; both None when no record has an expiry (an expiry beyond
-    :data:`~sow_redis.records.MAX_EXPIRY_MS`, year 9999, is never due and not counted here).
-    """
-    import datetime as _dt
-
-    pipe = r.pipeline(transaction=False)
-    for p in range(topic.partitions):
-        pipe.hlen(keys.records(topic.name, p))
-        pipe.zcard(keys.expiry(topic.name, p))
-        pipe.zrangebyscore(keys.expiry(topic.name, p), "-inf", MAX_EXPIRY_MS, start=0, num=1,
-                           withscores=True)
-    res = pipe.execute()
-    firsts = [int(x[0][1]) for x in res[2::3] if x]
-    nxt = min(firsts) if firsts else None
-    return {
-        "topic": topic.name,
-        "records": sum(res[0::3]),
-        "with_expiry": sum(res[1::3]),
-        "next_due_ms": nxt,
-        "next_due": None if nxt is None else _dt.datetime.fromtimestamp(
-            nxt / 1000, _dt.UTC).isoformat(timespec="milliseconds"),
-        "expiration": topic.expiration,
-        "policy": topic.expiration_policy,
-    }
-
-
 COUNTERS = {"inserts": "n_insert", "updates": "n_update", "deletes": "n_delete",
             "expiries": "n_expire"}
 """Figure → field of a partition's state hash (kept by the Lua scripts)."""
