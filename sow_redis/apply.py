@@ -56,6 +56,7 @@ from .logs import fields as event_fields
 from .messages import expiry_for, index_members, merge
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .partition_state import read_cursor
+from .records import decode as decode_record
 from .scripts import LogApplied, PendingCall, Scripts, attached
 
 log = logging.getLogger(__name__)
@@ -179,10 +180,9 @@ class _Planner:
         if raw is None:
             self.state[key], self.checks[key] = (None, 0), 0
             return
-        head, _, body = raw.partition(b"\n")
-        seq, exp, _sid = head.split(b":", 2)
-        self.state[key] = (orjson.loads(body), int(exp))
-        self.checks[key] = int(seq)
+        rec = decode_record(key, raw)
+        self.state[key] = (orjson.loads(rec.data), rec.expiry_ms)
+        self.checks[key] = rec.seq
 
     def current(self, key: str, at_ms: int) -> dict[str, Any] | None:
         """The record as an entry logged at ``at_ms`` sees it: None when absent or, with
