@@ -105,9 +105,8 @@ def test_subscribe_prints_events(url, topic):
     sub = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "subscribe", "-t", topic,
                             "-f", "/px > 10", "--oof", "--count", "2", "--timeout", "30"],
                            env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    import time
-
-    time.sleep(1.0)  # let it subscribe
+    ready = sub.stderr.readline().decode()  # the readiness line: subscribed from here on
+    assert ready.startswith(f"live on {topic}"), ready
     run_cli(url, "publish", "-t", topic, "--wait",
             input=b'{"orderId": 1, "px": 5}\n{"orderId": 2, "px": 50}\n')
     run_cli(url, "sow-delete", "-t", topic, "-f", "/orderId = 2")

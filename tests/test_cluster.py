@@ -22,6 +22,8 @@ from sow_redis.client import Sow
 from sow_redis.connection import check_url, connect_pair, control_of, redact
 from sow_redis.errors import BadURLError, ControlURLError
 
+pytestmark = pytest.mark.cluster
+
 
 def _env_without_control(url: str) -> dict[str, str]:
     env = dict(os.environ, SOW_REDIS_URL=url, **FAST)
