@@ -3,6 +3,8 @@
 # mypy (configured in pyproject.toml), then runs pytest with this script's arguments.
 # One line per check; any finding prints the tool's report and fails the run before pytest.
 # Tests start their own redis-server on a free port; the machine's 6379 is never touched.
+# `--fast` as the first argument runs the fast lane: every test not marked slow, cluster,
+# spark, browser or faults (markers in pyproject.toml); with no argument every test runs.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SOW_EXTRAS="dev,demo,spark" SOW_BROWSER=1 bash "$root/scripts/setup.sh"
@@ -22,4 +24,8 @@ check() {  # check NAME COMMAND...: "check NAME: <tool's last line>"; on a findi
 
 check "ruff (sow_redis)" .venv/bin/ruff check sow_redis
 check "mypy (sow_redis)" .venv/bin/mypy
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  set -- -m "not slow and not cluster and not spark and not browser and not faults" "$@"
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -80,10 +84,9 @@ def test_bench_latency_repeats_in_interleaved_rounds_and_reports_medians(tmp_pat
     assert "medians over 2 interleaved rounds" in proc.stdout.decode()
 
 
+@pytest.mark.spark
 def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None:
     import shutil
-
-    import pytest
 
     pytest.importorskip("pyspark", reason="the spark extra is not installed")
     if shutil.which("java") is None:
@@ -128,6 +131,7 @@ def test_bench_spark_compares_the_load_with_the_cli_path(tmp_path: Path) -> None
     assert bound["apply_cpu_s"] == pytest.approx(bound["redis_cpu_s"] - bound["log_read_cpu_s"])
 
 
+@pytest.mark.cluster
 def test_bench_scale_runs_on_a_server_and_a_cluster(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     proc = _run("bench_scale.py", "--n", "2000", "--keys", "500", "--partitions", "6",

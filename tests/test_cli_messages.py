@@ -56,6 +56,7 @@ def test_durable_without_replica_says_so_at_once(lonely_url, tmp_path, topic_nam
     assert log_len(lonely_url, topic_name, 8) == 0
 
 
+@pytest.mark.cluster
 def test_durable_with_replicas_publishes(redis_cluster, monkeypatch, tmp_path, topic_name):
     """The check lets a cluster whose primaries all have a replica through."""
     url, control, _c = redis_cluster

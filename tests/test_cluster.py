@@ -13,7 +13,7 @@ import time
 
 import orjson
 import pytest
-from conftest import FAST, ROOT, client, run_cli
+from conftest import FAST, ROOT, client, run_cli, wait_until
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -21,6 +21,8 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.connection import check_url, connect_pair, control_of, redact
 from sow_redis.errors import BadURLError, ControlURLError
+
+pytestmark = pytest.mark.cluster
 
 
 def _env_without_control(url: str) -> dict[str, str]:
@@ -82,6 +84,10 @@ def test_control_plane_on_its_own_redis_data_spread_over_the_primaries(redis_clu
         assert b"published 3000" in out.stdout
         got = sorted(r.obj()["k"] for r in sow.sow(topic_name))
         assert got == list(range(3000))
+        # registered (past start-up, with its signal handlers) before the warm stop: the
+        # publisher's write-through may have applied everything while it was still starting
+        wait_until(lambda: Redis.from_url(curl).scard("rq:workers:sow") >= 1, 60,
+                   "the worker registered")
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0

@@ -28,6 +28,8 @@ from sow_redis.publisher import append, wait_applied
 from sow_redis.server import stop_processes
 from sow_redis.settings import Settings
 
+pytestmark = [pytest.mark.cluster, pytest.mark.faults]
+
 KILL_AFTER_S = 1.5
 """Seconds of publishing before the kill."""
 AFTER_PROMOTION_S = 2.0

@@ -219,8 +219,9 @@ def test_change_events_on_pubsub(sow, topic_name):
         assert sub.get(0.2) is None
         bigs = [big.get(2) for _ in range(3)]
         assert big.get(0.2) is None
-    # Only per-partition order is promised (README, "What changes on a cluster"): orders 1
-    # and 2 may lie in two partitions, so each order's events are checked in order.
+    # Only per-partition order is promised (docs/cluster-and-scaling.md, "What changes on a
+    # cluster"): orders 1 and 2 may lie in two partitions, so each order's events are checked
+    # in order.
     def per_order(events):
         return {oid: [e["op"] for e in events if e["data"]["orderId"] == oid] for oid in (1, 2)}
 

@@ -9,6 +9,7 @@ import pytest
 from conftest import run_cli
 
 from sow_redis import keys, sowkey
+from sow_redis.connection import server_ms
 from sow_redis.expirer import Expirer
 
 
@@ -32,6 +33,23 @@ def drain(sow, topic):
             pass
 
 
+def until_due(sow, topic, lifetime_s):
+    """Polls the Redis server clock (the clock ``expire.lua`` compares with) until every record
+    of ``topic`` due within ``lifetime_s`` seconds from now is due, instead of sleeping a fixed
+    "lifetime + margin": records with a longer lifetime are left out (still to come)."""
+    now = server_ms(sow.r)
+    due = [int(score) for p in range(sow.topic(topic).partitions)
+           for _, score in sow.r.zrange(keys.expiry(topic, p), 0, -1, withscores=True)
+           if score <= now + lifetime_s * 1000]
+    until_past(sow, max(due, default=now))
+
+
+def until_past(sow, ms):
+    """Polls the Redis server clock until it is past ``ms``."""
+    while server_ms(sow.r) <= ms:
+        time.sleep(0.005)
+
+
 def ids(sow, topic):
     return sorted(r.obj()["id"] for r in sow.sow(topic))
 
@@ -41,7 +59,7 @@ def test_default_off_keeps_message_expiration_but_never_expires(sow, topic_name)
     sow.publish(topic_name, {"id": 1}, expiration=0.1)
     (rec,) = sow.sow(topic_name)
     assert rec.expiry_ms > 0  # kept on the record
-    time.sleep(0.25)
+    until_past(sow, rec.expiry_ms)
     assert expire(sow, topic_name) == 0
     assert ids(sow, topic_name) == [1]
 
@@ -52,7 +70,7 @@ def test_topic_default_lifetime(sow, topic_name):
     (r1, _) = sorted(sow.sow(topic_name), key=lambda r: r.obj()["id"])
     assert r1.expiry_ms == int(r1.stream_id.split("-")[0]) + 300
     assert expire(sow, topic_name) == 0 and ids(sow, topic_name) == [1, 2]
-    time.sleep(0.4)
+    until_due(sow, topic_name, 0.3)
     assert expire(sow, topic_name) == 2
     assert ids(sow, topic_name) == []
 
@@ -64,7 +82,8 @@ def test_message_expiration_overrides_topic(sow, topic_name):
     t2 = topic_name + "b"
     sow.apply_config(cfg(t2, 'expiration = "100ms"'))
     sow.publish(t2, {"id": 3}, expiration=30)
-    time.sleep(0.25)
+    until_due(sow, topic_name, 0.1)
+    until_past(sow, server_ms(sow.r) + 100)  # past t2's default lifetime too
     expire(sow, topic_name)
     assert ids(sow, topic_name) == [2]
     assert ids(sow, t2) == [3]
@@ -74,7 +93,7 @@ def test_zero_means_never_expire(sow, topic_name):
     sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
     sow.publish(topic_name, {"id": 1}, expiration=0)
     sow.publish(topic_name, {"id": 2})
-    time.sleep(0.25)
+    until_due(sow, topic_name, 0.1)
     expire(sow, topic_name)
     (rec,) = sow.sow(topic_name)
     assert rec.obj() == {"id": 1} and rec.expiry_ms == 0
@@ -84,7 +103,7 @@ def test_enabled_expires_only_messages_with_their_own_expiration(sow, topic_name
     sow.apply_config(cfg(topic_name, 'expiration = "enabled"'))
     sow.publish(topic_name, {"id": 1})
     sow.publish(topic_name, {"id": 2}, expiration=0.1)
-    time.sleep(0.25)
+    until_due(sow, topic_name, 0.1)
     assert expire(sow, topic_name) == 1
     assert ids(sow, topic_name) == [1]
 
@@ -93,12 +112,13 @@ def test_enabled_expires_only_messages_with_their_own_expiration(sow, topic_name
 def test_update_resets_lifetime(sow, topic_name, method):
     sow.apply_config(cfg(topic_name, 'expiration = "500ms"'))
     sow.publish(topic_name, {"id": 1, "v": 0})
+    (first,) = sow.sow(topic_name)
     time.sleep(0.3)
     getattr(sow, method)(topic_name, {"id": 1, "v": 1})
-    time.sleep(0.3)  # 0.6 s after the first publish, 0.3 s after the update
+    until_past(sow, first.expiry_ms)  # past the first lifetime, 0.2 s after the update
     assert expire(sow, topic_name) == 0
     assert [r.obj()["v"] for r in sow.sow(topic_name)] == [1]
-    time.sleep(0.3)
+    until_due(sow, topic_name, 0.5)
     assert expire(sow, topic_name) == 1
     assert sow.sow(topic_name) == []
 
@@ -109,7 +129,7 @@ def test_expiry_is_delete_processing_with_event(sow, topic_name):
         sow.publish(topic_name, [{"id": 1, "g": "a"}, {"id": 2, "g": "a"}])
         sow.publish(topic_name, {"id": 3, "g": "a"}, expiration=0)
         assert [sub.get(2)["op"] for _ in range(3)] == ["publish"] * 3
-        time.sleep(0.3)
+        until_due(sow, topic_name, 0.2)
         # due records are never returned, even before the expirer removed them
         assert ids(sow, topic_name) == [3]
         assert expire(sow, topic_name) == 2
@@ -126,7 +146,7 @@ def test_expiry_is_delete_processing_with_event(sow, topic_name):
 def test_update_racing_expiry_wins(sow, topic_name):
     sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
     sow.publish(topic_name, {"id": 1, "v": 0})
-    time.sleep(0.2)  # due, but the expirer has not run yet
+    until_due(sow, topic_name, 0.1)  # due, but the expirer has not run yet
     sow.publish(topic_name, {"id": 1, "v": 1})
     assert expire(sow, topic_name) == 0
     assert [r.obj()["v"] for r in sow.sow(topic_name)] == [1]
@@ -137,7 +157,7 @@ def test_overdue_records_expire_at_startup(url, sow, topic_name):
         pytest.skip("needs a separate expirer process")
     sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
     sow.publish(topic_name, [{"id": i} for i in range(5)])
-    time.sleep(0.3)  # nothing running: the records are overdue
+    until_due(sow, topic_name, 0.1)  # nothing running: the records are overdue
     assert sum(sow.r.hlen(keys.records(topic_name, p)) for p in range(2)) == 5
     out = run_cli(url, "expirer", "--burst", "-t", topic_name)
     assert b"expired" in out.stdout
@@ -148,7 +168,7 @@ def test_disabled_after_restart_is_not_processed(sow, topic_name):
     sow.apply_config(cfg(topic_name, 'expiration = "enabled"'))
     sow.publish(topic_name, {"id": 1}, expiration=0.1)
     sow.apply_config(cfg(topic_name, 'expiration = "disabled"'))
-    time.sleep(0.25)
+    until_due(sow, topic_name, 0.1)
     assert expire(sow, topic_name) == 0
     assert ids(sow, topic_name) == [1]
 
@@ -158,11 +178,11 @@ def test_changed_default_is_not_retroactive(sow, topic_name):
     sow.publish(topic_name, {"id": 1})
     sow.apply_config(cfg(topic_name, 'expiration = "1h"'))
     sow.publish(topic_name, {"id": 2})
-    time.sleep(0.4)
+    until_due(sow, topic_name, 0.3)
     assert expire(sow, topic_name) == 1
     assert ids(sow, topic_name) == [2]
     sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
-    time.sleep(0.2)
+    until_past(sow, server_ms(sow.r) + 100)  # the new default would have passed
     assert expire(sow, topic_name) == 0 and ids(sow, topic_name) == [2]
 
 
@@ -172,7 +192,7 @@ def test_min_policy_lower_ttl_wins(sow, topic_name):
     sow.publish(topic_name, {"id": 2}, expiration=30)
     recs = {r.obj()["id"]: r for r in sow.sow(topic_name)}
     assert recs[2].expiry_ms == int(recs[2].stream_id.split("-")[0]) + 1000
-    time.sleep(0.25)
+    until_past(sow, recs[1].expiry_ms)
     expire(sow, topic_name)
     assert ids(sow, topic_name) == [2]
 
@@ -199,7 +219,7 @@ def test_dead_letter_copy(sow, topic_name):
                      f'[[topic]]\nname = "{dl}"\n')
     sow.publish(topic_name, [{"id": 1, "px": 5}, {"id": 2, "px": 6}])
     sow.publish(topic_name, {"id": 3}, expiration=0)
-    time.sleep(0.25)
+    until_due(sow, topic_name, 0.1)
     assert expire(sow, topic_name) == 2
     drain(sow, dl)  # the dead-letter copies go through the dead-letter topic's log
     got = {r.sow_key: r.obj() for r in sow.sow(dl)}
@@ -218,7 +238,7 @@ def test_idle_topic_removed(sow, topic_name):
     sow.publish(topic_name, {"id": 1})
     sow.publish(busy, {"id": 1})
     with sow.subscribe(busy):
-        time.sleep(0.45)
+        until_past(sow, int(sow.r.hget(keys.LAST_USED, topic_name)) + 300)  # idle since
         Expirer(sow.r, sow.settings).loop()
         from sow_redis.config import load_topics
 
@@ -305,13 +325,13 @@ def test_undefined_dead_letter_topic_keeps_copies_until_defined(sow, topic_name)
 
     remove_topic(sow.r, sow.topic(dl))
     sow.publish(topic_name, {"id": 1})
-    time.sleep(0.2)
+    until_due(sow, topic_name, 0.1)
     assert expire(sow, topic_name) == 1  # the expirer survives the missing topic
     outbox = sum(sow.r.xlen(keys.dead_letters(topic_name, p)) for p in range(2))
     assert outbox == 1
     sow.apply_config(f'[[topic]]\nname = "{dl}"\n')
     sow.publish(topic_name, {"id": 2})
-    time.sleep(0.2)
+    until_due(sow, topic_name, 0.1)
     assert expire(sow, topic_name) == 1
     drain(sow, dl)
     assert sorted(r.obj()["data"]["id"] for r in sow.sow(dl)) == [1, 2]

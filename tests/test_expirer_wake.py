@@ -19,6 +19,8 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.connection import server_ms
 
+pytestmark = pytest.mark.slow  # each measures seconds of an expirer process
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 

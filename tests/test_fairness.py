@@ -19,6 +19,8 @@ from sow_redis.jobs import QUEUE_KEY
 from sow_redis.server import free_port, spawn_redis
 from sow_redis.settings import Settings
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def own_url(tmp_path: Path):

@@ -44,6 +44,8 @@ from sow_redis.publisher import append, append_delete_all_partitions
 from sow_redis.server import free_port, spawn_redis, stop_processes
 from sow_redis.settings import Settings
 
+pytestmark = pytest.mark.faults
+
 
 # -- helpers ----------------------------------------------------------------------------------
 @contextlib.contextmanager

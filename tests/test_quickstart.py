@@ -30,8 +30,9 @@ README_URL = "redis://127.0.0.1:6390/0"
 RUNS = int(os.environ.get("SOW_QUICKSTART_RUNS", "3"))
 FIX_DIR = SHARED / "data" / "fix"
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(),
-                                reason="finds leftover processes through /proc")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not Path("/proc/self/environ").exists(),
+                                 reason="finds leftover processes through /proc")]
 
 
 def readme_block(heading: str) -> str:

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import run_cli, wait_until
 from redis import Redis
 
@@ -25,6 +26,8 @@ from sow_redis.publisher import append, wait_applied
 from sow_redis.scripts import Scripts
 from sow_redis.server import free_port, spawn_redis
 from sow_redis.settings import Settings
+
+pytestmark = pytest.mark.faults
 
 GOAL_S = 5.0
 BUSY_N = 150_000  # publishes in the backlog of the topic "busy"

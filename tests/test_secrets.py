@@ -14,7 +14,7 @@ import uuid
 from urllib.parse import quote
 
 import pytest
-from conftest import FAST
+from conftest import FAST, sow_redis_cli
 from redis import Redis
 
 SECRET = "S3cr3t-xyzzy"
@@ -45,11 +45,13 @@ def _forms(secret: str) -> list[str]:
     return [secret, quote(secret, safe=""), quote(secret)]
 
 
-def _run(url: str, args: tuple[str, ...], cfg: str, **env: str) -> subprocess.CompletedProcess:
+def _run(url: str, args: tuple[str, ...], cfg: str, process: bool = False,
+         **env: str) -> subprocess.CompletedProcess:
+    """The command's exit status and output: in this process where :func:`sow_redis_cli`
+    can (what the command prints is under test, not the process), else as a process."""
     args = tuple(cfg if a == "CONFIG" else a for a in args)
-    return subprocess.run([sys.executable, "-m", "sow_redis.cli", *args],
-                          env=dict(os.environ, SOW_REDIS_URL=url, **FAST, **env),
-                          input=b'{"id": 1}\n', capture_output=True, timeout=60)
+    return sow_redis_cli(dict(os.environ, SOW_REDIS_URL=url, **FAST, **env), *args,
+                         input=b'{"id": 1}\n', timeout=60, process=process)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +121,7 @@ def test_debug_tracebacks_hold_no_password(users, tmp_path):
     urls = _failing_urls(hostport, names)
     for kind in ("wrong password", "unreachable", "refused command", "unknown option"):
         for args in (("sow", "-t", "orders"), ("worker", "--burst")):
-            out = _run(urls[kind], args, "", SOW_DEBUG="1")
+            out = _run(urls[kind], args, "", process=True, SOW_DEBUG="1")  # as Python prints it
             text = out.stdout.decode() + out.stderr.decode()
             assert out.returncode != 0 and SECRET not in text, (kind, args, text)
 
@@ -167,6 +169,7 @@ def _log_lines(url: str, args: tuple[str, ...], want: int, limit_s: float = 30) 
     return lines + [x for x in (buf + (rest or b"")).decode().splitlines()]
 
 
+@pytest.mark.slow
 def test_worker_and_expirer_logs_hold_no_password(users):
     """Long-running workers and expirers that cannot get in (wrong password, no server)
     report it (once per outage: sow_redis.outage), with no password in the line, text or

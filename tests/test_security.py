@@ -1,5 +1,5 @@
 """Security (issue 7.9): workers run only sow_redis's own jobs, never unpickle a job, and the
-README's Redis ACL confines a log appender to the log streams."""
+ACL of docs/operations.md confines a log appender to the log streams."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from sow_redis.client import Sow
 from sow_redis.settings import QUEUE_NAME
 
 APPENDER_ACL = "ACL SETUSER sow-appender on >CHANGE-ME resetkeys ~{sow:*:*}:log resetchannels -@all +xadd"
-"""The README's ACL for a client that may only append to the transaction logs."""
+"""The ACL of docs/operations.md ("Security") for a client that may only append to the
+transaction logs."""
 
 
 def make_topic(url: str, name: str) -> Sow:
@@ -139,7 +140,7 @@ def test_refusal_reads_only_the_json_payload(r):
 
 
 def test_readme_acl_confines_an_appender_to_the_logs(url, r, topic_name):
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operations.md").read_text()
     assert APPENDER_ACL in readme
     user, password = f"sow-appender-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     rules = APPENDER_ACL.split()[3:]

@@ -300,6 +300,7 @@ PUBLISHER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sow_and_subscribe_while_another_process_publishes(url, topic_name):
     """100,000 publishes, delta_publishes and sow_deletes over 1,000 keys from another process
     while sow_and_subscribe runs: its final view equals the SOW; no change is seen twice or

@@ -18,6 +18,8 @@ from conftest import client, run_cli, wait_until
 from sow_redis import keys
 from sow_redis.server import free_port
 
+pytestmark = pytest.mark.cluster
+
 
 def test_up_runs_workers_and_the_expirer_on_an_existing_cluster(redis_cluster, tmp_path):
     url, control, _c = redis_cluster

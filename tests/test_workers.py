@@ -161,8 +161,8 @@ def test_a_steady_publisher_is_served_without_job_churn(lonely_url, topic_name):
     """The job loop under a steady flow of deltas (the worker path) across many job budgets:
     the jobs that took the partitions keep serving them (adopting, renewing leases and job
     markers while they linger), so no stale jobs pile up in the queue and hand-overs stay rare
-    (docs/benchmarks.md, "The worker-hop regression": before the fix a job quit at the end of
-    every budget and 27-64 stale jobs waited in the queue)."""
+    (the worker-hop regression of 2026-11-24, in git's history of docs/benchmarks.md: before
+    the fix a job quit at the end of every budget and 27-64 stale jobs waited in the queue)."""
     url, partitions, seconds = lonely_url, 4, 3.0
     sow = make_topic(url, topic_name, partitions)
     ctl = control(url)
