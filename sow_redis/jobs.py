@@ -149,7 +149,10 @@ def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None,
     except NoPermissionError:  # a publisher's ACL user may not read markers back
         return job_id
     if current != job_marker_value(job_id).encode():
-        _drop_queued(r, job_marker_value(job_id).encode())
+        try:
+            _drop_queued(r, job_marker_value(job_id).encode())
+        except NoPermissionError:  # the publisher role may not LREM: it ends when run
+            pass
     return job_id
 
 

@@ -24,6 +24,8 @@ from sow_redis.client import Sow
 from sow_redis.partition_state import read_cursor
 from sow_redis.server import free_port
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 ARTIFACTS = ROOT / "test-artifacts"

@@ -26,6 +26,8 @@ from sow_redis.messages import parse
 from sow_redis.publisher import append
 from sow_redis.records import decode as decode_record
 
+pytestmark = pytest.mark.slow  # workers, migrations and ACL servers: the full lane
+
 
 def cfg(name: str, partitions: int, extra: str = "") -> str:
     return f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = {partitions}\n{extra}\n'
