@@ -90,6 +90,7 @@ def _failing_urls(hostport: str, names: dict[str, str]) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow  # 60 command runs, workers and expirers as processes
 def test_every_failure_path_is_one_line_without_the_password(users, tmp_path):
     hostport, names = users
     cfg = tmp_path / "sow.toml"

@@ -208,6 +208,7 @@ SUBSCRIBER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.faults  # Redis drops the subscriber
 @pytest.mark.parametrize("retention", ["", "change_retention = { count = 50 }\n"])
 def test_a_subscriber_dropped_for_its_output_buffer_recovers(lonely_url, tmp_path, topic_name,
                                                              retention, plane):
@@ -419,6 +420,7 @@ KILLED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.faults  # the subscriber is killed (-9)
 def test_kill_9_between_persists_misses_nothing(url, topic_name):
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name, partitions=2)
