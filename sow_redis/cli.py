@@ -1288,7 +1288,7 @@ def chains(ctx: click.Context, topic: str, ident: str | None) -> None:
 def keys_cmd(ctx: click.Context, topic: str) -> None:
     """A topic's partitions: one JSON line each with its hash slot, hash tag, transaction log
     (the stream any Redis client may XADD to) and live channel (SSUBSCRIBE). Every key of a
-    partition is <tag>:<name> (README, "How it works").
+    partition is <tag>:<name> (docs/architecture.md, "Keys and channels").
 
     \b
     Example:

@@ -77,8 +77,8 @@ def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
     """Start a ``redis-server`` on 127.0.0.1:``port`` with data and log in ``data_dir`` and
     wait until it answers. ``persist``: AOF on with ``deploy/redis.conf``; else nothing is
     written to disk (tests, benchmarks). ``appendfsync`` (with ``persist``): ``always``,
-    ``everysec`` or ``no`` instead of the config file's (``everysec``); see README "Running in
-    production / failures" for what each mode keeps when Redis dies. ``extra``: more
+    ``everysec`` or ``no`` instead of the config file's (``everysec``); see docs/failures.md
+    for what each mode keeps when Redis dies. ``extra``: more
     ``--option value`` arguments (e.g. cluster mode). The server runs in its own session, so a
     Ctrl-C on the terminal does not reach it before its clients are stopped.
 
