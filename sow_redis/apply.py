@@ -348,7 +348,7 @@ class PartitionApplier:
     index members sow_redis's publisher computed (fields ``k``/``m``) needs no planning once
     this worker has checked them against the data
     (:func:`~sow_redis.keying.verified_prepared`): while a batch starts with such entries,
-    :meth:`step` lets ``apply.lua` (operation `log`)` apply them inside Redis up to the last one checked
+    :meth:`step` lets ``apply.lua`` (operation ``log``) apply them inside Redis up to the last one checked
     (one call, no round trip of the messages back), and plans here from the first entry
     it leaves (a delta, a delete, a message expiration, a chaining topic's entry, an entry
     without ``k``, and one whose ``k`` or ``m`` is not what its data gives, which the planner

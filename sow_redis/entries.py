@@ -13,7 +13,7 @@ never trusted as read (any client with the right to append may write them): a wo
 them against the data (:mod:`sow_redis.keying`) and rejects an entry whose ``k`` or ``m`` is
 not what the topic's definition gives (reasons ``forged_key``, ``forged_members``,
 ``wrong_partition``); verified, they spare the messages' round trip back to Redis
-(``apply.lua` (operation `log`)`). Another client writing to a log should leave both out.
+(``apply.lua`` (operation ``log``)). Another client writing to a log should leave both out.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def trusted(topic: str, p: int) -> str:
     """ZSET (score 0, by member) of the ranges of log entries a caller with the right to run
     scripts appended and left unapplied (``lua/include/apply_appended.lua``): member
     ``<last id>:<first id>``, each id padded to ``<15 digits>-<10 digits>`` so members sort
-    as the ids do. ``apply.lua` (operation `log`)` applies the prepared publishes inside these ranges
+    as the ids do. ``apply.lua`` (operation ``log``) applies the prepared publishes inside these ranges
     without the worker reading them; any other entry is verified by the worker first."""
     return partition_tag(topic, p) + ":trusted"
 
@@ -119,7 +119,7 @@ def definition(topic: str, p: int) -> str:
     """STRING: the fingerprint of the topic definition the partition takes entries under
     (:func:`sow_redis.config.fingerprint`), written by ``config apply``; ``migrating`` while
     a shape migration holds the topic, ``dropped`` for a partition a migration removed.
-    ``apply.lua` (operation `appended`)` appends nothing for a publisher whose definition differs: the
+    ``apply.lua`` (operation ``appended``) appends nothing for a publisher whose definition differs: the
     publisher reads the definition again, re-keys the refused messages and sends them again
     (see :func:`sow_redis.publisher.append`)."""
     return partition_tag(topic, p) + ":def"

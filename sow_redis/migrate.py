@@ -26,7 +26,7 @@ anything; :func:`migrate_topic` changes it and moves what the topic holds:
 
 Clients keep running across a migration (issue 23.4). Before it takes the leases, the
 migration marks every partition ``migrating`` (:func:`keys.definition`) and sends a notice on
-the old partitions' live channels. ``apply.lua` (operation `appended`)` then appends nothing for any
+the old partitions' live channels. ``apply.lua`` (operation ``appended``) then appends nothing for any
 publisher, and after the migration nothing for a publisher whose definition is not the
 stored one (a fingerprint per partition; ``dropped`` for a partition the migration removed):
 the publisher waits, reads the new definition, re-keys the refused messages and sends them
@@ -364,7 +364,7 @@ def _drop_partitions(r: Client, old: TopicConfig, new: TopicConfig) -> None:
 
 def _fence(r: Client, old: TopicConfig, partitions: int) -> None:
     """Before the leases are taken: mark partitions ``0..partitions-1`` ``migrating``
-    (:func:`keys.definition`: from now on ``apply.lua` (operation `appended`)` appends nothing for any
+    (:func:`keys.definition`: from now on ``apply.lua`` (operation ``appended``) appends nothing for any
     publisher; they wait and re-key their messages under the new definition), and tell the
     subscribers of the old partitions' channels (:func:`events.topic_migrating`: they
     follow the new layout once the migration ends, see :mod:`sow_redis.feed.subscriber`)."""
@@ -375,6 +375,14 @@ def _fence(r: Client, old: TopicConfig, partitions: int) -> None:
     notice = topic_migrating(old.name)
     for p in range(old.partitions):
         r.spublish(keys.partition_channel(old.name, p), notice)
+
+
+def _unfence(r: Client, old: TopicConfig, new: TopicConfig) -> None:
+    """A migration that did not happen: publishers go on under the old definition (its
+    fingerprints stored back; partitions only the new layout would have had, unmarked)."""
+    store_fingerprints(r, [old])
+    for p in range(old.partitions, new.partitions):
+        r.delete(keys.definition(old.name, p))
 
 
 def changes_to_move(old: TopicConfig, new: TopicConfig) -> list[str]:
@@ -402,7 +410,7 @@ def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
     try:
         leases = _Leases(r, scripts, old.name, max(old.partitions, new.partitions), settings)
     except BaseException:
-        store_fingerprints(r, [old])  # publishers go on under the old definition
+        _unfence(r, old, new)
         raise
     stored = False
     try:
@@ -433,8 +441,8 @@ def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
         stored = True
         _drop_partitions(r, old, new)
     finally:
-        if not stored:  # publishers go on under the old definition
-            store_fingerprints(r, [old])
+        if not stored:
+            _unfence(r, old, new)
         leases.release()
     after = holdings(r, new).records
     return Migration(old.name, changes, drained, len(wanted) - failed, rejected + failed, after)

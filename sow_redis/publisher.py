@@ -267,7 +267,7 @@ class _Source:
 
 @dataclass
 class _Fenced:
-    """What the definition fence of ``apply.lua` (operation `appended`)` refused in one pass of
+    """What the definition fence of ``apply.lua`` (operation ``appended``) refused in one pass of
     :func:`append`: the items (position, item) and, per partition, why (``migrating``,
     ``absent``, ``dropped``, ``changed``)."""
 

@@ -22,7 +22,7 @@ A chaining topic resolves its chains first (:mod:`sow_redis.spark.chains`), then
 to one task per topic partition (a shuffle), which appends them with ``lua/load_batch.lua``
 (exactly once per batch) and applies them with the workers' planning path, which a chaining
 message needs. Delta publishes and deletes (``cmd``: ``spark load --delta`` / ``--delete``)
-take this path too, on any topic: ``apply.lua` (operation `load`)` applies prepared plain publishes only,
+take this path too, on any topic: ``apply.lua`` (operation ``load``) applies prepared plain publishes only,
 and the workers' apply code (``jobs.drain_partition``, run by each partition's task under
 the partition's lease) merges and deletes exactly as ``delta-publish`` and ``sow-delete``.
 

@@ -2,7 +2,7 @@
 files into a SOW topic, exactly once.
 
 Each micro-batch goes through the bulk load's path (:func:`sow_redis.spark.load.load_rows`:
-the publisher's key code, ``apply.lua` (operation `load`)`: the workers' apply code) under the load id
+the publisher's key code, ``apply.lua`` (operation ``load``): the workers' apply code) under the load id
 ``stream:<checkpoint id>:<batch id>``, as one split: the batch id and the load's position
 are recorded in Redis in the same atomic call that appends and applies the rows, so a
 restarted query that replays a batch (Spark replays the batches its checkpoint did not
