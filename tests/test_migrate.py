@@ -223,9 +223,13 @@ def test_migration_waits_for_a_busy_partition_then_gives_up_changing_nothing(url
     assert get_topic(r, topic_name).partitions == 2
     assert len(sow.sow(topic_name)) == 10
     assert r.get(keys.lease(topic_name, 0)) is None        # our lease given back
+    old = get_topic(r, topic_name)  # publishers go on under it: its fingerprints are back
+    assert [r.get(keys.definition(topic_name, p)) for p in range(2)] == \
+        [old.fingerprint.encode()] * 2
+    assert sow.publish(topic_name, {"id": 10}).published == 1  # the migration applies it
     r.delete(keys.lease(topic_name, 1))
     sow.apply_config(cfg(topic_name, "partitions = 1"), migrate=True)
-    assert len(sow.sow(topic_name)) == 10 and get_topic(r, topic_name).partitions == 1
+    assert len(sow.sow(topic_name)) == 11 and get_topic(r, topic_name).partitions == 1
 
 
 def test_migrate_rebuilds_a_changed_hash_index(url, r, topic_name):
