@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
@@ -68,6 +69,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_cluster_port(taken: Sequence[int] = ()) -> int:
+    """A port for a Redis Cluster node on 127.0.0.1: free right now, and so is its cluster
+    bus port (port + 10000), neither of them one of ``taken``'s ports or bus ports (a node
+    whose bus port another node listens on does not start: "Address already in use")."""
+    import socket
+
+    used = set(taken) | {p + 10000 for p in taken}
+    while True:
+        port = free_port()
+        if port + 10000 > 65535 or port in used or port + 10000 in used:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        return port
 
 
 def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
@@ -188,9 +208,7 @@ def spawn_cluster(primaries: int, replicas: int, data_dir: str | Path, persist: 
         raise SowError("redis-cli is not installed (apt-get install redis-tools)")
     ports: list[int] = []
     while len(ports) < primaries * (1 + replicas):
-        port = free_port()
-        if port not in ports and port + 10000 <= 65535:  # the cluster bus is port + 10000
-            ports.append(port)
+        ports.append(free_cluster_port(ports))
     cluster = LocalCluster(url=f"redis+cluster://127.0.0.1:{ports[0]}", ports=ports, procs={},
                            primaries=primaries)
     try:
