@@ -23,7 +23,7 @@ Each run is verified (records equal record by record, change sequences, rejectio
 medians are printed as a table: wall time, rows/s, and CPU seconds per 1,000 rows for each
 process group (Spark's JVMs, its Python workers, redis-server, the sow-redis workers, this
 process with the CLI publisher it waited for), counted over this process and its descendants
-only (:func:`own_cpu_by_group`: other users of a shared machine are not counted; the
+only (:func:`benchlib.cpu_by_group` with ``own``: other users of a shared machine are not counted; the
 ``/proc/stat`` machine CPU is kept in the JSON too), with the load average of each run. The
 goals of issue 28: the Spark load's CPU per row ≤ the CLI path's, its wall time ≤ 1.0× the
 CLI path's. ``apply alone`` (``--no-bound`` to skip): Redis CPU of applying the file appended
@@ -57,11 +57,11 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
-    PROCESS_GROUPS,
     BenchError,
     Workers,
-    _cpu_ticks,
     applied_counts,
+    cpu_by_group,
+    cpu_by_group_since,
     machine_cpu_s,
     machine_info,
     private_redis,
@@ -143,7 +143,7 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
     ws.start()
     try:
         ws.wait_registered(r)
-        cpu0, m0, g0 = redis_cpu_s(r), machine_cpu_s(), own_cpu_by_group()
+        cpu0, m0, g0 = redis_cpu_s(r), machine_cpu_s(), cpu_by_group(own=True)
         t0 = time.perf_counter()
         env = dict(os.environ, SOW_REDIS_URL=url)
         proc = subprocess.run([sys.executable, "-m", "sow_redis.cli", "publish", "-t", t.name,
@@ -156,7 +156,7 @@ def run_cli(url: str, r: Redis, t: TopicConfig, path: Path, workers: int, tmp: P
         wait_all_applied(r, t, timeout_s)
         took = time.perf_counter() - t0
         redis_cpu, machine_cpu = redis_cpu_s(r) - cpu0, machine_cpu_s() - m0
-        by_process = own_cpu_by_group_since(g0)
+        by_process = cpu_by_group_since(g0, own=True)
     finally:
         ws.stop()
     return {"seconds": took, "publish_seconds": published, "redis_cpu_s": redis_cpu,
@@ -190,54 +190,6 @@ def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int
         ws.stop()
     return {"appended": res.published, "seconds": took, "redis_cpu_s": cpu,
             "log_read_cpu_s": xrange, "apply_cpu_s": cpu - xrange}
-
-
-def own_cpu_by_group() -> dict[str, float]:
-    """:func:`benchlib.cpu_by_group` restricted to this process and its descendants (the
-    redis-servers, workers, publisher, Spark driver JVM, standalone daemons, executors and
-    their Python workers it started): on a machine shared with other users, their processes
-    are not counted. Groups: ``spark python workers``, ``spark JVM``, ``redis-server``,
-    ``sow-redis workers``, ``benchmark`` (this process, with the publisher it waited for),
-    ``other``. CPU seconds (user + system, with waited-for children)."""
-    tck = os.sysconf("SC_CLK_TCK")
-    parent: dict[int, int] = {}
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as fh:
-                    parent[int(pid)] = int(fh.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    me = os.getpid()
-    mine = {me}
-    grew = True
-    while grew:
-        grew = False
-        for pid, pp in parent.items():
-            if pp in mine and pid not in mine:
-                mine.add(pid)
-                grew = True
-    out: dict[str, float] = {}
-    for pid in mine:
-        ticks = _cpu_ticks(pid, children=True)
-        if ticks is None:
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        group = "benchmark" if pid == me else next(
-            (name for text, name in PROCESS_GROUPS if text in cmd), "other")
-        out[group] = out.get(group, 0.0) + ticks / tck
-    return out
-
-
-def own_cpu_by_group_since(before: dict[str, float]) -> dict[str, float]:
-    """:func:`own_cpu_by_group` now less ``before`` (groups under 0.01 s left out)."""
-    now = own_cpu_by_group()
-    diff = {g: round(now.get(g, 0.0) - before.get(g, 0.0), 2) for g in now.keys() | before}
-    return dict(sorted(((g, v) for g, v in diff.items() if v >= 0.01), key=lambda x: -x[1]))
 
 
 def cluster_redis_cpu_s(r: Any) -> float:
@@ -281,14 +233,14 @@ def run_spark(url: str, r: Any, t: TopicConfig, path: Path, master: str,
     from sow_redis.spark.load import load
 
     apply_topics(r, [t])
-    cpu0, m0, g0 = cluster_redis_cpu_s(r), machine_cpu_s(), own_cpu_by_group()
+    cpu0, m0, g0 = cluster_redis_cpu_s(r), machine_cpu_s(), cpu_by_group(own=True)
     t2 = time.perf_counter()
     res = load(spark, url, t, [str(path)], batch_size=batch_size,
                load_id=f"bench-{uuid.uuid4().hex[:8]}")
     took = time.perf_counter() - t2
     return {"seconds": took, "session_s": session_s, "first_job_s": first_job_s,
             "redis_cpu_s": cluster_redis_cpu_s(r) - cpu0, "machine_cpu_s": machine_cpu_s() - m0,
-            "cpu_by_process": own_cpu_by_group_since(g0),
+            "cpu_by_process": cpu_by_group_since(g0, own=True),
             "result": {"rows": res.rows, "appended": res.appended, "rejected": res.rejected,
                        "applied": res.applied}}
 

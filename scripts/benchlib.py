@@ -109,18 +109,42 @@ PROCESS_GROUPS = (("pyspark.daemon", "spark python workers"), ("java", "spark JV
                   ("redis-server", "redis-server"), (" worker", "sow-redis workers"))
 
 
-def cpu_by_group() -> dict[str, float]:
+def _own_pids() -> set[int]:
+    """This process and its descendants (from the parent pid of every /proc entry)."""
+    parent: dict[int, int] = {}
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    parent[int(pid)] = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        grew = False
+        for pid, pp in parent.items():
+            if pp in mine and pid not in mine:
+                mine.add(pid)
+                grew = True
+    return mine
+
+
+def cpu_by_group(own: bool = False) -> dict[str, float]:
     """CPU seconds (user + system, with the finished children each process waited for) of
     every live process, summed by group: the first of ``PROCESS_GROUPS`` whose text is in its
     command line, ``"benchmark"`` for this process (a publisher it ran and waited for
-    included), ``"other"`` for the rest. The difference of two calls splits a run's CPU by
-    process kind; Linux /proc only (empty elsewhere)."""
+    included), ``"other"`` for the rest. ``own``: only this process and its descendants (the
+    servers, workers, JVMs … it started), so other users of a shared machine are not counted.
+    The difference of two calls splits a run's CPU by process kind; Linux /proc only (empty
+    elsewhere)."""
     tck = os.sysconf("SC_CLK_TCK")
     me = os.getpid()
     out: dict[str, float] = {}
-    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not pid.isdigit():
-            continue
+    pids = (sorted(_own_pids()) if own else
+            [int(p) for p in (os.listdir("/proc") if os.path.isdir("/proc") else [])
+             if p.isdigit()])
+    for pid in pids:
         ticks = _cpu_ticks(pid, children=True)
         if ticks is None:
             continue
@@ -129,15 +153,15 @@ def cpu_by_group() -> dict[str, float]:
                 cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        group = "benchmark" if int(pid) == me else next(
+        group = "benchmark" if pid == me else next(
             (name for text, name in PROCESS_GROUPS if text in cmd), "other")
         out[group] = out.get(group, 0.0) + ticks / tck
     return out
 
 
-def cpu_by_group_since(before: dict[str, float]) -> dict[str, float]:
+def cpu_by_group_since(before: dict[str, float], own: bool = False) -> dict[str, float]:
     """:func:`cpu_by_group` now less ``before``, groups that used under 0.01 s left out."""
-    now = cpu_by_group()
+    now = cpu_by_group(own)
     diff = {g: round(now.get(g, 0.0) - before.get(g, 0.0), 2) for g in now.keys() | before}
     return dict(sorted(((g, v) for g, v in diff.items() if v >= 0.01), key=lambda x: -x[1]))
 
