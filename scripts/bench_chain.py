@@ -13,13 +13,13 @@ the same partitioning (``partition_by = ["/55"]``, ``--partitions``) take the sa
 
 For each (repeated ``--repeat`` times, alternating, best run kept):
 
-* ``publish``: ``sow_redis.publisher.append`` of the FIX lines (FIX parse, validation,
+* ``publish``: ``sow_redis.publish.append.append`` of the FIX lines (FIX parse, validation,
   partition, pipelined XADD) while nothing applies;
 * ``apply``: the worker code applying the whole backlog of every partition in this process
   (``Sow(inline=True).handoff``, which drains each partition as a worker job does), timed from
   the first to the last partition drained.
 
-In the same run, the FIX parser (``sow_redis.fix.decode``) is timed against simplefix's
+In the same run, the FIX parser (``sow_redis.model.fix.decode``) is timed against simplefix's
 ``FixParser`` (installed with the dev extra) on the same lines: the figure behind keeping our
 own parser.
 
@@ -50,10 +50,11 @@ from rich.console import Console
 from rich.table import Table
 
 from sow_redis.client import Sow
-from sow_redis.config import apply_topics, parse_topics
+from sow_redis.config import parse_topics
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
-from sow_redis.publisher import append
+from sow_redis.publish.append import append
+from sow_redis.registry import apply_topics
 from sow_redis.settings import Settings
 
 console = Console()
@@ -143,13 +144,13 @@ def verify(r: Redis, t: Any, n: int, expected_records: int) -> dict[str, int]:
 
 def parser_rates(lines: list[bytes], repeat: int) -> dict[str, float]:
     """FIX messages parsed per second (best of ``repeat``): ours and simplefix's, if present."""
-    from sow_redis import fix
+    from sow_redis.model import fix
 
     def ours() -> None:
         for line in lines:
             fix.decode(line)
 
-    out = {"sow_redis.fix": best_rate(ours, len(lines), repeat)}
+    out = {"sow_redis.model.fix": best_rate(ours, len(lines), repeat)}
     try:
         import simplefix
     except ImportError:

@@ -14,7 +14,7 @@ import orjson
 
 from sow_redis.config import parse_topics
 from sow_redis.errors import MessageError
-from sow_redis.messages import decode
+from sow_redis.model.messages import decode
 
 TOPIC = parse_topics('[[topic]]\nname = "b"\nkey = ["/orderId"]\n')[0]
 

@@ -11,7 +11,7 @@ folder; the machine's 6379 is never used). For each size N of ``--sizes``:
   the due times are spread uniformly over ``--window`` seconds, starting ``lead`` seconds after
   the load began (``lead`` is scaled with N from a small calibration load, so that everything is
   loaded, and the subscriber and expirer are running, before the first record is due). Loading =
-  ``sow_redis.publisher.append`` (XADD to the partition logs) then
+  ``sow_redis.publish.append.append`` (XADD to the partition logs) then
   ``Sow(inline=True).handoff`` (the workers' code, every partition drained in this process;
   no workers). Each record's
   due time is then read back from what is stored (``expiry_ms`` of the record = log entry id
@@ -69,14 +69,15 @@ from rich.table import Table
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.config import TopicConfig, apply_topics, parse_topics
+from sow_redis.config import TopicConfig, parse_topics
 from sow_redis.connection import server_ms
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
-from sow_redis.publisher import append
-from sow_redis.query import get_records, scan_partition
+from sow_redis.ops.status import error_count
+from sow_redis.publish.append import append
+from sow_redis.query.sow import get_records, scan_partition
+from sow_redis.registry import apply_topics
 from sow_redis.settings import Settings
-from sow_redis.status import error_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -210,7 +211,7 @@ def subscriber_main(port: int, channels: list[str], kind: str, ready: Any, stop:
     out_keys: list[str] = []
     out_times: list[float] = []
     other = 0
-    from sow_redis.events import events_of
+    from sow_redis.model.events import events_of
 
     now = time.time
     marker = b"expired"
@@ -233,7 +234,7 @@ def subscriber_main(port: int, channels: list[str], kind: str, ready: Any, stop:
                 out_keys.append(data.decode())
                 out_times.append(t)
                 continue
-            # change blocks are MessagePack (sow_redis.events.parse_block); the marker is
+            # change blocks are MessagePack (sow_redis.model.events.parse_block); the marker is
             # a cheap test for blocks that may hold an expiry
             expired = [ev for ev in events_of(data) if ev.get("op") == "sow_delete"
                        and ev.get("reason") == "expired"] if marker in data else []

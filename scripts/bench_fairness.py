@@ -45,9 +45,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sow_redis import keys
+from sow_redis.apply.jobs import QUEUE_KEY
 from sow_redis.client import Sow
-from sow_redis.config import apply_topics, parse_topics
-from sow_redis.jobs import QUEUE_KEY
+from sow_redis.config import parse_topics
+from sow_redis.registry import apply_topics
 from sow_redis.settings import Settings
 from sow_redis.streamids import reached
 

@@ -10,7 +10,7 @@ folder; the machine's 6379 is never used), generates N JSON messages once, then 
   message with orjson to take its ``id`` as the hash field. Best of 3 (at least ``--repeat``).
 * for each worker count W of ``--workers`` (fresh topic names each time):
 
-  - ``publish``: ``sow_redis.publisher.append`` of the N messages (validate, key, partition,
+  - ``publish``: ``sow_redis.publish.append.append`` of the N messages (validate, key, partition,
     XADD pipelined) while no worker runs, so nothing is applied meanwhile.
   - ``worker start-up``: from Popen of W ``python -m sow_redis.cli worker`` processes to all W
     being registered in rq (``rq.Worker.all``).
@@ -61,11 +61,12 @@ from redis import Redis
 from rich.console import Console
 from rich.table import Table
 
-from sow_redis.config import TopicConfig, apply_topics, parse_topics, store_fingerprints
+from sow_redis.apply.jobs import ensure_jobs
+from sow_redis.config import TopicConfig, parse_topics
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
-from sow_redis.jobs import ensure_jobs
-from sow_redis.publisher import CHUNK, append, wait_applied
+from sow_redis.publish.append import CHUNK, append, wait_applied
+from sow_redis.registry import apply_topics, store_fingerprints
 from sow_redis.settings import QUEUE_NAME, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ DESCRIPTIONS = {
     "baseline": "no sow_redis: per message orjson parse for the id, then one inline Lua call "
                 "per batch (HSET record, ZADD score, PUBLISH message), ~{depth} batch(es) of "
                 "{batch} per pipelined round trip; best of {runs}",
-    "publish": "sow_redis.publisher.append: validate + key + partition + XADD (pipelined, "
+    "publish": "sow_redis.publish.append.append: validate + key + partition + XADD (pipelined, "
                "1,000 per round trip); no worker running",
     "worker start-up": "Popen of W worker processes until all W are registered in rq",
     "apply backlog": "W idle workers; clock from 'topic stored in registry + jobs enqueued' "

@@ -37,11 +37,17 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = r'''
 import sys, time, uuid, orjson
 from sow_redis.connection import connect
-from sow_redis.config import parse_topics, apply_topics
+from sow_redis.config import parse_topics
 from sow_redis.settings import Settings
-from sow_redis.publisher import append, prepare
-from sow_redis.jobs import drain_partition
 from sow_redis import keys
+try:  # this layout (issue 24) or a checkout from before it (--against)
+    from sow_redis.registry import apply_topics
+    from sow_redis.publish.append import append, prepare
+    from sow_redis.apply.jobs import drain_partition
+except ImportError:
+    from sow_redis.config import apply_topics
+    from sow_redis.publisher import append, prepare
+    from sow_redis.jobs import drain_partition
 kind, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 r = connect(url)
 settings = Settings.from_env(redis_url=url)
@@ -81,7 +87,7 @@ def total(out_file: Path) -> int:
 
 def free_port() -> int:
     sys.path.insert(0, str(ROOT))
-    from sow_redis.server import free_port as fp
+    from sow_redis.ops.server import free_port as fp
 
     return fp()
 

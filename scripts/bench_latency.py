@@ -58,7 +58,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sow_redis.client import Sow
-from sow_redis.server import free_port
+from sow_redis.ops.server import free_port
 from sow_redis.settings import Settings
 
 console = Console(width=max(Console().width, 120))
@@ -212,7 +212,7 @@ def run_nats(nats_url: str, rate: int, args: argparse.Namespace) -> dict[str, An
 
 
 def run_replay(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from sow_redis.publisher import append, wait_applied
+    from sow_redis.publish.append import append, wait_applied
 
     sow = Sow(url)
     topic = f"replay_{uuid.uuid4().hex[:8]}"

@@ -6,7 +6,7 @@ Starts, on free loopback ports (the machine's 6379 is never used), without persi
 
 * ``server``: one redis-server (data and control plane in one);
 * ``cluster``: a Redis Cluster of ``--primaries`` primaries (``--replicas`` replicas each;
-  ``sow_redis.server.spawn_cluster``, as ``sow-redis up --cluster`` and the tests start it)
+  ``sow_redis.ops.server.spawn_cluster``, as ``sow-redis up --cluster`` and the tests start it)
   plus a plain redis-server as control plane (rq's queue and workers: rq cannot run on a
   cluster).
 
@@ -52,11 +52,11 @@ from benchlib import BenchError, Workers, machine_info, redis_cpu_s, write_json
 from rich.console import Console
 from rich.table import Table
 
-from sow_redis.config import store_fingerprints, store_topics
+from sow_redis.apply.jobs import QUEUE_KEY, ensure_jobs
 from sow_redis.connection import Client, connect, connect_pair, control_of
-from sow_redis.jobs import QUEUE_KEY, ensure_jobs
-from sow_redis.publisher import append, wait_applied
-from sow_redis.server import LocalCluster, free_port, spawn_cluster, spawn_redis
+from sow_redis.ops.server import LocalCluster, free_port, spawn_cluster, spawn_redis
+from sow_redis.publish.append import append, wait_applied
+from sow_redis.registry import store_fingerprints, store_topics
 from sow_redis.settings import Settings
 
 POLL_S = 0.02

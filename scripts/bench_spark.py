@@ -73,9 +73,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sow_redis import keys
-from sow_redis.config import TopicConfig, apply_topics, parse_topics
+from sow_redis.config import TopicConfig, parse_topics
 from sow_redis.errors import SowError
 from sow_redis.partition_state import read_cursors
+from sow_redis.registry import apply_topics
 from sow_redis.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,8 +169,8 @@ def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int
                     timeout_s: float) -> dict[str, Any]:
     """Redis CPU seconds of applying the file's messages, appended first with no worker
     running; the log reads (``XRANGE`` inside the apply script) are given apart."""
-    from sow_redis.jobs import ensure_jobs
-    from sow_redis.publisher import append
+    from sow_redis.apply.jobs import ensure_jobs
+    from sow_redis.publish.append import append
 
     apply_topics(r, [t])
     with open(path, "rb") as fh:
@@ -433,7 +434,7 @@ def verify_pair(r: Any, t_cli: TopicConfig, t_spark: TopicConfig, cli: dict[str,
 def main_scaling(args: argparse.Namespace, path: Path, n: int) -> int:
     """Item 4: the Spark load's throughput by Spark and Redis layout (see ``--scaling``)."""
     from sow_redis.connection import connect
-    from sow_redis.server import spawn_cluster
+    from sow_redis.ops.server import spawn_cluster
     from sow_redis.spark.standalone import start_standalone
 
     with private_redis("sow-bench-spark-scale-") as server:

@@ -48,10 +48,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sow_redis import keys
+from sow_redis.apply.jobs import ensure_jobs
 from sow_redis.client import Sow
-from sow_redis.config import apply_topics, get_topic
-from sow_redis.jobs import ensure_jobs
-from sow_redis.publisher import append
+from sow_redis.publish.append import append
+from sow_redis.registry import apply_topics, get_topic
 from sow_redis.settings import Settings
 
 console = Console(width=140)

@@ -4,7 +4,7 @@ call per chunk, for the same log entries.
 
 Starts its own redis-server on a free loopback port (``--save "" --appendonly no``, in a
 temporary folder; never 6379). Appends N entries (``cmd``, ``data``, ``sow_key`` fields, as
-:func:`sow_redis.publisher.append` writes them; messages like ``bench_ingest.py``) round
+:func:`sow_redis.publish.append.append` writes them; messages like ``bench_ingest.py``) round
 robin to 8 streams, 1,000 per round trip, three ways:
 
 * ``redis-py pipeline``: ``pipe.xadd(...)`` per entry and ``execute()`` per 1,000 (today);

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sow_redis.server import free_port, spawn_redis
+from sow_redis.ops.server import free_port, spawn_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +30,7 @@ class BenchError(RuntimeError):
 
 
 class RedisServer:
-    """A private redis-server without persistence on a free port (``sow_redis.server``); its
+    """A private redis-server without persistence on a free port (``sow_redis.ops.server``); its
     files go to ``workdir / "redis"``, the rest of ``workdir`` is the benchmark's to use.
 
     Raises ``SowError`` if redis-server is missing or does not start."""
@@ -186,7 +186,7 @@ def applied_counts(r: Any, t: Any) -> tuple[int, int, int]:
     """``(records, sum of the partitions' change sequences, error stream length)`` of a topic:
     after a run, records = distinct keys and the seq sum = messages applied exactly once."""
     from sow_redis import keys
-    from sow_redis.status import error_count
+    from sow_redis.ops.status import error_count
 
     pipe = r.pipeline(transaction=False)
     for p in range(t.partitions):

@@ -4,9 +4,9 @@
 Starts its own redis-server on a free loopback port (never 6379), builds N messages like
 ``bench_ingest.py`` (same generator, same seed), then:
 
-1. ``publish``: ``sow_redis.publisher.append`` of the N messages to a fresh topic, once
+1. ``publish``: ``sow_redis.publish.append.append`` of the N messages to a fresh topic, once
    without and once under pyinstrument;
-2. ``apply``: ``sow_redis.jobs.drain_partition`` of every partition of a backlog of N entries
+2. ``apply``: ``sow_redis.apply.jobs.drain_partition`` of every partition of a backlog of N entries
    (no linger, no budget), once without and once under pyinstrument (on a second backlog).
 
 pyinstrument hooks every Python call, so it inflates call-heavy Python code (the profiled
@@ -42,9 +42,9 @@ from bench_ingest import make_messages, topic_config
 from benchlib import applied_counts, private_redis, redis_cpu_s, write_json
 from redis import Redis
 
-from sow_redis.config import apply_topics
-from sow_redis.jobs import drain_partition
-from sow_redis.publisher import append
+from sow_redis.apply.jobs import drain_partition
+from sow_redis.publish.append import append
+from sow_redis.registry import apply_topics
 from sow_redis.settings import Settings
 
 INCLUSIVE = {

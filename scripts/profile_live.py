@@ -36,9 +36,9 @@ from bench_ingest import make_messages, topic_config
 from benchlib import Workers, applied_counts, private_redis, proc_cpu_s, redis_cpu_s, write_json
 from redis import Redis
 
-from sow_redis.config import apply_topics
-from sow_redis.jobs import ensure_jobs
-from sow_redis.publisher import append, wait_applied
+from sow_redis.apply.jobs import ensure_jobs
+from sow_redis.publish.append import append, wait_applied
+from sow_redis.registry import apply_topics
 from sow_redis.settings import Settings
 
 PY_SPY = str(Path(sys.executable).with_name("py-spy"))

@@ -30,30 +30,23 @@ import orjson
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import keys
-from .config import TopicConfig, apply_topics, get_topic, load_file, parse_topics
+from .apply.jobs import apply_here, ensure_jobs
+from .config import TopicConfig, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
-from .errors import BookmarkError, MessageError, PublishInterrupted, WaitTimeout
+from .errors import BookmarkError, MessageError
 from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
-from .jobs import drain_partition, ensure_jobs
+from .model.records import Record
+from .model.sowkey import check_key_list
 from .partition_state import read_cursors
-from .publisher import (
-    NOT_READ,
-    PublishResult,
-    append,
-    append_delete_all_partitions,
-    delete_counts,
-    touch,
-    wait_applied,
-)
-from .query import query
-from .records import Record
+from .publish.append import append, append_delete_all_partitions, delete_counts, touch, wait_applied
+from .publish.result import NOT_READ, PublishInterrupted, PublishResult
+from .query.sow import query
+from .registry import apply_topics, get_topic
 from .settings import Settings
-from .sowkey import check_key_list
 from .streamids import parse as parse_id
 from .streamids import reached
 
-LEASE_POLL_S = 0.01
 """Seconds an inline apply sleeps while another process holds a partition's lease."""
 
 
@@ -83,7 +76,7 @@ class Sow:
             ``inline`` (nothing is enqueued then).
         durable: every publish, delta_publish and sow_delete by data returns only once a
             replica has its messages (``WAIT 1`` per chunk; see
-            :func:`~sow_redis.publisher.append`); raises NotDurableError otherwise.
+            :func:`~sow_redis.publish.append.append`); raises NotDurableError otherwise.
         settings: overrides for timing knobs (see :class:`~sow_redis.settings.Settings`);
             its ``redis_url`` is used when given (``url`` is then ignored).
         client: a Redis client to use instead of connecting to the URL (the URL still sets
@@ -95,7 +88,7 @@ class Sow:
         retry_s: seconds a Redis outage may last during :meth:`publish` /
             :meth:`delta_publish` before its error is raised: the outage is logged once and
             the messages in flight are sent again when Redis answers (at least once; see
-            :func:`sow_redis.outage.append_through_outage`). 0 (default): raise at once.
+            :func:`sow_redis.publish.append.append_through_outage`). 0 (default): raise at once.
 
     Attributes:
         inline: the mode chosen (read-only).
@@ -141,7 +134,7 @@ class Sow:
     # configuration -------------------------------------------------------------------
     @property
     def job_settings(self) -> Settings | None:
-        """What :func:`~sow_redis.publisher.append` needs to start the workers while a long
+        """What :func:`~sow_redis.publish.append.append` needs to start the workers while a long
         publish runs (``jobs=``); None when :attr:`inline` (this process applies)."""
         return None if self._inline else self.settings
 
@@ -152,7 +145,7 @@ class Sow:
         Args:
             source: TOML text, a path to a TOML file, or parsed topics.
             migrate: move the records of stored topics whose shape changes (see
-                :mod:`sow_redis.migrate`); without it such a change is refused while the
+                :mod:`sow_redis.ops.migrate`); without it such a change is refused while the
                 topic holds anything.
 
         Raises:
@@ -168,7 +161,7 @@ class Sow:
         else:
             topics = source
         if migrate:
-            from .migrate import apply_with_migration
+            from .ops.migrate import apply_with_migration
 
             apply_with_migration(self.r, topics, self.settings, where)
         else:
@@ -234,7 +227,8 @@ class Sow:
                  separator: str | None = None) -> PublishResult:
         started = time.monotonic()
         if self.retry_s > 0:  # ride out an outage (sow_redis.outage): every step may repeat
-            from .outage import append_through_outage, call_through_outage
+            from .outage import call_through_outage
+            from .publish.append import append_through_outage
 
             t = call_through_outage(lambda: self._publish_topic(topic), self.retry_s)
         else:
@@ -243,7 +237,7 @@ class Sow:
             messages = [messages]
         sep = None
         if separator is not None:
-            from .fix import separator as fix_separator
+            from .model.fix import separator as fix_separator
 
             sep = fix_separator(separator)
         # each message is encoded inside append: one that cannot be is rejected, not raised
@@ -265,7 +259,7 @@ class Sow:
 
     def handoff(self, topic: str | TopicConfig, last_ids: dict[int, str], wait: bool = False,
                 timeout: float = 60.0, jobs_started: bool = False) -> int:
-        """Hand log entries appended with :func:`sow_redis.publisher.append` (or any XADD to
+        """Hand log entries appended with :func:`sow_redis.publish.append.append` (or any XADD to
         a partition log) to the appliers: apply them here when :attr:`inline`, else enqueue
         ingest jobs for the workers and, with ``wait``, block until they applied them.
         ``publish`` / ``delta_publish`` / ``sow_delete`` call it; so do the CLI's
@@ -275,7 +269,7 @@ class Sow:
         Inline, each partition of ``last_ids`` is applied until its log is drained (entries
         after ``last_ids`` included), whatever ``wait`` says; while another process holds a
         partition's lease (a worker, another inline client) it retries every
-        :data:`LEASE_POLL_S` seconds, at most ``timeout`` seconds in all.
+        :data:`sow_redis.apply.jobs.LEASE_POLL_S` seconds, at most ``timeout`` seconds in all.
 
         Args:
             topic: the topic name or definition.
@@ -308,22 +302,7 @@ class Sow:
 
     def _apply_here(self, t: TopicConfig, partitions: list[int], timeout: float) -> int:
         """Drain ``partitions`` in this process with the workers' code (see :meth:`handoff`)."""
-        deadline = time.monotonic() + timeout
-        applied = 0
-        for p in partitions:
-            while True:
-                n, drained = drain_partition(self.r, t, p, self.settings, budget_s=3600,
-                                             linger_ms=0)
-                applied += n
-                if drained:
-                    break
-                if n == 0:  # the lease is another process's
-                    if time.monotonic() >= deadline:
-                        raise WaitTimeout(
-                            f"topic {t.name}: partition {p} stayed leased by another process "
-                            f"for {timeout:g} s; its entries stay in the log")
-                    time.sleep(LEASE_POLL_S)
-        return applied
+        return apply_here(self.r, t, partitions, self.settings, timeout)
 
     def publish(self, topic: str, messages: Any, sow_key: str | None = None, wait: bool = False,
                 timeout: float = 60.0, expiration: float | None = None,
@@ -345,7 +324,7 @@ class Sow:
                 "override"; ``0`` = never expire; at most 100 years, 3,155,760,000 s); every
                 publish resets the lifetime. Not a number from 0 to 100 years (or a bool):
                 every message is rejected ``bad_expiration`` (the MessageError of
-                :func:`sow_redis.messages.check_expiration`).
+                :func:`sow_redis.model.messages.check_expiration`).
             wait: return only after the workers applied every message (read-your-writes);
                 always so with :attr:`inline`.
             timeout: seconds to wait at most with ``wait`` (see :meth:`handoff`).
@@ -378,7 +357,7 @@ class Sow:
 
         Raises:
             UnknownTopicError, FilterSyntaxError, KeyListError (more than
-            :data:`~sow_redis.sowkey.MAX_KEYS` keys, or a key no record can have).
+            :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have).
         """
         if keys is not None:
             check_key_list(keys)
@@ -407,7 +386,7 @@ class Sow:
             check_key_list(keys)
         t = self.topic(topic)
         if filter is not None:
-            from .filter import compile_filter
+            from .query.filter import compile_filter
 
             compile_filter(filter)  # a syntax error is the caller's, before anything is logged
             ids = append_delete_all_partitions(self.r, t, {"filter": filter})
@@ -436,8 +415,8 @@ class Sow:
         """A sow_delete by data whose append Redis refused as out of memory: applied at once
         on its caught-up partition (``delete_now.lua``, flagged ``allow-oom``), so a user
         can free memory; ``refused`` is raised again otherwise."""
-        from .publisher import prepare
-        from .scripts import Scripts
+        from .apply.scripts import Scripts
+        from .publish.append import prepare
 
         checked = None
         cause = refused.cause if isinstance(refused, PublishInterrupted) else refused
@@ -515,7 +494,7 @@ class Sow:
         store = None
         tracker = None
         if client_name is not None and sub_id is not None:
-            store = BookmarkStore(self.r, client_name, persist_every)
+            store = BookmarkStore(self.r, client_name, persist_every, settings=self.settings)
             if bookmark is None or bookmark.strip().upper() == "RECENT":
                 bookmark = store.recent(sub_id) or "EPOCH"
             tracker = store.tracker(sub_id, t.partitions)

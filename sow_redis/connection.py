@@ -299,7 +299,7 @@ def server_ms(r: Client) -> int:
 
 __all__ = ["CLUSTER_SCHEMES", "MEMORY", "TLS_ENV", "URL_SCHEMES", "Client", "Fields", "Pipeline",
            "StreamEntry", "check_url", "connect", "connect_pair", "control_of",
-           "control_url_for", "data_of", "is_cluster", "is_cluster_url", "is_memory", "redact",
+           "control_url_for", "data_of", "is_cluster", "is_cluster_url", "is_memory", "node_for_key", "redact",
            "server_ms", "set_control", "tls_options"]
 
 
@@ -314,3 +314,12 @@ def primaries_without_replica(r: Client) -> list[str]:
                       if int(info.get("connected_slaves", 0)) < 1)
     info = r.info("replication")
     return [] if int(info.get("connected_slaves", 0)) >= 1 else ["the server"]
+
+
+def node_for_key(r: Client, key: str) -> tuple[Client, str]:
+    """The client of the primary that holds ``key`` and its name (``host:port``) on a Redis
+    Cluster; ``(r, "the server")`` on a server."""
+    if is_cluster(r):
+        node = r.get_node_from_key(key)  # type: ignore[attr-defined]
+        return r.get_redis_connection(node), node.name  # type: ignore[attr-defined]
+    return r, "the server"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .publisher import PublishResult
+    pass
 
 
 class SowError(Exception):
@@ -82,21 +82,6 @@ def refusal(exc: Exception) -> str:
     return str(exc)
 
 
-class PublishInterrupted(SowError):
-    """Redis refused part of a publish (out of memory under ``noeviction``, a read-only
-    replica, an ACL refusal): ``result`` (a :class:`sow_redis.publisher.PublishResult`) says
-    what was appended to the log before and around the refusal (those messages will be
-    applied), the rest was not sent; ``cause`` is the refusal."""
-
-    def __init__(self, result: PublishResult, cause: Exception) -> None:
-        published = result.published
-        super().__init__(f"Redis refused the publish ({refusal(cause)}); {published} "
-                         "message(s) were "
-                         "appended before that and will be applied, the rest were not sent")
-        self.result = result
-        self.cause = cause
-
-
 class NotDurableError(SowError):
     """A ``durable`` publish: no replica confirmed the written messages in time (``WAIT``);
     they are in the primary's log but not acknowledged. One line."""
@@ -109,7 +94,7 @@ class ControlURLError(SowError):
 
 class KeyListError(SowError):
     """A list of SOW keys (query or sow_delete by keys) that cannot be used: more than
-    :data:`sow_redis.sowkey.MAX_KEYS` keys, or a key that is not 1-512 Base64 characters
+    :data:`sow_redis.model.sowkey.MAX_KEYS` keys, or a key that is not 1-512 Base64 characters
     (generated keys are 32 hex digits). One line naming the bound."""
 
 

@@ -6,7 +6,7 @@ records are removed with delete processing and a ``sow_delete`` event with reaso
 The pass then sleeps until the earliest next due time (Redis server clock), at most
 ``IDLE_MAX_S``. A new due time wakes it earlier: it listens to the live channels of the
 topics it serves (the change block every apply call publishes, :mod:`sow_redis.feed.live`)
-and reads the expiry times the block's changes set (:func:`sow_redis.events.due_times`), so
+and reads the expiry times the block's changes set (:func:`sow_redis.model.events.due_times`), so
 a record published with a lifetime shorter than the sleep is still removed when it falls
 due. With nothing to expire and nothing published it makes one pass a second (it polled
 every 10 ms before: 7-11 % of a core with nothing to do, issue 27). Any number of expirers
@@ -30,14 +30,16 @@ from typing import cast
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import events, keys
+from . import keys
+from .apply.scripts import Scripts
 from .client import Sow
-from .config import TopicCache, TopicConfig
+from .config import TopicConfig
 from .connection import Client, StreamEntry, connect_pair, server_ms
 from .feed.live import ShardListener, topic_subscribers
 from .logs import fields
+from .model import events
 from .outage import reporter
-from .scripts import Scripts
+from .registry import TopicCache
 from .settings import Settings
 from .stopping import StopEvent, stop_on_signals
 
@@ -105,7 +107,7 @@ def forward_dead_letters(r: Client, topic: TopicConfig, sow: Sow | None = None) 
     number forwarded.
     """
     from .errors import UnknownTopicError
-    from .publisher import append
+    from .publish.append import append
 
     if sow is None:
         sow = Sow(client=r)

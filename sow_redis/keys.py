@@ -38,7 +38,7 @@ LAST_USED = "sow:last_used"
 
 SWEEP_LEASE = "sow:sweep"
 """STRING: the owner id of the worker process that sweeps all partitions now (one sweeper at
-a time, ``SET NX PX``; see :mod:`sow_redis.jobs`)."""
+a time, ``SET NX PX``; see :mod:`sow_redis.apply.jobs`)."""
 
 
 SLOTS = 16384
@@ -121,7 +121,7 @@ def definition(topic: str, p: int) -> str:
     a shape migration holds the topic, ``dropped`` for a partition a migration removed.
     ``apply.lua`` (operation ``appended``) appends nothing for a publisher whose definition differs: the
     publisher reads the definition again, re-keys the refused messages and sends them again
-    (see :func:`sow_redis.publisher.append`)."""
+    (see :func:`sow_redis.publish.append.append`)."""
     return partition_tag(topic, p) + ":def"
 
 
@@ -233,7 +233,7 @@ def partition_channel(topic: str, p: int) -> str:
 def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
     """The KEYS of every Lua script that works on one partition (``apply.lua``, the one apply
     entry point, ``expire.lua``, ``delete_now.lua``), in the one order the scripts read them
-    (``lua/include/partition.lua``; :class:`sow_redis.scripts.Partition`): records, state,
+    (``lua/include/partition.lua``; :class:`sow_redis.apply.scripts.Partition`): records, state,
     expiry, acks, index members, dead-letter outbox, chain, errors, log, change feed, change
     feed times, lease, job marker, trusted ranges, definition, loads, staged load batches,
     then the ``n_indexes`` hash indexes (last: the only part whose length varies)."""

@@ -4,8 +4,8 @@ Events carry an ``event`` name and their fields as ``extra`` of the logging call
 
     log.info("lease taken", extra=fields("lease_taken", topic="orders", partition=3))
 
-Text: ``2026-11-24T16:30:00.123Z INFO sow_redis.jobs lease taken event=lease_taken topic=orders
-partition=3``. JSON: ``{"ts": "…", "level": "INFO", "logger": "sow_redis.jobs", "msg": "lease
+Text: ``2026-11-24T16:30:00.123Z INFO sow_redis.apply.jobs lease taken event=lease_taken topic=orders
+partition=3``. JSON: ``{"ts": "…", "level": "INFO", "logger": "sow_redis.apply.jobs", "msg": "lease
 taken", "event": "lease_taken", "topic": "orders", "partition": 3}``.
 
 The events: ``worker_start`` / ``worker_stop``; ``lease_taken`` (DEBUG: once per job) and

@@ -9,31 +9,24 @@ nothing, and the first success after it is one INFO line (event ``redis_reachabl
 outage's length in seconds). A worker's rq loop, its sweeper thread and its jobs share the
 ``worker`` reporter, so a worker process writes one line per outage, not one per retry.
 
-:func:`append_through_outage` is :func:`sow_redis.publisher.append` for a publisher that must
-keep going through an outage (``sow-redis publish --retry-s``, ``Sow(retry_s=…)``).
+:func:`sow_redis.publish.append.append_through_outage` builds on :func:`call_through_outage` for a
+publisher that must keep going through an outage (``sow-redis publish --retry-s``,
+``Sow(retry_s=…)``).
 """
 
 from __future__ import annotations
 
-import functools
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .errors import PublishInterrupted
 from .logs import fields
-
-if TYPE_CHECKING:
-    from .config import TopicConfig
-    from .connection import Client
-    from .publisher import Item, PublishResult
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +46,7 @@ BACKOFF_MAX_S = 2.0
 """Longest pause in seconds between two attempts of a publisher."""
 
 RETRY_CHUNK = 10_000
-"""Items :func:`append_through_outage` hands to one :func:`~sow_redis.publisher.append` call
+"""Items :func:`append_through_outage` hands to one :func:`~sow_redis.publish.append.append` call
 (the unit sent again after a failure). Each call ends by waiting for the replies of its last
 chunks, so a block of one chunk (1,000) left Redis idle while the next one was validated:
 ``sow-redis publish`` of 100,000 flights took 6.9-7.4 s against 3.3-4.7 s with ``--retry-s 0``;
@@ -167,45 +160,3 @@ def call_through_outage(fn: Callable[[], T], retry_s: float, component: str = "p
             continue
         outage.answered()
         return out
-
-
-def append_through_outage(r: Client, topic: TopicConfig, items: Iterable[Item], retry_s: float,
-                          **kwargs: Any) -> PublishResult:
-    """:func:`sow_redis.publisher.append` that rides out a Redis outage of up to ``retry_s``
-    seconds: items go in blocks of :data:`RETRY_CHUNK`; a block that fails because Redis does
-    not answer is sent again after a backoff (:data:`BACKOFF_MIN_S` doubling to
-    :data:`BACKOFF_MAX_S`), the outage reported once (:func:`reporter` ``publisher``).
-
-    Delivery across an outage is at least once: the messages of a block whose connection broke
-    after Redis had appended some of them are appended again. A publish, a delta_publish (the
-    same fields merged again) and a sow_delete give the same SOW when applied twice; a
-    subscriber sees such a message twice.
-
-    Args:
-        r, topic, items, kwargs: as for :func:`~sow_redis.publisher.append` (``start`` counts
-            on across blocks).
-        retry_s: seconds an outage may last before its error is raised.
-
-    Returns:
-        The merged :class:`~sow_redis.publisher.PublishResult` of every block.
-
-    Raises:
-        redis.exceptions.ConnectionError, TimeoutError: Redis did not answer for ``retry_s``
-            seconds (the earlier blocks are in the log); as :func:`append` otherwise.
-    """
-    from .publisher import PublishResult, append
-
-    result = PublishResult()
-    start = kwargs.pop("start", 1)
-    it = iter(items)
-    while True:
-        block = list(itertools.islice(it, RETRY_CHUNK))
-        if not block:
-            return result
-        send = functools.partial(append, r, topic, block, start=start, **kwargs)
-        try:
-            result.merge(call_through_outage(send, retry_s))
-        except PublishInterrupted as exc:  # count the earlier blocks too
-            result.merge(exc.result)
-            raise PublishInterrupted(result, exc.cause) from exc.cause
-        start += len(block)

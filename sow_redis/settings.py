@@ -71,7 +71,7 @@ class Settings:
         (``job:<id>``): at least a minute, so it never lapses while its job waits (a
         lapsed marker let a second job of the partition into the queue). A marker that
         stands for no job is removed by the workers' sweep, whatever its lifetime
-        (:func:`sow_redis.jobs.stale_markers`)."""
+        (:func:`sow_redis.apply.jobs.stale_markers`)."""
         return max(self.marker_ttl_ms, self.QUEUED_MARKER_MIN_MS)
 
     @classmethod

@@ -23,7 +23,7 @@ from redis import Redis
 
 from sow_redis.client import Sow
 from sow_redis.connection import connect, is_cluster_url
-from sow_redis.server import free_port, spawn_cluster, spawn_redis
+from sow_redis.ops.server import free_port, spawn_cluster, spawn_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"

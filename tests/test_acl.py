@@ -15,7 +15,7 @@ from redis.exceptions import NoPermissionError
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.server import free_port
+from sow_redis.ops.server import free_port
 
 ROLES = ("publisher", "reader", "worker", "operator")
 

@@ -12,11 +12,11 @@ from conftest import run_cli, start_worker
 from redis import Redis
 
 from sow_redis import keys
-from sow_redis.apply import apply_batch
+from sow_redis.apply.applier import apply_batch
+from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
 from sow_redis.errors import FencedError
-from sow_redis.publisher import append, append_delete_all_partitions
-from sow_redis.scripts import Scripts
+from sow_redis.publish.append import append, append_delete_all_partitions
 
 DEEP = 300  # deeper than orjson encodes (254)
 
@@ -97,7 +97,7 @@ def test_a_batch_whose_apply_call_fails_is_retried_entry_by_entry(url, topic_nam
     is retried entry by entry so one bad entry cannot hold back the rest")."""
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name)
-    import sow_redis.scripts as scripts_module
+    import sow_redis.apply.scripts as scripts_module
 
     real = scripts_module._pack_op
 

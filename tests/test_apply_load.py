@@ -10,10 +10,10 @@ import orjson
 import pytest
 
 from sow_redis import keys
+from sow_redis.apply.scripts import LoadStatus, Scripts, pack_load_batch
 from sow_redis.client import Sow
-from sow_redis.events import events_of
-from sow_redis.publisher import append, prepare
-from sow_redis.scripts import LoadStatus, Scripts, pack_load_batch
+from sow_redis.model.events import events_of
+from sow_redis.publish.append import append, prepare
 from sow_redis.spark.load import finish_load, prepare_rows, write_split
 
 

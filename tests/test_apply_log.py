@@ -14,15 +14,15 @@ import orjson
 import pytest
 
 from sow_redis import keys
-from sow_redis.apply import PartitionApplier
+from sow_redis.apply.applier import PartitionApplier
+from sow_redis.apply.jobs import drain_partition
+from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
-from sow_redis.entries import make_entry
 from sow_redis.errors import FencedError
-from sow_redis.events import events_of
 from sow_redis.feed.live import ShardListener
-from sow_redis.jobs import drain_partition
-from sow_redis.messages import index_members, key_of
-from sow_redis.scripts import Scripts
+from sow_redis.model.entries import make_entry
+from sow_redis.model.events import events_of
+from sow_redis.model.messages import index_members, key_of
 from sow_redis.settings import Settings
 
 CONFIGS = {

@@ -12,11 +12,11 @@ import time
 import pytest
 from conftest import ROOT, run_cli
 
-from sow_redis import messages
 from sow_redis.client import Sow
 from sow_redis.errors import FilterSyntaxError, KeyListError, MessageError, UnknownTopicError
-from sow_redis.filter import MAX_DEPTH, MAX_FILTER_CHARS, compile_filter
-from sow_redis.sowkey import MAX_KEYS
+from sow_redis.model import messages
+from sow_redis.model.sowkey import MAX_KEYS
+from sow_redis.query.filter import MAX_DEPTH, MAX_FILTER_CHARS, compile_filter
 
 
 def _err_line(proc) -> str:
@@ -207,18 +207,18 @@ def test_like_patterns_cannot_backtrack():
 
 # -- Lua gets values only as arguments ----------------------------------------------------------
 def test_lua_scripts_are_static_files_and_values_travel_as_argv():
-    """Statically: scripts are read from sow_redis/lua/*.lua (includes pasted in), never
+    """Statically: scripts are read from sow_redis/apply/lua/*.lua (includes pasted in), never
     formatted; only scripts.py hands scripts to Redis; no Lua script compiles text."""
     pkg = ROOT / "sow_redis"
     users = {p.relative_to(pkg).as_posix() for p in pkg.rglob("*.py")
              if re.search(r"register_script|script_load|\.eval\(|evalsha|fcall|function_load",
                           p.read_text())}
-    assert users == {"scripts.py"}, users
-    src = (pkg / "scripts.py").read_text()
+    assert users == {"apply/scripts.py"}, users
+    src = (pkg / "apply" / "scripts.py").read_text()
     assert src.count("register_script(") == 1
     assert "r.register_script(expanded_source(name)) for name in script_names()" in src
     assert re.findall(r"\.eval\(([^,]*),", src) == ['"if cmsgpack then return 1 end return 0"']
-    for lua in (pkg / "lua").rglob("*.lua"):
+    for lua in (pkg / "apply" / "lua").rglob("*.lua"):
         text = re.sub(r"--\[\[.*?\]\]|--[^\n]*", "", lua.read_text(), flags=re.S)
         assert not re.search(r"\b(loadstring|load|dofile|loadfile)\s*\(", text), lua.name
 
@@ -230,9 +230,9 @@ def test_redis_caches_only_the_bundled_scripts_whatever_the_values(tmp_path):
     cache: no value ever became script text."""
     from redis import Redis
 
+    from sow_redis.apply.scripts import expanded_source, script_names
     from sow_redis.expirer import Expirer
-    from sow_redis.scripts import expanded_source, script_names
-    from sow_redis.server import free_port, spawn_redis
+    from sow_redis.ops.server import free_port, spawn_redis
 
     port = free_port()
     proc = spawn_redis(port, tmp_path, persist=False)

@@ -9,11 +9,13 @@ import orjson
 import pytest
 from redis import Redis
 
-from sow_redis import chaining, keys, sowkey
+from sow_redis import keys
+from sow_redis.apply import chaining
 from sow_redis.client import Sow
 from sow_redis.config import parse_topics
 from sow_redis.errors import ConfigError
-from sow_redis.server import free_port, spawn_redis
+from sow_redis.model import sowkey
+from sow_redis.ops.server import free_port, spawn_redis
 from sow_redis.settings import Settings
 
 SEED_MESSAGES = [
@@ -279,19 +281,19 @@ def test_registry_round_trip_keeps_the_generator():
 
 def test_chain_ops_are_atomic_with_the_record(sow, topic_name):
     """A batch that fails in apply.lua (stale fencing token) writes no chain entry."""
+    from sow_redis.apply.jobs import drain_partition
     from sow_redis.errors import FencedError
-    from sow_redis.jobs import drain_partition
 
     if sow.url.startswith("memory://"):
         pytest.skip("fencing is exercised on the real server")
     sow.apply_config(docs_cfg(topic_name))
     t = sow.topic(topic_name)
-    from sow_redis.publisher import append
+    from sow_redis.publish.append import append
 
     append(sow.r, t, [("publish", orjson.dumps(m), None) for m in SEED_MESSAGES])
     sow.r.hincrby(keys.state(topic_name, 0), "fence", 5)  # a newer owner took over
-    from sow_redis.apply import apply_batch
-    from sow_redis.scripts import Scripts
+    from sow_redis.apply.applier import apply_batch
+    from sow_redis.apply.scripts import Scripts
 
     with pytest.raises(FencedError):
         apply_batch(sow.r, Scripts(sow.r), t, 0, fence=1, batch_size=100)

@@ -24,7 +24,7 @@ def _client_annotations() -> list[tuple[str, str, str]]:
     client in a module-level function or method of sow_redis/ (nested functions excluded:
     orderby's sort key takes a record named ``r``)."""
     found = []
-    for path in sorted((ROOT / "sow_redis").glob("*.py")):
+    for path in sorted((ROOT / "sow_redis").rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):

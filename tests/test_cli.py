@@ -11,7 +11,7 @@ import orjson
 import pytest
 from conftest import ROOT, cli_env, free_port, run_cli, start_worker
 
-from sow_redis import sowkey
+from sow_redis.model import sowkey
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +178,9 @@ def test_keys_prints_each_partitions_log_key_for_any_redis_client(url, r, topic)
     an entry XADDed by a plain Redis client to the printed log is applied."""
     from redis.crc import key_slot
 
-    from sow_redis.messages import parse
-    from sow_redis.publisher import wait_applied
     from sow_redis.client import Sow
+    from sow_redis.model.messages import parse
+    from sow_redis.publish.append import wait_applied
 
     got = lines(run_cli(url, "keys", "-t", topic))
     assert [x["partition"] for x in got] == [0, 1, 2, 3]

@@ -225,6 +225,6 @@ def test_password_is_not_in_the_dashboards_argv(with_password, tmp_path):
         status, _page = d.wait_page()
         assert status == 200
         argv = Path(f"/proc/{d.proc.pid}/cmdline").read_bytes()
-        assert b"sow_redis.dashboard" in argv and SECRET.encode() not in argv
+        assert b"sow_redis.ops.dashboard" in argv and SECRET.encode() not in argv
     finally:
         d.stop()

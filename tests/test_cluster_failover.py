@@ -24,8 +24,8 @@ from redis.exceptions import RedisError
 from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.errors import SowError
-from sow_redis.publisher import append, wait_applied
-from sow_redis.server import stop_processes
+from sow_redis.ops.server import stop_processes
+from sow_redis.publish.append import append, wait_applied
 from sow_redis.settings import Settings
 
 pytestmark = [pytest.mark.cluster, pytest.mark.faults]
@@ -173,7 +173,7 @@ def test_primary_killed_with_durable_loses_no_acknowledged_publish(tmp_path):
 def test_durable_without_a_replica_is_refused(redis_server, topic_name):
     sow = Sow(redis_server, inline=True, durable=True)
     sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n')
-    from sow_redis import publisher
+    from sow_redis.publish import append as publisher
 
     old, publisher.DURABLE_WAIT_MS = publisher.DURABLE_WAIT_MS, 100
     try:

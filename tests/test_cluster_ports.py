@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from sow_redis import server
+from sow_redis.ops import server
 
 
 def test_a_node_port_whose_bus_is_taken_is_skipped(monkeypatch):

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sow_redis import keys, sowkey
+from sow_redis import keys
+from sow_redis.apply.scripts import script_names, script_source
 from sow_redis.config import parse_topics
 from sow_redis.errors import ConfigError
-from sow_redis.scripts import script_names, script_source
+from sow_redis.model import sowkey
 
 
 def test_valid_config_defaults():
@@ -57,7 +58,7 @@ def test_config_not_toml_and_empty():
 
 
 def test_invalid_config_stores_nothing(sow):
-    from sow_redis.config import load_topics
+    from sow_redis.registry import load_topics
 
     before = load_topics(sow.r)
     with pytest.raises(ConfigError):
@@ -124,7 +125,7 @@ def test_lua_headers_match_keys_and_argv_used(name):
     assert "..\"}" not in body and "keys." not in body  # scripts never build key names
 
 
-INCLUDES = sorted(p.stem for p in (Path(__file__).parent.parent / "sow_redis" / "lua"
+INCLUDES = sorted(p.stem for p in (Path(__file__).parent.parent / "sow_redis" / "apply" / "lua"
                                    / "include").glob("*.lua"))
 
 
@@ -329,7 +330,7 @@ def test_invalid_utf8_file_one_line(url, tmp_path):
 
 
 def test_dead_letter_must_be_defined(sow, topic_name):
-    from sow_redis.config import load_topics
+    from sow_redis.registry import load_topics
 
     before = load_topics(sow.r)
     with pytest.raises(ConfigError) as e:

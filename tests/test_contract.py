@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from sow_redis import keys, sowkey
+from sow_redis import keys
 from sow_redis.errors import FilterSyntaxError, MessageError, UnknownTopicError
+from sow_redis.model import sowkey
 
 
 def cfg(name: str, extra: str = "", key: str = '["/orderId"]') -> str:
@@ -50,7 +51,7 @@ def test_delta_publish_merges_nested_and_keeps_other_fields(sow, topic_name):
 
 def test_delta_then_publish_in_one_batch_keeps_order(sow, topic_name):
     sow.apply_config(cfg(topic_name))
-    from sow_redis.publisher import append
+    from sow_redis.publish.append import append
 
     t = sow.topic(topic_name)
     res = append(sow.r, t, [
@@ -184,7 +185,7 @@ def test_hash_index_equality_reads_index_not_whole_topic(sow, topic_name, monkey
                              for i in range(30)])
     sow.publish(topic_name, {"orderId": 0, "region": "us", "a": 0, "b": "x"})  # moves eu -> us
     sow.delta_publish(topic_name, {"orderId": 3, "region": "ap"})           # moves eu -> ap
-    from sow_redis import query as q
+    from sow_redis.query import sow as q
 
     def no_scan(*a, **k):
         raise AssertionError("scanned the topic instead of reading the hash index")

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from conftest import ROOT, cli_env
 
-from sow_redis.server import free_port
+from sow_redis.ops.server import free_port
 
 STARTUP_TIMEOUT_S = 20.0
 

@@ -21,8 +21,8 @@ import pytest
 from conftest import ROOT, cli_env, run_cli
 
 from sow_redis.client import Sow
+from sow_redis.ops.server import free_port
 from sow_redis.partition_state import read_cursor
-from sow_redis.server import free_port
 
 pytestmark = pytest.mark.browser
 

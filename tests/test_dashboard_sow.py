@@ -1,7 +1,7 @@
 """The dashboard's SOW page (issue 27 item 10) without a browser: the figures it adds to
-``stats`` (:func:`sow_redis.status.log_appended`, :func:`sow_redis.status.partition_table`),
+``stats`` (:func:`sow_redis.ops.status.log_appended`, :func:`sow_redis.ops.status.partition_table`),
 the sampler's rates, the rejection and record tables, and the pages served by Flask's test
-client on rq-dashboard's app: figures equal to :func:`sow_redis.status.topic_stats`, a query
+client on rq-dashboard's app: figures equal to :func:`sow_redis.ops.status.topic_stats`, a query
 with a filter, a bad filter in one line, values from Redis escaped, the Jobs tab on the queue
 ``sow``. The browser test is ``tests/test_dashboard_browser.py``."""
 
@@ -16,12 +16,12 @@ import pytest
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.config import load_topics
-from sow_redis.dashboard.sampler import Sampler, rates
-from sow_redis.dashboard.sow_page import install, record_table, rejections
+from sow_redis.model.records import Record
+from sow_redis.ops.dashboard.sampler import Sampler, rates
+from sow_redis.ops.dashboard.sow_page import install, record_table, rejections
+from sow_redis.ops.status import log_appended, partition_table, topic_stats
 from sow_redis.partition_state import read_cursor
-from sow_redis.records import Record
-from sow_redis.status import log_appended, partition_table, topic_stats
+from sow_redis.registry import load_topics
 
 
 def _topic(sow: Sow, name: str, partitions: int = 2, extra: str = ""):
@@ -300,7 +300,7 @@ def test_pages_say_in_one_line_when_redis_cannot_be_reached():
     from rq_dashboard.cli import make_flask_app
     from rq_dashboard.web import setup_rq_connection
 
-    from sow_redis.server import free_port
+    from sow_redis.ops.server import free_port
 
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     app = make_flask_app(None, None, None, "")

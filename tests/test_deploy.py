@@ -24,7 +24,7 @@ from conftest import ROOT, cli_env
 
 from sow_redis import keys
 from sow_redis.config import parse_topics
-from sow_redis.server import free_port
+from sow_redis.ops.server import free_port
 
 DEPLOY = ROOT / "deploy"
 
@@ -132,7 +132,7 @@ def test_the_redis_unit_starts_redis_with_redis_conf_safely(tmp_path):
     the real redis-server with deploy/redis.conf: noeviction and AOF, so no `up` warning."""
     from redis import Redis
 
-    from sow_redis.server import redis_warnings
+    from sow_redis.ops.server import redis_warnings
 
     argv = shlex.split(_units()["sow-redis-redis.service"]["Service"]["ExecStart"])
     port = free_port()
@@ -292,7 +292,7 @@ def _down(url: str, tmp_path: Path) -> None:
 def test_up_warns_about_eviction_and_no_persistence(lonely_url, tmp_path):
     from redis import Redis
 
-    from sow_redis.server import redis_warnings
+    from sow_redis.ops.server import redis_warnings
 
     r = Redis.from_url(lonely_url)
     r.config_set("maxmemory-policy", "allkeys-lru")

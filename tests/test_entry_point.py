@@ -13,11 +13,7 @@ import re
 import pytest
 
 from sow_redis import keys
-from sow_redis.client import Sow
-from sow_redis.config import get_topic
-from sow_redis.errors import ScriptArgsError
-from sow_redis.publisher import prepare
-from sow_redis.scripts import (
+from sow_redis.apply.scripts import (
     OP_ARGS,
     LoadStatus,
     Scripts,
@@ -27,6 +23,10 @@ from sow_redis.scripts import (
     script_names,
     script_source,
 )
+from sow_redis.client import Sow
+from sow_redis.errors import ScriptArgsError
+from sow_redis.publish.append import prepare
+from sow_redis.registry import get_topic
 
 
 def cfg(name: str, extra: str = "") -> str:

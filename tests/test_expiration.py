@@ -8,9 +8,10 @@ import time
 import pytest
 from conftest import run_cli
 
-from sow_redis import keys, sowkey
+from sow_redis import keys
 from sow_redis.connection import server_ms
 from sow_redis.expirer import Expirer
+from sow_redis.model import sowkey
 
 
 def cfg(name, extra=""):
@@ -25,7 +26,7 @@ def expire(sow, topic):
 
 def drain(sow, topic):
     """Apply everything in a topic's log in process (the workers' code)."""
-    from sow_redis.jobs import drain_partition
+    from sow_redis.apply.jobs import drain_partition
 
     t = sow.topic(topic)
     for p in range(t.partitions):
@@ -240,7 +241,7 @@ def test_idle_topic_removed(sow, topic_name):
     with sow.subscribe(busy):
         until_past(sow, int(sow.r.hget(keys.LAST_USED, topic_name)) + 300)  # idle since
         Expirer(sow.r, sow.settings).loop()
-        from sow_redis.config import load_topics
+        from sow_redis.registry import load_topics
 
         topics = load_topics(sow.r)
         assert topic_name not in topics and busy in topics  # a subscriber keeps it in use

@@ -16,7 +16,7 @@ import pytest
 from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.expirer import Expirer
-from sow_redis.publisher import append
+from sow_redis.publish.append import append
 
 
 def _topics(sow, name, partitions=1):

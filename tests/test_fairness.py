@@ -14,9 +14,9 @@ import pytest
 from conftest import start_worker, wait_until
 
 from sow_redis import keys
+from sow_redis.apply.jobs import QUEUE_KEY
 from sow_redis.client import Sow
-from sow_redis.jobs import QUEUE_KEY
-from sow_redis.server import free_port, spawn_redis
+from sow_redis.ops.server import free_port, spawn_redis
 from sow_redis.settings import Settings
 
 pytestmark = pytest.mark.slow

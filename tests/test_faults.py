@@ -4,7 +4,7 @@ Redis (per ``appendfsync`` mode), a 10 s outage, and the expirer racing the work
 Every test is bounded in time (:func:`bounded`: SIGALRM, plus deadlines on every wait), runs on
 loopback only with its own redis-server, and prints one line of counts: published, applied,
 duplicates, lost (asserting duplicates = 0 and lost = 0). Workers are real ``sow-redis worker``
-processes; the publisher is the real one (:func:`sow_redis.publisher.append` / ``Sow.publish``).
+processes; the publisher is the real one (:func:`sow_redis.publish.append.append` / ``Sow.publish``).
 
 How duplicates and losses are told: every change event names the log entry that caused it
 (``id``) and its partition, so a reference model replaying each partition's log in order says how
@@ -38,10 +38,10 @@ from redis.exceptions import RedisError
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.events import parse_block
 from sow_redis.feed.live import ShardListener, topic_subscribers
-from sow_redis.publisher import append, append_delete_all_partitions
-from sow_redis.server import free_port, spawn_redis, stop_processes
+from sow_redis.model.events import parse_block
+from sow_redis.ops.server import free_port, spawn_redis, stop_processes
+from sow_redis.publish.append import append, append_delete_all_partitions
 from sow_redis.settings import Settings
 
 pytestmark = pytest.mark.faults
@@ -716,7 +716,7 @@ class ExpiryModel:
     def apply(self, t_ms: int, cmd: str, obj: dict[str, Any], ttl_ms: int | None
               ) -> tuple[str, dict[str, Any]] | None:
         """The change event ``(op, data)`` the entry must produce (None: none)."""
-        from sow_redis.messages import merge
+        from sow_redis.model.messages import merge
 
         k = obj["k"]
         cur = self.sow.get(k)
@@ -746,10 +746,10 @@ def test_expirer_and_workers_race_for_60s(redis_server, topic_name):
     reference model's (so a delta after the due time never brings back expired fields), no
     entry is lost or applied twice, the expiry count and the final SOW match the model, and no
     query returns a record after the client received its removal, or once it is due."""
+    from sow_redis.apply.jobs import ensure_jobs
     from sow_redis.connection import server_ms
-    from sow_redis.events import events_of
     from sow_redis.expirer import Expirer
-    from sow_redis.jobs import ensure_jobs
+    from sow_redis.model.events import events_of
 
     r = Redis.from_url(redis_server)
     sow = Sow(client=r, settings=Settings.from_env(redis_url=redis_server))

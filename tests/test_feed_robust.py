@@ -20,8 +20,8 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.errors import MessageError
 from sow_redis.feed.live import topic_subscribers
-from sow_redis.messages import MAX_EXPIRATION_S, check_expiration
-from sow_redis.records import MAX_EXPIRY_MS
+from sow_redis.model.messages import MAX_EXPIRATION_S, check_expiration
+from sow_redis.model.records import MAX_EXPIRY_MS
 
 
 def _topic(sow, name, extra="", partitions=1):
@@ -269,8 +269,8 @@ def test_a_stored_bookmark_older_than_the_feed_is_kept_and_resync_resumes_from_i
 
 
 def test_change_feed_retention_by_count_counts_changes_not_blocks(url, topic_name):
-    from sow_redis.events import parse_block
     from sow_redis.feed.bookmark import Bookmark
+    from sow_redis.model.events import parse_block
 
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name, "change_retention = { count = 100 }\n")

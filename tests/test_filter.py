@@ -1,4 +1,4 @@
-"""Tests for sow_redis.filter: the AMPS-style content filter language (pure Python)."""
+"""Tests for sow_redis.query.filter: the AMPS-style content filter language (pure Python)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sow_redis.errors import FilterEvalError, FilterSyntaxError, SowError
-from sow_redis.filter import Filter, compile_filter
+from sow_redis.query.filter import Filter, compile_filter
 
 
 def match(text: str, record: dict | None = None) -> bool:
@@ -177,7 +177,7 @@ def test_deep_nesting_is_one_clear_syntax_error(text: str) -> None:
 
 
 def test_nesting_up_to_the_limit_compiles_and_evaluates() -> None:
-    from sow_redis.filter import MAX_DEPTH
+    from sow_redis.query.filter import MAX_DEPTH
 
     # NOT × n over "/a = 1" is n + 2 levels (the comparison and the path are one each)
     n = MAX_DEPTH - 2
@@ -585,7 +585,7 @@ def test_like_dynamic_pattern_with_unsupported_construct_is_unknown() -> None:
 def test_like_searcher_fallback_agrees() -> None:
     import re2
 
-    from sow_redis.filter import _RE2_OPTIONS, _searcher
+    from sow_redis.query.filter import _RE2_OPTIONS, _searcher
 
     class PublicOnly:  # a google-re2 release without the compiled-object fast path
         def __init__(self, regex: object) -> None:
@@ -836,7 +836,7 @@ def test_equality_terms_are_a_superset_hint() -> None:
 
 
 def test_evaluation_does_not_reparse(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sow_redis.filter as mod
+    import sow_redis.query.filter as mod
 
     f = compile_filter("/perf_a = 1 AND /perf_b > 2")
 

@@ -11,9 +11,9 @@ from conftest import SHARED, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sow_redis import fix
 from sow_redis.config import parse_topics
 from sow_redis.errors import ConfigError, MessageError
+from sow_redis.model import fix
 
 FIX_DIR = SHARED / "data" / "fix"
 IREACH = FIX_DIR / "Ireach_test_logs.fix.txt"  # ';'-separated, trace prefix
@@ -226,7 +226,7 @@ def test_real_fix_logs_keep_one_record_per_order(sow, topic_name, real_logs, cmd
     else:  # publish replaces: the record is the order's last message
         assert sorted(map(orjson.dumps, records)) == sorted(map(orjson.dumps, last.values()))
     # the longest Ireach chain is one record reachable from every one of its ClOrdIDs
-    from sow_redis.chaining import chain_of
+    from sow_redis.apply.chaining import chain_of
 
     t = sow.topic(topic_name)
     longest = max((chain_of(sow.r, t, m["11"]) for m in real_logs[0] if m["35"] == "D"),

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from sow_redis.config import parse_topics
 from sow_redis.errors import ConfigError, FilterEvalError, FilterSyntaxError, MessageError
-from sow_redis.filter import compile_filter
+from sow_redis.query.filter import compile_filter
 
 EXAMPLES = int(os.environ.get("SOW_FUZZ_EXAMPLES", "300"))
 """Examples per fuzz test (CI: 300; more with SOW_FUZZ_EXAMPLES)."""
@@ -125,7 +125,7 @@ json_lines = st.one_of(
 @given(json_lines, st.sampled_from(["publish", "delta_publish", "sow_delete"]),
        st.none() | st.text(max_size=8), st.none() | st.floats() | st.integers())
 def test_json_publish_path_gives_an_entry_or_one_message_error(data, cmd, sow_key, expiration):
-    from sow_redis.publisher import prepare
+    from sow_redis.publish.append import prepare
 
     for topic in (JSON_TOPIC, KEYLESS):
         try:
@@ -158,7 +158,7 @@ fix_lines = st.one_of(
 @example(b"8=FIX.4.4\x0135=D\x0135=8\x0111=A\x01", None)  # found: two MsgTypes, TypeError
 @example(b'{"35": ["0"], "11": "A"}', None)
 def test_fix_publish_path_gives_an_entry_a_skip_or_one_message_error(line, sep):
-    from sow_redis.publisher import prepare
+    from sow_redis.publish.append import prepare
 
     try:
         got = prepare(FIX_TOPIC, ("publish", line, None), sep)

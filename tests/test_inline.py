@@ -12,15 +12,15 @@ import pytest
 from conftest import run_cli
 from redis import Redis
 
-from sow_redis.feed.live import ShardListener
 from sow_redis import keys, streamids
+from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
 from sow_redis.connection import check_url, connect
 from sow_redis.errors import BadURLError, WaitTimeout
 from sow_redis.expirer import Expirer
+from sow_redis.feed.live import ShardListener
 from sow_redis.partition_state import read_cursor, read_cursors, read_seq
-from sow_redis.publisher import append
-from sow_redis.scripts import Scripts
+from sow_redis.publish.append import append
 from sow_redis.settings import QUEUE_NAME, Settings
 
 

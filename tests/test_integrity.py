@@ -9,10 +9,10 @@ from __future__ import annotations
 import orjson
 
 from sow_redis import keys
+from sow_redis.apply.jobs import drain_partition
 from sow_redis.client import Sow
-from sow_redis.entries import make_entry
-from sow_redis.jobs import drain_partition
-from sow_redis.messages import index_members, key_of, partition_for
+from sow_redis.model.entries import make_entry
+from sow_redis.model.messages import index_members, key_of, partition_for
 from sow_redis.settings import Settings
 
 
@@ -127,8 +127,8 @@ def test_entries_of_a_trusted_appender_are_applied_unread_others_are_verified(
     entries it leaves unapplied as a trusted range: a worker applies them without reading
     them (no verification in Python). An entry appended with a plain XADD, even a correct
     one, is read and verified first. Ranges the cursor passed are dropped."""
-    from sow_redis import apply as apply_mod
-    from sow_redis.publisher import append
+    from sow_redis.apply import applier as apply_mod
+    from sow_redis.publish.append import append
 
     calls = []
     real = apply_mod.verified_prepared

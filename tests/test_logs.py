@@ -9,7 +9,7 @@ from conftest import run_cli
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.publisher import append
+from sow_redis.publish.append import append
 
 
 def _events(stderr: bytes) -> list[dict]:
@@ -40,4 +40,4 @@ def test_worker_and_expirer_log_their_events_as_json_lines(url, topic_name):
     (exp,) = [e for e in _events(out.stderr) if e.get("event") == "expired"]
     assert exp["topic"] == topic_name and exp["count"] == 1
     text = run_cli(url, "--log-level", "DEBUG", "worker", "--burst").stderr.decode()
-    assert " DEBUG sow_redis.worker worker " in text and "event=worker_start" in text
+    assert " DEBUG sow_redis.ops.worker worker " in text and "event=worker_start" in text

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sow_redis.client import Sow
 from sow_redis.expirer import Expirer
-from sow_redis.metrics import serve
-from sow_redis.server import free_port
+from sow_redis.ops.metrics import serve
+from sow_redis.ops.server import free_port
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -82,7 +82,7 @@ def test_the_grafana_dashboard_uses_only_metrics_the_endpoint_serves():
 
     from conftest import ROOT
 
-    from sow_redis import metrics
+    from sow_redis.ops import metrics
 
     dash = json.loads((ROOT / "deploy" / "grafana" / "sow_redis.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]

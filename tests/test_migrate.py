@@ -10,11 +10,11 @@ import pytest
 from conftest import run_cli
 
 from sow_redis import keys
+from sow_redis.apply.jobs import drain_partition
 from sow_redis.client import Sow
-from sow_redis.config import get_topic, holdings
 from sow_redis.errors import ConfigError, SowError
-from sow_redis.jobs import drain_partition
-from sow_redis.records import decode as decode_record
+from sow_redis.model.records import decode as decode_record
+from sow_redis.registry import get_topic, holdings
 from sow_redis.settings import Settings
 
 
@@ -133,7 +133,7 @@ def test_key_change_rekeys_and_rejects_records_without_the_new_key(url, r, topic
 
 
 def test_migration_summary_counts(url, r, topic_name):
-    from sow_redis.migrate import apply_with_migration
+    from sow_redis.ops.migrate import apply_with_migration
 
     sow = client(url)
     sow.apply_config(cfg(topic_name, "partitions = 2", key='["/a"]'))

@@ -18,13 +18,14 @@ import pytest
 from conftest import cli_env, start_worker, wait_until
 
 from sow_redis import keys
+from sow_redis.apply.jobs import drain_partition
 from sow_redis.client import Sow
-from sow_redis.config import get_topic, parse_topics
+from sow_redis.config import parse_topics
 from sow_redis.errors import SubscriptionEnded
-from sow_redis.jobs import drain_partition
-from sow_redis.messages import parse
-from sow_redis.publisher import append
-from sow_redis.records import decode as decode_record
+from sow_redis.model.messages import parse
+from sow_redis.model.records import decode as decode_record
+from sow_redis.publish.append import append
+from sow_redis.registry import get_topic
 
 pytestmark = pytest.mark.slow  # workers, migrations and ACL servers: the full lane
 
@@ -168,8 +169,8 @@ def test_a_publisher_holding_an_old_definition_rekeys_what_redis_refused(url, r,
     # a publisher that kept the 4-partition definition: Redis refuses it, it reads the
     # 3-partition one and sends again (partition 3 no longer exists)
     if not scripts:  # as the ACL publisher role: a WATCH / MULTI / EXEC fence
-        from sow_redis.publisher import WriteThrough
-        from sow_redis.scripts import attached
+        from sow_redis.apply.scripts import attached
+        from sow_redis.publish.append import WriteThrough
 
         attached(sow.r, "write_through", WriteThrough).refused = True
     res = append(sow.r, old, [("publish", {"id": i, "v": 1}, None) for i in range(50)],
@@ -198,8 +199,8 @@ def test_a_definition_never_stored_is_stored_by_the_first_publisher(url, r, topi
 
 def test_a_forged_definition_stops_a_publish_with_one_clear_line(url, r, topic_name,
                                                                 monkeypatch):
-    from sow_redis import publisher
-    from sow_redis.errors import PublishInterrupted
+    from sow_redis.publish import append as publisher
+    from sow_redis.publish.result import PublishInterrupted
 
     monkeypatch.setattr(publisher, "DEFINITION_WAIT_S", 0.3)
     sow = Sow(url)
@@ -315,7 +316,7 @@ def test_a_subscriber_away_during_a_migration_follows_when_it_reconnects(url, r,
 
 
 def test_a_subscriber_started_during_a_migration_waits_for_the_new_layout(url, r, topic_name):
-    from sow_redis.config import store_fingerprints
+    from sow_redis.registry import store_fingerprints
 
     sow = Sow(url)
     sow.apply_config(cfg(topic_name, 2))

@@ -8,8 +8,8 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sow_redis.messages import merge
-from sow_redis.publisher import append, append_delete_all_partitions
+from sow_redis.model.messages import merge
+from sow_redis.publish.append import append, append_delete_all_partitions
 
 KEYS = st.integers(0, 5)
 VALUE = st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b"]), st.none())

@@ -13,8 +13,8 @@ from redis.exceptions import OutOfMemoryError
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.errors import PublishInterrupted
-from sow_redis.server import free_port, spawn_redis
+from sow_redis.ops.server import free_port, spawn_redis
+from sow_redis.publish.result import PublishInterrupted
 from sow_redis.settings import Settings
 
 MAXMEMORY = 8 * 1024 * 1024

@@ -1,11 +1,11 @@
-"""Tests for sow_redis.orderby: order-by parsing and record sorting (pure Python)."""
+"""Tests for sow_redis.query.orderby: order-by parsing and record sorting (pure Python)."""
 
 from __future__ import annotations
 
 import pytest
 
 from sow_redis.errors import FilterSyntaxError
-from sow_redis.orderby import parse_order_by, sort_records
+from sow_redis.query.orderby import parse_order_by, sort_records
 
 # --------------------------------------------------------------------------- parsing
 

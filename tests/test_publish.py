@@ -11,9 +11,10 @@ import orjson
 import pytest
 from conftest import client, run_cli
 
-from sow_redis import keys, messages, sowkey
+from sow_redis import keys
 from sow_redis.client import TOPIC_KEEP_S, Sow
 from sow_redis.errors import MessageError
+from sow_redis.model import messages, sowkey
 
 BIG1 = 123456789012345678901234567890
 BIG2 = 123456789012345678901234567891
@@ -99,7 +100,7 @@ def test_a_dict_message_gives_the_entry_its_json_text_gives():
     import enum
 
     from sow_redis.config import parse_topics
-    from sow_redis.publisher import prepare
+    from sow_redis.publish.append import prepare
 
     class Side(enum.IntEnum):
         BUY = 1
@@ -309,7 +310,7 @@ def test_summary_counts_add_up(lonely_url, topic_name, tmp_path):
 def test_an_input_that_fails_midway_keeps_what_was_appended_and_says_so(tmp_path):
     """Items read before the input failed are appended (or rejected), and the exception
     carries a note naming the failing item and the counts."""
-    from sow_redis.publisher import append
+    from sow_redis.publish.append import append
 
     sow = Sow(f"memory://{tmp_path.name}")
     sow.apply_config('[[topic]]\nname = "t"\nkey = ["/k"]\npartitions = 2\n')

@@ -1,4 +1,4 @@
-"""SOW queries (sow_redis.query) through the Python API on both backends and through the CLI:
+"""SOW queries (sow_redis.query.sow) through the Python API on both backends and through the CLI:
 top-N limits, and filters that must neither hang nor overflow the stack (issues 7.6, 7.12, 8.1)."""
 
 from __future__ import annotations

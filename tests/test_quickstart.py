@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SHARED
 
-from sow_redis.server import free_port
+from sow_redis.ops.server import free_port
 
 README = ROOT / "README.md"
 README_URL = "redis://127.0.0.1:6390/0"
@@ -137,7 +137,7 @@ def _checked(block: str, url: str, mark: str) -> str:
     cleanup, printing ``LEFT none`` when no process of this run but the shell is alive (as
     :func:`leftovers`) and ``REDIS down`` when nothing answers at ``url`` any more."""
     assert f"export SOW_REDIS_URL={README_URL}\n" in block
-    port = url.rsplit(":", 1)[1].split("/")[0]
+    port = url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
     probe = textwrap.dedent(f"""\
         left="" here="$(pwd -P)"
         for d in /proc/[0-9]*; do

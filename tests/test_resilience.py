@@ -20,11 +20,11 @@ from conftest import run_cli, wait_until
 from redis import Redis
 
 from sow_redis import keys
+from sow_redis.apply.jobs import ensure_jobs
+from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
-from sow_redis.jobs import ensure_jobs
-from sow_redis.publisher import append, wait_applied
-from sow_redis.scripts import Scripts
-from sow_redis.server import free_port, spawn_redis
+from sow_redis.ops.server import free_port, spawn_redis
+from sow_redis.publish.append import append, wait_applied
 from sow_redis.settings import Settings
 
 pytestmark = pytest.mark.faults
@@ -40,7 +40,7 @@ def env_for(url: str, **extra: str) -> dict[str, str]:
 
 
 def spawn_worker(url: str, log_path: Path, *args: str) -> subprocess.Popen:
-    fh = open(log_path, "ab")  # noqa: SIM115 - the child keeps it
+    fh = open(log_path, "ab")
     return subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "worker", *args],
                             env=env_for(url), stdout=fh, stderr=subprocess.STDOUT)
 
@@ -129,7 +129,7 @@ def _up(tmp_path: Path, url: str, workers: int = 2) -> tuple[subprocess.Popen, P
     p = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "--config",
                           str(tmp_path / "none.toml"), "up", "--workers", str(workers),
                           "--data-dir", str(tmp_path / "data")], env=env_for(url),
-                         stdout=open(out, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+                         stdout=open(out, "wb"), stderr=subprocess.STDOUT)
     wait_until(lambda: len(_rq_workers(Redis.from_url(url))) == workers, 30,
                "up's workers registered", step=0.1)
     return p, out
@@ -270,7 +270,7 @@ def test_expirer_retries_at_least_every_2s_while_redis_is_down(tmp_path):
 def test_up_restarts_a_child_that_keeps_dying_with_backoff(capsys):
     """A child that exits at once is restarted at once, then after 0.5, 1, 2 s ... (``up``
     used to restart it every 0.2 s forever)."""
-    from sow_redis import server
+    from sow_redis.ops import server
 
     child = server._Child("crasher", [sys.executable, "-c", "raise SystemExit(3)"],
                           dict(os.environ))

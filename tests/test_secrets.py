@@ -194,7 +194,7 @@ def test_worker_and_expirer_logs_hold_no_password(users):
 
 def test_up_never_prints_the_password_and_keeps_its_pidfile_private(tmp_path):
     from sow_redis.errors import SowError
-    from sow_redis.server import read_pidfile, start_redis, write_pidfile
+    from sow_redis.ops.server import read_pidfile, start_redis, write_pidfile
 
     url = f"redis://alice:{SECRET}@192.0.2.1:6390/0"  # TEST-NET-1: not local
     with pytest.raises(SowError) as info:

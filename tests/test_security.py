@@ -84,7 +84,7 @@ def test_foreign_job_functions_are_refused(url, r, topic_name, tmp_path, worker)
     as_json = Queue(QUEUE_NAME, connection=r, serializer=JSONSerializer).enqueue(
         "subprocess.check_call", ["touch", str(marker)])
     bound = Queue(QUEUE_NAME, connection=r, serializer=JSONSerializer).enqueue(
-        "sow_redis.jobs.ingest_job", "../../etc", {"not": "an int"})
+        "sow_redis.apply.jobs.ingest_job", "../../etc", {"not": "an int"})
     why_json = wait_failed(r, as_json.id)
     why_plain = wait_failed(r, plain.id)
     why_args = wait_failed(r, bound.id)
@@ -92,7 +92,7 @@ def test_foreign_job_functions_are_refused(url, r, topic_name, tmp_path, worker)
           f"{why_plain.strip().splitlines()[-1]!r}; {why_args.strip().splitlines()[-1]!r}")
     assert "refused: job function 'subprocess.check_call' is not a sow_redis job" in why_json
     assert "refused: job payload is not a JSON sow_redis job" in why_plain
-    assert "refused: job 'sow_redis.jobs.ingest_job' takes (str, int)" in why_args
+    assert "refused: job 'sow_redis.apply.jobs.ingest_job' takes (str, int)" in why_args
     assert not marker.exists()
     assert worker.poll() is None
     applies(sow, topic_name, "after")
@@ -102,7 +102,7 @@ def test_pickled_payload_in_a_job_hash_is_never_loaded(url, r, topic_name, tmp_p
     sow = make_topic(url, topic_name)
     marker = tmp_path / "unpickled"
     job_id = f"crafted-{uuid.uuid4().hex}"
-    payload = pickle.dumps(("sow_redis.jobs.ingest_job", None, (Touch(marker), 0), {}))
+    payload = pickle.dumps(("sow_redis.apply.jobs.ingest_job", None, (Touch(marker), 0), {}))
     control = tmp_path / "control"
     pickle.loads(pickle.dumps(Touch(control))).close()
     assert control.exists()  # such a payload does run code when unpickled
@@ -123,7 +123,7 @@ def test_refusal_reads_only_the_json_payload(r):
     checked before it is imported."""
     from rq import Callback
 
-    from sow_redis.safejob import SowJob, refusal
+    from sow_redis.apply.safejob import SowJob, refusal
 
     job = Job.create("os.system", args=["true"], connection=r, serializer=JSONSerializer,
                      on_failure=Callback("os.abort"))
@@ -133,7 +133,7 @@ def test_refusal_reads_only_the_json_payload(r):
     assert refusal(got) == "refused: job function 'os.system' is not a sow_redis job"
     with pytest.raises(Exception, match="is not a sow_redis job"):
         got.func  # noqa: B018 - the property refuses before importing
-    ok = Job.create("sow_redis.jobs.ingest_job", args=["orders", 3], connection=r,
+    ok = Job.create("sow_redis.apply.jobs.ingest_job", args=["orders", 3], connection=r,
                     serializer=JSONSerializer)
     ok.save()
     assert refusal(SowJob.fetch(ok.id, connection=r, serializer=JSONSerializer)) is None
@@ -150,7 +150,7 @@ def test_readme_acl_confines_an_appender_to_the_logs(url, r, topic_name):
         sow = make_topic(url, topic_name)
         port = re.search(r":(\d+)/", url).group(1)
         a = Redis(host="127.0.0.1", port=int(port), username=user, password=password)
-        from sow_redis.messages import parse
+        from sow_redis.model.messages import parse
 
         p = parse(b'{"id": "via-acl"}', sow.topic(topic_name)).partition
         sid = a.xadd(keys.log(topic_name, p), {"cmd": "publish", "data": '{"id": "via-acl"}'})

@@ -18,7 +18,7 @@ from conftest import ROOT, SHARED
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.publisher import append
+from sow_redis.publish.append import append
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytestmark = [pytest.mark.spark,

@@ -24,7 +24,7 @@ from conftest import ROOT, SHARED, SPARK_TEST_MASTER, _own_cluster, client, run_
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.publisher import append
+from sow_redis.publish.append import append
 
 pyspark = pytest.importorskip("pyspark", reason="the spark extra is not installed")
 pytestmark = [pytest.mark.spark,
@@ -82,7 +82,7 @@ def test_executors_import_the_shipped_package_not_the_checkout(spark):
 
     def where(_i):
         import sow_redis
-        from sow_redis.sowkey import generate
+        from sow_redis.model.sowkey import generate
 
         try:
             import sow_redis.cli  # the whole package is there
@@ -94,7 +94,7 @@ def test_executors_import_the_shipped_package_not_the_checkout(spark):
 
     got = sc.parallelize(range(4), 4).mapPartitionsWithIndex(lambda i, it: where(i)).collect()
     executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
-    from sow_redis.sowkey import generate
+    from sow_redis.model.sowkey import generate
 
     print(executors, got)
     assert executors == 2

@@ -14,7 +14,6 @@ import time
 import orjson
 import pytest
 from conftest import ROOT, cli_env, client, run_cli, start_worker
-from redis import Redis
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -279,7 +278,7 @@ def test_a_subscriber_dropped_for_its_output_buffer_recovers(lonely_url, tmp_pat
 PUBLISHER = textwrap.dedent("""
     import random, sys
     from sow_redis.client import Sow
-    from sow_redis.publisher import append
+    from sow_redis.publish.append import append
     topic, n, nkeys = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     sow = Sow()
     t = sow.topic(topic)

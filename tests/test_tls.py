@@ -18,7 +18,7 @@ import pytest
 from conftest import FAST
 
 from sow_redis.client import Sow
-from sow_redis.server import free_port
+from sow_redis.ops.server import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is missing")
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import client, run_cli, wait_until
 
 from sow_redis import keys
-from sow_redis.server import free_port
+from sow_redis.ops.server import free_port
 
 pytestmark = pytest.mark.cluster
 

@@ -14,7 +14,7 @@ from redis import Redis
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.publisher import append, wait_applied
+from sow_redis.publish.append import append, wait_applied
 
 
 def make_topic(url, name, partitions=8):
@@ -73,7 +73,7 @@ def test_entries_from_any_redis_client_are_picked_up_by_sweep(url, r, topic_name
     sow = make_topic(url, topic_name, partitions=2)
     w = start_worker(url)
     try:
-        from sow_redis.messages import parse
+        from sow_redis.model.messages import parse
 
         p = parse(b'{"id": "raw"}', sow.topic(topic_name)).partition
         sid = r.xadd(keys.log(topic_name, p), {"cmd": "publish", "data": '{"id": "raw"}'})
@@ -135,7 +135,7 @@ def _rq_workers(r):
 
 
 def test_applied_log_entries_are_trimmed_past_log_max_len(url, r, topic_name):
-    from sow_redis.jobs import drain_partition
+    from sow_redis.apply.jobs import drain_partition
     from sow_redis.settings import Settings
 
     sow = make_topic(url, topic_name, partitions=1)
@@ -211,7 +211,7 @@ def test_every_partition_job_names_its_backlog(url, topic_name):
     """rq-dashboard shows a partition job as ``ingest <topic>[<p>] (N entries behind)``,
     whoever enqueued it: the publisher (it knows what it appended), a sweep or a job handing
     its partition over (counted from the log, at most 1,000)."""
-    from sow_redis.jobs import QUEUE_KEY, ensure_jobs
+    from sow_redis.apply.jobs import QUEUE_KEY, ensure_jobs
 
     sow = make_topic(url, topic_name, partitions=1)
     ctl = control(url)

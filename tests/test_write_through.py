@@ -12,16 +12,16 @@ import time
 import pytest
 from conftest import start_worker
 
-from sow_redis.feed.live import ShardListener
 from sow_redis import keys
-from sow_redis.apply import apply_batch
+from sow_redis.apply.applier import apply_batch
+from sow_redis.apply.ops import Upsert
+from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
 from sow_redis.errors import ConflictError
-from sow_redis.events import events_of
-from sow_redis.messages import key_of
-from sow_redis.ops import Upsert
-from sow_redis.publisher import _write_through, append, wait_applied
-from sow_redis.scripts import Scripts
+from sow_redis.feed.live import ShardListener
+from sow_redis.model.events import events_of
+from sow_redis.model.messages import key_of
+from sow_redis.publish.append import _write_through, append, wait_applied
 from sow_redis.settings import Settings
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from sow_redis.ops.worker import run_worker
 from sow_redis.settings import Settings
-from sow_redis.worker import run_worker
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)

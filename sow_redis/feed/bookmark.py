@@ -1,7 +1,7 @@
 """Bookmarks: a topic's position in its change feed.
 
 A topic's changes are numbered per partition (``seq``: every change moves its partition's
-sequence by one; see :mod:`sow_redis.events`). A **bookmark** holds, for each partition, the
+sequence by one; see :mod:`sow_redis.model.events`). A **bookmark** holds, for each partition, the
 ``seq`` of the last change already seen; a subscription resumed from it receives every change
 after it, and none before. It prints as one opaque string, comma-separated per partition (the
 form the seeds/002 bookmark store reads back), each position as 12 hexadecimal digits, so that

@@ -32,9 +32,14 @@ import threading
 from collections import deque
 from typing import Any
 
-from ..config import TopicConfig, get_topic, parse_topics
+from ..apply.jobs import apply_here
+from ..config import TopicConfig, parse_topics
 from ..connection import Client
 from ..errors import UnknownTopicError
+from ..publish.append import append
+from ..query.sow import query
+from ..registry import apply_topics, get_topic
+from ..settings import Settings
 from .bookmark import Bookmark
 
 log = logging.getLogger(__name__)
@@ -46,8 +51,6 @@ STORE_CONFIG = (f'[[topic]]\nname = "{STORE_TOPIC}"\nkey = ["/clientName", "/sub
 
 def store_topic(r: Client) -> TopicConfig:
     """The store's topic, defined in the registry when it is not yet."""
-    from ..config import apply_topics
-
     try:
         return get_topic(r, STORE_TOPIC)
     except UnknownTopicError:
@@ -119,19 +122,20 @@ class BookmarkStore:
     Args:
         r: the client (the store topic is read and written through it, applied in this
             process, so no worker needs to run for it).
+        settings: the appliers' settings (:class:`~sow_redis.settings.Settings`; default:
+            from the environment).
         client_name: the tracked client's name (the seed's ``trackedClientName``).
         persist_every: processed changes between two writes of a subscription's bookmark.
         persisted: the record's ``persisted`` flag (see the module docstring).
     """
 
     def __init__(self, r: Client, client_name: str, persist_every: int = 10,
-                 persisted: bool = True):
+                 persisted: bool = True, settings: Settings | None = None):
         if persist_every < 1:
             raise ValueError("persist_every must be 1 or more")
-        from ..client import Sow
-
         self.client_name, self.persist_every, self.persisted = client_name, persist_every, persisted
-        self._sow = Sow(client=r, inline=True)
+        self.r = r
+        self.settings = settings or Settings.from_env()
         self.topic = store_topic(r)
         self._subs: dict[str, SubscriptionState] = {}
         self.loaded: dict[str, str] = {}
@@ -146,9 +150,9 @@ class BookmarkStore:
     def _load(self) -> None:
         """Step 1 of the seed: the client's records, by the query ``/clientName = 'NAME'``
         (entries still in the store's log are applied first, here)."""
-        _apply_store(self._sow, self.topic)
+        _apply_store(self.r, self.topic, self.settings)
         quoted = self.client_name.replace("'", "''")
-        for rec in self._sow.sow(STORE_TOPIC, f"/clientName = '{quoted}'"):
+        for rec in query(self.r, self.topic, f"/clientName = '{quoted}'"):
             obj = rec.obj()
             if isinstance(obj.get("subId"), str) and isinstance(obj.get("bookmark"), str):
                 self.loaded[obj["subId"]] = obj["bookmark"]
@@ -183,7 +187,8 @@ class BookmarkStore:
         records = [self._record(s) for s in sorted(sub_ids)
                    if s in self._subs and self._subs[s].started]
         if records:
-            self._sow.publish(STORE_TOPIC, records)
+            result = append(self.r, self.topic, [("publish", rec, None) for rec in records])
+            apply_here(self.r, self.topic, list(result.last_ids), self.settings, STORE_APPLY_S)
 
     def _writer(self) -> None:
         while True:
@@ -219,19 +224,21 @@ class BookmarkStore:
         self.close()
 
 
-def _apply_store(sow: Any, topic: TopicConfig) -> None:
+STORE_APPLY_S = 30.0
+"""Seconds the store waits at most for a worker that holds its partition's lease."""
+
+
+def _apply_store(r: Client, topic: TopicConfig, settings: Settings) -> None:
     """Apply what the store's log holds (written by a process that died before applying)."""
-    sow.handoff(topic, {p: "0-0" for p in range(topic.partitions)}, timeout=30.0)
+    apply_here(r, topic, list(range(topic.partitions)), settings, STORE_APPLY_S)
 
 
 def list_bookmarks(r: Client, client_name: str, sub_id: str | None = None) -> list[dict[str, Any]]:
     """The stored records of a client (and one subscription), as the store holds them."""
-    from ..client import Sow
-
-    sow = Sow(client=r, inline=True)
-    _apply_store(sow, store_topic(r))
+    topic = store_topic(r)
+    _apply_store(r, topic, Settings.from_env())
     quoted = client_name.replace("'", "''")
     flt = f"/clientName = '{quoted}'"
     if sub_id is not None:
         flt += " AND /subId = '" + sub_id.replace("'", "''") + "'"
-    return [rec.obj() for rec in sow.sow(STORE_TOPIC, flt)]
+    return [rec.obj() for rec in query(r, topic, flt)]

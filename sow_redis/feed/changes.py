@@ -1,4 +1,4 @@
-"""Reading a partition's change feed (``{sow:T:p}:changes``, see :mod:`sow_redis.events`).
+"""Reading a partition's change feed (``{sow:T:p}:changes``, see :mod:`sow_redis.model.events`).
 
 Blocks are stored under the stream id ``<first seq>-0``, so the block holding any ``seq`` is
 the last one whose id is at or below ``<seq>-0`` (one ``XREVRANGE … COUNT 1``).
@@ -14,7 +14,7 @@ from .. import keys
 from ..config import TopicConfig
 from ..connection import Client, StreamEntry
 from ..errors import BookmarkError
-from ..events import ChangeBlock, parse_block
+from ..model.events import ChangeBlock, parse_block
 from .bookmark import Bookmark
 
 PAGE = 64

@@ -4,7 +4,7 @@ notices, that never lose a change silently (AMPS User Guide: "Atomic Query and S
 ARCHITECTURE §6).
 
 A :class:`Subscriber` listens to the topic's change blocks on sharded pub/sub, one channel per
-partition (:mod:`sow_redis.events`, :mod:`sow_redis.feed.live`), and keeps, per partition,
+partition (:mod:`sow_redis.model.events`, :mod:`sow_redis.feed.live`), and keeps, per partition,
 the ``seq`` of the last change it has accounted for. A block that starts after that position
 means blocks were lost (Redis drops a subscriber whose output
 buffer overflows, and whatever is published while one reconnects): the subscriber reads them
@@ -38,7 +38,7 @@ Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
 
 Nothing a subscriber receives stops it. A change it cannot decode or render (a SOW key or
 data that is not UTF-8, data that is no JSON object: NaN text, nesting deeper than the JSON
-decoder goes; see :func:`sow_redis.events.parse_block`), a record of the query part or of a
+decoder goes; see :func:`sow_redis.model.events.parse_block`), a record of the query part or of a
 requery that cannot be decoded, or a message on the topic's channels that is no change block,
 is skipped (its ``seq`` counts as accounted for) and reported once as an ``error`` message to
 the ``report`` callback (``topic``, ``partition``, ``seq``, ``sow_key``, ``id``, ``error``:
@@ -63,12 +63,13 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
-from ..config import TopicConfig, get_topic, migration_holds, shape_changes
+from ..config import TopicConfig, shape_changes
 from ..connection import Client, server_ms
 from ..errors import FilterEvalError, SubscriptionEnded
-from ..events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
 from ..logs import fields
-from ..records import decode as decode_record
+from ..model.events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
+from ..model.records import decode as decode_record
+from ..registry import get_topic, migration_holds
 from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
 from .live import ShardListener, refresh_topology
@@ -132,8 +133,8 @@ class Subscriber:
                  tracker: Tracker | None = None,
                  report: Callable[[Message], None] | None = None,
                  auto_processed: bool = True, resync: bool = False):
-        from ..filter import compile_filter
-        from ..orderby import parse_order_by
+        from ..query.filter import compile_filter
+        from ..query.orderby import parse_order_by
 
         if migration_holds(r, topic.name, range(topic.partitions)):
             topic = _after_migration(r, topic)  # started during a migration: its new layout
@@ -236,7 +237,7 @@ class Subscriber:
         return int(seq_raw or 0), out
 
     def _query(self) -> list[int]:
-        from ..orderby import sort_records
+        from ..query.orderby import sort_records
 
         seqs: list[int] = []
         rows: list[tuple[int, Any, dict[str, Any]]] = []
@@ -439,7 +440,7 @@ class Subscriber:
 
     def _follow_migration(self) -> None:
         """The topic's shape migration began (its notice on a partition channel; see
-        :mod:`sow_redis.migrate`): stop listening to the old partitions, wait until the
+        :mod:`sow_redis.ops.migrate`): stop listening to the old partitions, wait until the
         migration ends (at most :data:`MIGRATION_WAIT_S` seconds), then subscribe to the
         partitions of the definition stored by then and re-read their records: each record
         as a ``publish`` (the view brought up to date as a gap recovery by re-reading does),

@@ -28,13 +28,13 @@ partition's lease (the workers' fencing token) throughout:
 
 1. the partition's records, expiry set, hash-index members and indexes are replaced by the
    snapshot's records (same SOW keys, data, change sequences, stream ids, expiries; index
-   members from :func:`sow_redis.messages.index_members`, as the publisher computes them);
+   members from :func:`sow_redis.model.messages.index_members`, as the publisher computes them);
 2. the log is rewritten to hold, in stream-id order, the entries after the snapshot's cursor:
    the archived ones (``--log``) and those still in the live log (a live entry wins over its
    archived copy), with their original stream ids (so expiries computed from them come out
    the same);
 3. the state gets the snapshot's ``seq`` and ``cursor``; the workers' apply path
-   (:func:`sow_redis.apply.apply_batch` under the held token) applies the log from there.
+   (:func:`sow_redis.apply.applier.apply_batch` under the held token) applies the log from there.
 
 For a chaining topic, step 1 also replaces each partition's chain table by the export's
 (``OUT/_sow_chains``, read with the records), so the log entries after the snapshot chain to
@@ -136,7 +136,7 @@ def read_changes(url: str, topic: str, p: int) -> Iterator[tuple[Any, ...]]:
 
     from .. import keys
     from ..connection import connect
-    from ..events import parse_block
+    from ..model.events import parse_block
 
     r: Any = connect(url)
     key, start = keys.changes(topic, p), "-"
@@ -252,10 +252,10 @@ def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str
     Yields one count dict.
     """
     from .. import keys
-    from ..apply import apply_batch
+    from ..apply.applier import apply_batch
+    from ..apply.scripts import Scripts
     from ..connection import connect
-    from ..messages import decode, index_members
-    from ..scripts import Scripts
+    from ..model.messages import decode, index_members
     from ..settings import Settings
     from ..streamids import compare, reached
 

@@ -1,7 +1,7 @@
 """``sow-redis spark resolve-chains``: the chaining key generator (seeds/003) over a whole
 input at once, with pointer jumping in Spark.
 
-The workers resolve a chaining topic one message after the other (:class:`sow_redis.chaining.
+The workers resolve a chaining topic one message after the other (:class:`sow_redis.apply.chaining.
 ChainResolver`). Their rule, restated so it can run in parallel: the chain table only grows
 (an identifier, once in a chain, keeps its head), so every identifier is placed by the first
 message that carries it. In that message, an identifier already in a chain (an *old* one) is
@@ -22,7 +22,7 @@ conflict. Then the forest is exactly the table the workers build.
 
 Input rows come from the bulk load's executor code (:func:`sow_redis.spark.load.prepare_rows`:
 the publisher's validation, FIX parsing and partitioning) and the identifiers from
-:func:`sow_redis.chaining.chain_values` (the workers' canonical values): no second
+:func:`sow_redis.model.chains.chain_values` (the workers' canonical values): no second
 implementation of either. Identifiers already in the topic's chain table take part with the
 heads stored there, so a load on top of earlier data resolves like the workers would.
 
@@ -77,9 +77,9 @@ def chain_rows(topic_json: bytes, rows: Iterable[tuple[int, tuple[int, Any, Any]
     identifiers in the order the workers look them up (secondary values, then the primary),
     the first one the head of a new chain. Deletes (they place nothing) and rows the workers
     reject before resolving (bad JSON, no chaining field) are left out."""
-    from ..chaining import chain_values
     from ..errors import MessageError
-    from ..messages import decode
+    from ..model.chains import chain_values
+    from ..model.messages import decode
 
     topic = TopicConfig.from_json(topic_json)
     for p, (order, fields, _reject) in rows:

@@ -3,7 +3,7 @@
 1. Spark reads the inputs (files, folders, globs) in splits and numbers the rows in input
    order (or orders them by ``order_by`` columns).
 2. Executors validate each row and build its log entry with the publisher's own code
-   (:func:`sow_redis.publisher.prepare`: the same SOW keys, canonical values and FIX parsing
+   (:func:`sow_redis.publish.append.prepare`: the same SOW keys, canonical values and FIX parsing
    as ``sow-redis publish``); a row it refuses becomes an error-stream entry with its reason.
 3. Each split's task sends its rows, batch by batch per topic partition, to
    ``lua/include/apply_load.lua``, which appends a batch to the partition's transaction log and
@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import TopicConfig
+from ..connection import Client
 from .chains import ChainResult
 
 APPLY_BATCH = 2000
@@ -178,7 +179,7 @@ def prepare_rows(topic_json: bytes, rows: Iterable[tuple[bytes | str, int]],
     or skipped) and ``reject`` ``(reason, detail, data)`` or None; skipped FIX messages come
     as ``(-1, (order, None, None))``."""
     from ..errors import MessageError
-    from ..publisher import prepare
+    from ..publish.append import prepare
 
     topic = TopicConfig.from_json(topic_json)
     skip = frozenset(topic.skip_msg_types)
@@ -217,9 +218,9 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
         RuntimeError: batches lost out of order (a later batch kept, an earlier one lost:
             only possible without ``durable``); redis errors after ``FAILOVER_WAIT_S``.
     """
+    from ..apply.scripts import Scripts
     from ..client import Sow
     from ..connection import is_cluster
-    from ..scripts import Scripts
     from ..settings import Settings
 
     topic = TopicConfig.from_json(topic_json)
@@ -294,7 +295,7 @@ def _connection_lost(exc: BaseException) -> bool:
                                                                    "MOVED", "LOADING")))
 
 
-def _reconnect(r: Any, deadline: float) -> None:
+def _reconnect(r: Client, deadline: float) -> None:
     """Until the slot map is read again and answers (a cluster client), or ``deadline``."""
     from redis import exceptions as rx
 
@@ -310,7 +311,7 @@ def _reconnect(r: Any, deadline: float) -> None:
             time.sleep(0.5)
 
 
-def _with_failover(r: Any, fn: Any) -> Any:
+def _with_failover(r: Client, fn: Any) -> Any:
     """``fn()``, called again (it must be idempotent) after a lost connection, for at most
     ``FAILOVER_WAIT_S`` seconds."""
     deadline = time.monotonic() + FAILOVER_WAIT_S
@@ -323,7 +324,7 @@ def _with_failover(r: Any, fn: Any) -> Any:
             _reconnect(r, deadline)
 
 
-def _resume_at(r: Any, topic: str, p: int, load_id: str, upto: int) -> int:
+def _resume_at(r: Client, topic: str, p: int, load_id: str, upto: int) -> int:
     """After a lost connection while batch ``upto`` of partition ``p`` was sent: the first
     batch (≤ ``upto``) whose marker the slot's owner does not have. A failover keeps a prefix
     of what the old primary had (replication is in order), so every batch after it is
@@ -345,7 +346,7 @@ def _resume_at(r: Any, topic: str, p: int, load_id: str, upto: int) -> int:
     return first
 
 
-def wait_replicated(r: Any, key: str, timeout_s: float = REPLICA_WAIT_S) -> None:
+def wait_replicated(r: Client, key: str, timeout_s: float = REPLICA_WAIT_S) -> None:
     """Return once a replica of the node that owns ``key`` has everything that node had
     written when this was called (its ``master_repl_offset``, against each replica's
     acknowledged offset in ``INFO replication``): ``WAIT 1`` that needs no particular
@@ -354,14 +355,10 @@ def wait_replicated(r: Any, key: str, timeout_s: float = REPLICA_WAIT_S) -> None
     Raises:
         NotDurableError: no replica reached the offset within ``timeout_s`` seconds.
     """
-    from ..connection import is_cluster
+    from ..connection import node_for_key
     from ..errors import NotDurableError
 
-    if is_cluster(r):
-        node = r.get_node_from_key(key)
-        client, where = r.get_redis_connection(node), node.name
-    else:
-        client, where = r, "the server"
+    client, where = node_for_key(r, key)
     target = int(client.info("replication")["master_repl_offset"])
     deadline = time.monotonic() + timeout_s
     while True:
@@ -399,8 +396,8 @@ class _SplitWriter:
 
     def __init__(self, url: str, topic: TopicConfig, load_id: str, splits: int, split: int,
                  timeout: float) -> None:
+        from ..apply.scripts import Scripts
         from ..client import Sow
-        from ..scripts import Scripts
         from ..settings import Settings
 
         self.topic, self.load_id, self.timeout = topic, load_id, timeout
@@ -449,7 +446,7 @@ class _SplitWriter:
              rejects: list[Any]) -> None:
         """Batch ``batch`` of this split in partition ``p``: applied, staged or (applied
         before) nothing, as :func:`apply_load` says."""
-        from ..scripts import LoadStatus, pack_load_batch
+        from ..apply.scripts import LoadStatus, pack_load_batch
 
         packed = pack_load_batch(entries, rejects)
         deadline = time.monotonic() + self.timeout
@@ -468,7 +465,7 @@ class _SplitWriter:
     def apply_staged(self, p: int) -> tuple[int, int]:
         """Apply the staged batches that follow the partition's position (later splits that
         finished first); the position after."""
-        from ..scripts import LoadStatus
+        from ..apply.scripts import LoadStatus
 
         deadline = time.monotonic() + self.timeout
         while True:
@@ -489,8 +486,8 @@ class _SplitWriter:
     def _make_way(self, p: int, status: Any, deadline: float) -> None:
         """Entries in the log ahead of the load (publishes not applied yet): apply them with
         the workers' path; a shape migration: wait for it."""
+        from ..apply.scripts import LoadStatus
         from ..errors import WaitTimeout
-        from ..scripts import LoadStatus
 
         if status == LoadStatus.SPLITS_CHANGED:
             raise RuntimeError(f"load {self.load_id} of topic {self.topic.name} ran before "

@@ -66,7 +66,7 @@ def read_partition(url: str, topic: str, p: int, exact: bool = True,
     without ``_sow_key``)."""
     import orjson
 
-    from ..records import decode
+    from ..model.records import decode
 
     seq_n, cursor, raw, chain = read_state(url, topic, p, chains)
     head_row: dict[str, object] = {"_sow_partition": p, "_sow_seq": seq_n,

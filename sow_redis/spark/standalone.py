@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SowError
-from ..server import free_port, stop_processes
+from ..ops.server import free_port, stop_processes
 
 DAEMON_MEMORY = "256m"
 """Heap of the master's and each worker's own JVM (``SPARK_DAEMON_MEMORY``; Spark's default

@@ -1,0 +1,5 @@
+"""``python -m sow_redis.cli``: the ``sow-redis`` command."""
+
+from . import main
+
+main()

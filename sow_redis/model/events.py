@@ -1,0 +1,268 @@
+"""Change events, change blocks and dead-letter copies: the one Python definition of their
+formats (the Lua side: ``sow_redis/apply/lua/include/event.lua``).
+
+Every atomic Lua call that changes records of a partition (a batch of the log applied by a
+worker, an expirer pass) publishes its changes as one **change block** on the partition's sharded
+pub/sub channel ``{sow:<topic>:<p>}:live`` (``SPUBLISH``; :func:`sow_redis.keys.partition_channel`),
+whether or not anyone listens, and,
+unless the topic sets ``change_retention = 0``, appends the same bytes to the partition's
+**change feed**, the stream ``{sow:<topic>:<p>}:changes`` (:func:`sow_redis.keys.changes`),
+under the stream id ``<first>-0``, field ``block``.
+
+A block is one flat array, encoded with MessagePack (a JSON array of the same layout on the
+in-process ``memory://`` backend, whose Lua has no MessagePack)::
+
+    [topic, partition, first, last, ms,
+     op, sow_key, seq, id, reason, expiry_ms, data,      # one change: 7 fields
+     op, sow_key, seq, id, reason, expiry_ms, data, …]
+
+* ``first`` … ``last``: the partition's change sequence numbers (``seq``) of the block's
+  changes. Every change moves its partition's ``seq`` by one, so a partition's consecutive
+  blocks have ``first`` = previous ``last`` + 1: a reader that sees a larger ``first`` missed a
+  block and reads it from the change feed. ``ms``: server time of the call (ms since epoch).
+* ``op``: ``publish`` | ``delta_publish`` (``data`` is the merged record) | ``sow_delete`` (a
+  removal; ``reason`` ``deleted`` by a sow_delete, or ``expired``; ``data`` is the removed
+  record); ``reason`` is ``""`` for the others. ``id``: the log entry that caused the change
+  (for an expiry, the entry that last wrote the record); ``expiry_ms``: the record's expiry in
+  ms since the epoch on the Redis server clock, 0 = none; ``data``: the record's JSON text.
+
+:func:`parse_block` decodes either encoding into a :class:`ChangeBlock` of
+:class:`ChangeEvent` dicts (``data`` decoded). Whatever bytes a record or key holds, every
+block that Lua wrote decodes: a change whose SOW key or data cannot be decoded (not UTF-8, not
+a JSON object, NaN text, nested deeper than the JSON decoder goes) becomes an event with
+``error`` (what could not be decoded) and ``data`` None, so a reader accounts for its ``seq``,
+reports it and goes on. An expiry beyond any clock reads as
+:data:`sow_redis.model.records.MAX_EXPIRY_MS`. The change feed keeps blocks for the topic's
+``change_retention`` (age and count per partition, defaults 1 h and 100,000 changes): the
+oldest blocks are trimmed as new ones come (by count at every block, keeping whole blocks down
+to the one holding the oldest change to keep, so a block of more changes than the count stays;
+by age each time the partition's sequence crosses a multiple of 64). A block's time is also indexed in
+``{sow:<topic>:<p>}:changes:t`` (ZSET first seq → ms).
+
+The expirer publishes one more message when it removes an idle topic (``idle_expiration``):
+``{"topic": …, "op": "topic_removed", "reason": "idle_expiration"}`` (:func:`topic_removed`).
+
+A **dead-letter copy** of an expired record (RabbitMQ dead-letter exchange, seeds/001) is
+published to the topic's ``dead_letter`` topic as :func:`dead_letter`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import msgpack
+import orjson
+
+from .records import MAX_EXPIRY_MS, expiry_of
+
+OPS = ("publish", "delta_publish", "sow_delete")
+"""``op`` of a change event."""
+
+_OPS = frozenset(OPS)
+
+REASONS = ("deleted", "expired")
+"""``reason`` of a removal (``sow_delete`` event)."""
+
+
+class ChangeEvent(TypedDict, total=False):
+    """One change (see the module docstring). :func:`events_of` adds ``topic`` and
+    ``partition`` from its block; ``reason`` only on removals; ``error`` only on a change
+    that cannot be decoded (``data`` is None then, ``sow_key`` the key with its undecodable
+    bytes shown as ``\\xNN``)."""
+
+    topic: str
+    partition: int
+    op: str
+    sow_key: str
+    seq: int
+    id: str
+    reason: str
+    expiry_ms: int
+    data: dict[str, Any] | None
+    error: str
+
+
+class ChangeBlock(TypedDict):
+    """The changes of one atomic call in one partition (see the module docstring)."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+    ms: int
+    events: list[ChangeEvent]
+
+
+EVENT_WIDTH = 7
+"""Fields per change in a block."""
+
+
+def _unpack(raw: bytes) -> Any:
+    """The block's array; strings that are not UTF-8 keep their bytes as lone surrogates
+    (``surrogateescape``) for :func:`_change` to report."""
+    if raw[:1] != b"[":
+        return msgpack.unpackb(raw, raw=False, unicode_errors="surrogateescape")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:  # memory://: cjson copies a string's bytes as they are
+        import json
+
+        return json.loads(raw.decode("utf-8", "surrogateescape"))
+
+
+def _text(value: Any) -> str:
+    """A field as text: bytes (a MessagePack bin) decoded keeping bad bytes as surrogates."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return value if isinstance(value, str) else str(value)
+
+
+def _shown(text: str) -> str:
+    """Text with any undecodable byte shown as ``\\xNN`` (printable, encodable)."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _change(fields: list[Any], seq: int) -> ChangeEvent:
+    """One change of a block, ``seq`` its position (the block's first + index)."""
+    op, key, _seq, sid, reason, expiry, data = fields
+    ev: ChangeEvent = {"op": _text(op), "seq": _seq if type(_seq) is int else seq,
+                       "id": _text(sid), "expiry_ms": expiry_of(expiry)}
+    if reason:
+        ev["reason"] = _text(reason)
+    if ev["op"] not in OPS:
+        ev["sow_key"], ev["data"] = _shown(_text(key)), None
+        ev["error"] = f"unknown op {_shown(ev['op'])[:40]!r}"
+        return ev
+    ev.update(decode_change(_text(key), data))
+    return ev
+
+
+def decode_change(sow_key: str, data: Any) -> ChangeEvent:
+    """``sow_key`` and ``data`` (JSON object text, str or bytes) of a change or a stored record,
+    decoded as a reader can use them: ``{"sow_key", "data"}``, or with ``error`` (what cannot
+    be decoded; ``data`` None, undecodable key bytes shown as ``\\xNN``). A key read with
+    ``surrogateescape`` (as :func:`sow_redis.model.records.decode` does) is checked here."""
+    ev: ChangeEvent = {"sow_key": sow_key, "data": None}
+    if not sow_key.isascii() and not _is_utf8(sow_key):
+        ev["sow_key"], ev["error"] = _shown(sow_key), "the SOW key is not UTF-8"
+        return ev
+    try:
+        obj = orjson.loads(data if isinstance(data, (bytes, str)) else b"")
+    except orjson.JSONDecodeError as exc:
+        ev["error"] = ("the data is not UTF-8" if not _is_utf8(_text(data))
+                       else f"the data is not JSON the reader can decode ({exc})")
+        return ev
+    if isinstance(obj, dict):
+        ev["data"] = obj
+    else:
+        ev["error"] = f"the data is a JSON {type(obj).__name__}, not an object"
+    return ev
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def parse_block(raw: bytes) -> ChangeBlock:
+    """Decode one change block (MessagePack, or JSON on ``memory://``) as published on a
+    topic's channel or kept in its change feed. A change that cannot be decoded is an event
+    with ``error`` (see the module docstring); it never fails the block.
+
+    Raises:
+        ValueError: not a change block (e.g. a ``topic_removed`` message, or bytes no
+            sow_redis script wrote).
+    """
+    try:
+        arr = _unpack(raw)
+    except Exception as exc:
+        raise ValueError(f"not a change block: {exc}") from None
+    if not isinstance(arr, list) or len(arr) < 5 or (len(arr) - 5) % EVENT_WIDTH:
+        raise ValueError("not a change block")
+    topic, partition, first, last, ms = arr[:5]
+    if not isinstance(topic, (str, bytes)) or not all(
+            type(x) is int for x in (partition, first, last, ms)):
+        raise ValueError("not a change block: bad header")
+    topic = _shown(_text(topic))
+    events: list[ChangeEvent] = []
+    for n, i in enumerate(range(5, len(arr), EVENT_WIDTH)):
+        op, key, seq, sid, reason, expiry, data = arr[i:i + EVENT_WIDTH]
+        try:  # the common case, inline (a subscriber decodes every change)
+            if op not in _OPS or not key.isascii():
+                raise ValueError
+            obj = orjson.loads(data)
+            if type(obj) is not dict:
+                raise ValueError
+        except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
+            ev = _change(arr[i:i + EVENT_WIDTH], first + n)
+            ev["topic"], ev["partition"] = topic, partition
+            events.append(ev)
+            continue
+        ev = {"topic": topic, "partition": partition, "op": op, "sow_key": key,
+              "seq": seq if type(seq) is int else first + n, "id": sid,
+              "expiry_ms": expiry if type(expiry) is int and 0 <= expiry <= MAX_EXPIRY_MS
+              else expiry_of(expiry), "data": obj}
+        if reason:
+            ev["reason"] = reason
+        events.append(ev)
+    return {"topic": topic, "partition": partition, "first": first, "last": last, "ms": ms,
+            "events": events}
+
+
+def due_times(raw: bytes) -> list[int]:
+    """The expiry times (ms since the epoch, server clock) that the changes of one change
+    block set: those of its ``publish`` and ``delta_publish`` events with an expiry; [] for
+    a block without any and for other messages. Cheaper than :func:`parse_block` (the
+    records' JSON is not decoded): the expirer reads every block of the topics it serves."""
+    try:
+        arr = orjson.loads(raw) if raw[:1] == b"[" else msgpack.unpackb(raw, raw=False)
+    except Exception:
+        return []
+    if not isinstance(arr, list) or len(arr) < 5 or (len(arr) - 5) % EVENT_WIDTH:
+        return []
+    return [int(arr[i + 5]) for i in range(5, len(arr), EVENT_WIDTH)
+            if arr[i] != "sow_delete" and int(arr[i + 5]) > 0]
+
+
+def events_of(raw: bytes) -> list[ChangeEvent]:
+    """The events of a change block; [] for other messages on the channel
+    (``topic_removed``)."""
+    try:
+        return parse_block(raw)["events"]
+    except ValueError:
+        return []
+
+
+def topic_migrating(topic: str) -> bytes:
+    """The notice a shape migration sends on each of the topic's old partition channels when
+    it begins (:mod:`sow_redis.ops.migrate`): JSON ``{"topic", "op": "topic_migrating"}``."""
+    return orjson.dumps({"topic": topic, "op": "topic_migrating"})
+
+
+def notice_op(raw: bytes) -> str | None:
+    """The ``op`` of a topic notice (:func:`topic_removed`, :func:`topic_migrating`) on a
+    topic's channels; None for anything else."""
+    if raw[:1] != b"{":
+        return None
+    try:
+        msg = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    op = msg.get("op") if isinstance(msg, dict) else None
+    return op if op in ("topic_removed", "topic_migrating") else None
+
+
+def topic_removed(topic: str) -> bytes:
+    """The event published when the expirer removes an idle topic."""
+    return orjson.dumps({"topic": topic, "op": "topic_removed", "reason": "idle_expiration"})
+
+
+def dead_letter(sow_key: str, topic: str, expiry_ms: int, data: bytes) -> bytes:
+    """The message published to the dead-letter topic for an expired record:
+    ``{"sow_key", "topic", "expiry_ms", "reason": "expired", "data"}`` (``data``: the record's
+    JSON text, embedded as it is)."""
+    return orjson.dumps({"sow_key": sow_key, "topic": topic, "expiry_ms": expiry_ms,
+                         "reason": "expired", "data": orjson.Fragment(data)})

@@ -1,0 +1,5 @@
+"""``python -m sow_redis.ops.dashboard`` (what ``sow-redis dashboard`` runs)."""
+
+from . import main
+
+main()

@@ -1,0 +1,2 @@
+"""Reading the SOW: sow queries (:mod:`.sow`), AMPS filters (:mod:`.filter`) and order-by
+(:mod:`.orderby`)."""

@@ -1,0 +1,185 @@
+"""SOW queries: content filter, SOW key list, hash-index lookups, order-by and top-N.
+
+AMPS User Guide ch. 7, "Queries" and "SOW Indexing" (seeds/004): a query returns every record
+of the topic that matches the content filter. Equality (``=`` or ``IN``) on exactly the fields
+of a configured hash index reads that index instead of scanning the topic; the full filter is
+still checked on every record read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from redis.exceptions import OutOfMemoryError
+
+from .. import keys
+from ..config import TopicConfig
+from ..connection import Client, server_ms
+from ..model.records import Record
+from ..model.records import decode as decode_record
+from ..model.sowkey import generate, index_hash, partition_of_key
+
+log = logging.getLogger(__name__)
+
+SCAN_COUNT = 1000
+"""HSCAN page size (records) when a query reads a whole partition."""
+
+MAX_INDEX_PROBES = 1024
+"""Most value combinations an ``IN`` list may expand to before the index is not used."""
+
+
+def scan_partition(r: Client, topic: TopicConfig, p: int, lenient: bool = False
+                   ) -> Iterator[Record]:
+    """Every record of one partition (HSCAN; a record changed during the scan may be missed or
+    seen twice, as with any Redis SCAN); ``lenient``: a key that is not UTF-8 reads
+    (:func:`sow_redis.model.records.decode`)."""
+    for k, v in r.hscan_iter(keys.records(topic.name, p), count=SCAN_COUNT):
+        yield decode_record(k, v, lenient)
+
+
+def get_records(r: Client, topic: TopicConfig, sow_keys: list[str]) -> Iterator[Record]:
+    """The records with these SOW keys, in the given order, skipping absent ones.
+
+    Without ``partition_by`` a key's partition follows from the key itself, so each key is
+    read from its one partition; otherwise every partition is asked.
+    """
+    if not sow_keys:
+        return
+    by_part: dict[int, list[str]] = {}
+    for k in dict.fromkeys(sow_keys):
+        parts = ([partition_of_key(k, topic.partitions)] if not topic.partition_by
+                 else range(topic.partitions))
+        for p in parts:
+            by_part.setdefault(p, []).append(k)
+    pipe = r.pipeline(transaction=False)
+    for p, ks in by_part.items():
+        pipe.hmget(keys.records(topic.name, p), ks)
+    found: dict[str, bytes] = {
+        k: v for ks, values in zip(by_part.values(), pipe.execute())
+        for k, v in zip(ks, values) if v is not None}
+    for k in dict.fromkeys(sow_keys):
+        if k in found:
+            yield decode_record(k, found[k])
+
+
+def _combos(paths: tuple[str, ...], terms: dict[str, list[str]]) -> list[tuple[str, ...]] | None:
+    """Value combinations of equality terms over exactly ``paths`` (None: not those paths, or
+    more than MAX_INDEX_PROBES combinations)."""
+    if set(paths) != set(terms) or len(paths) != len(terms):
+        return None
+    combos = list(itertools.islice(
+        itertools.product(*(terms[path] for path in paths)), MAX_INDEX_PROBES + 1))
+    return combos if len(combos) <= MAX_INDEX_PROBES else None
+
+
+def key_lookup(topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | None:
+    """SOW keys for equality on exactly the topic's key fields (no scan, no index needed;
+    not on chaining topics, whose keys come from the chain table)."""
+    if topic.publisher_keys or topic.chaining:
+        return None
+    combos = _combos(topic.key, terms)
+    return None if combos is None else [generate(topic.domain, list(c)) for c in combos]
+
+
+def index_keys(r: Client, topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | None:
+    """SOW keys that a hash index yields for equality terms ``{path: [values]}``.
+
+    Returns:
+        None when no hash index has exactly these fields (the caller scans instead).
+    """
+    for n, ix in enumerate(topic.hash_index):
+        combos = _combos(ix, terms)
+        if combos is None:
+            continue
+        pipe = r.pipeline(transaction=False)
+        for p in range(topic.partitions):
+            for combo in combos:
+                h = index_hash(list(combo))
+                pipe.zrangebylex(keys.index(topic.name, p, n), f"[{h}:", f"[{h};")
+        out: list[str] = []
+        for members in pipe.execute():
+            out += [m.decode().split(":", 1)[1] for m in members]
+        return out
+    return None
+
+
+def query(r: Client, topic: TopicConfig, filter: str | None = None,
+          sow_keys: list[str] | None = None,
+          top_n: int | None = None, order_by: str | None = None) -> list[Record]:
+    """Run a SOW query.
+
+    Args:
+        filter: AMPS content filter (``None`` = every record).
+        sow_keys: only these SOW keys.
+        top_n: at most this many records (after ordering); ``0`` returns none (the filter
+            and order-by are still checked), ``None`` every match.
+        order_by: ``"/f DESC, /g"``.
+
+    Returns:
+        The matching records.
+
+    Raises:
+        FilterSyntaxError: the filter or order-by does not parse, or nests too deeply.
+        FilterEvalError: evaluating the filter on a record failed.
+        ValueError: ``top_n`` is negative.
+
+    A record whose data is no JSON object (written behind sow_redis's back) matches no filter
+    and no order-by (a warning is logged); without either it is returned as stored.
+    """
+    from .filter import compile_filter
+    from .orderby import parse_order_by, sort_records
+
+    if top_n is not None and top_n < 0:
+        raise ValueError(f"top_n must be 0 or more, got {top_n}")
+    try:
+        r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
+    except OutOfMemoryError:  # a query reads: it never fails for want of memory to count it
+        pass
+    pred = compile_filter(filter) if filter else None
+    order = parse_order_by(order_by) if order_by else None
+    if top_n == 0:
+        return []
+    if sow_keys is not None:
+        source: Iterator[Record] = get_records(r, topic, sow_keys)
+    else:
+        via_index = None
+        terms = pred.equality_terms() if pred is not None else None
+        if terms:
+            via_index = key_lookup(topic, terms)
+            if via_index is None:
+                via_index = index_keys(r, topic, terms)
+        if via_index is not None:
+            source = get_records(r, topic, via_index)
+        else:
+            source = itertools.chain.from_iterable(
+                scan_partition(r, topic, p, lenient=True) for p in range(topic.partitions))
+    out: list[Record] = []
+    objs: dict[str, dict[str, Any]] = {}
+    now_ms = server_ms(r) if topic.expiration_enabled else 0
+    for rec in source:
+        if now_ms and 0 < rec.expiry_ms <= now_ms:
+            continue  # due: the expirer is about to remove it; never returned once due
+        if pred is not None or order is not None:
+            try:
+                obj = rec.obj()
+            except orjson.JSONDecodeError as exc:  # no JSON object: no filter can match it
+                log.warning("topic %s: record %r is no JSON object the query can read (%s); "
+                            "skipped", topic.name, rec.sow_key, exc)
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if pred is not None and not pred(obj):
+                continue
+            objs[rec.sow_key] = obj
+        out.append(rec)
+        if top_n is not None and order is None and len(out) >= top_n:
+            break
+    if order is not None:
+        out = sort_records(out, order, data=lambda rec: objs[rec.sow_key])
+        if top_n is not None:
+            out = out[:top_n]
+    return out
