@@ -8,7 +8,8 @@ Reads the Python sources of a package with :mod:`ast` (nothing is imported) and 
 * **floors**: the length of the longest chain of arrows through the module graph, with
   each import cycle folded into one room;
 * **cycles**: groups of modules that import each other (strongly connected components of
-  more than one module), and the arrows that close them from inside a function;
+  more than one module);
+* the same four figures with each sub-package folded into one room (``package_…``);
 * **imports inside functions** (with how many of them carry a comment saying why), lines
   naming ``Any``, functions longer than 80 lines.
 
@@ -176,9 +177,30 @@ def _names_any(line: str) -> bool:
     return re.search(r"\bAny\b", line) is not None and not line.lstrip().startswith("#")
 
 
+def by_package(graph: Graph) -> Graph:
+    """The same graph with each sub-package folded into one room (``sow_redis.apply``, …);
+    top-level modules stay rooms of their own."""
+    def room(name: str) -> str:
+        parts = name.split(".")
+        return ".".join(parts[:2])
+
+    folded = object.__new__(Graph)
+    folded.root, folded.package = graph.root, graph.package
+    folded.files = {room(m): p for m, p in graph.files.items()}
+    folded.arrows = defaultdict(set)
+    for a, targets in graph.arrows.items():
+        for b in targets:
+            if room(a) != room(b):
+                folded.arrows[room(a)].add(room(b))
+    folded.inner, folded.any_lines, folded.long_functions = [], 0, []
+    return folded
+
+
 def figures(root: Path, package: str) -> dict[str, object]:
     """All figures of ``package`` under ``root`` as one JSON-ready dict."""
     graph = Graph(root, package)
+    folded = by_package(graph)
+    folded_groups = folded.components()
     groups = graph.components()
     cycles = [g for g in groups if len(g) > 1]
     return {
@@ -186,6 +208,10 @@ def figures(root: Path, package: str) -> dict[str, object]:
         "arrows": sum(len(t) for t in graph.arrows.values()),
         "floors": graph.floors(groups),
         "cycles": cycles,
+        "package_rooms": len(folded.files),
+        "package_arrows": sum(len(t) for t in folded.arrows.values()),
+        "package_floors": folded.floors(folded_groups),
+        "package_cycles": [g for g in folded_groups if len(g) > 1],
         "imports_inside_functions": len(graph.inner),
         "imports_inside_functions_with_comment": sum(1 for *_, c in graph.inner if c),
         "any_lines": graph.any_lines,
