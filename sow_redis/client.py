@@ -437,7 +437,7 @@ class Sow:
     def subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                   bookmark: str | None = None, client_name: str | None = None,
                   sub_id: str | None = None, persist_every: int = 10,
-                  auto_processed: bool = True, resync: bool = False,
+                  auto_processed: bool = True, resync: bool = False, delta: bool = False,
                   report: Callable[[Message], None] | None = None) -> Subscriber:
         """Subscribe to a topic's changes (AMPS ``subscribe``): the records published to it
         that match ``filter`` (the merged record of a delta_publish) and, with ``oof``, an
@@ -460,30 +460,38 @@ class Sow:
                 ``recovery`` message with cause ``resync``), then go live; without it such a
                 bookmark raises BookmarkError, and a stored one stays as it was.
             report: called with each ``recovery`` and ``error`` message.
+            delta: AMPS ``delta_subscribe``: an update of a record the subscriber holds
+                carries only the fields that changed (``delta`` true, ``removed``); the topic
+                must set ``change_previous = true``.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, BookmarkError (malformed, ahead of the
-            topic, or older than the change feed without ``resync``).
+            topic, or older than the change feed without ``resync``), ConfigError
+            (``delta`` on a topic without ``change_previous``).
         """
         return self._subscriber(topic, filter=filter, oof=oof, bookmark=bookmark,
                                 client_name=client_name, sub_id=sub_id,
                                 persist_every=persist_every, auto_processed=auto_processed,
-                                resync=resync, report=report)
+                                resync=resync, report=report, delta=delta)
 
     def sow_and_subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                           top_n: int | None = None, order_by: str | None = None,
-                          report: Callable[[Message], None] | None = None) -> Subscriber:
+                          report: Callable[[Message], None] | None = None,
+                          delta: bool = False) -> Subscriber:
         """AMPS ``sow_and_subscribe``: the query result (``sow`` messages, with ``top_n`` and
         ``order_by``), a ``group_end`` message (also when the result is empty), then the live
         changes as :meth:`subscribe` gives them, as if query and subscription were placed at
         the same instant (decided per partition by the change sequence: no gap, no duplicate,
-        no older state after a newer one).
+        no older state after a newer one). With ``delta``, AMPS
+        ``sow_and_delta_subscribe``: the records whole, then each update of one of them as
+        the fields that changed (see :meth:`subscribe`).
 
         Raises:
-            UnknownTopicError, FilterSyntaxError.
+            UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without
+            ``change_previous``).
         """
         return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
-                                order_by=order_by, report=report)
+                                order_by=order_by, report=report, delta=delta)
 
     def _subscriber(self, topic: str, *, client_name: str | None = None,
                     sub_id: str | None = None, persist_every: int = 10,

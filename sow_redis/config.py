@@ -16,6 +16,8 @@ One ``[[topic]]`` table per SOW topic (AMPS ``SOW/Topic``, seeds/004 "Configurat
     idle_expiration = "1h"        # remove the topic after this long unused (RabbitMQ x-expires)
     change_retention = "1h"       # change feed kept for bookmark replay and gap recovery:
                                   # a duration, { age = "1h", count = 100000 }, or 0 (no feed)
+    change_previous = false       # true: each change event also carries the record's previous
+                                  # state (exact OOF for late joiners, delta subscriptions)
 
     [[topic]]                     # a FIX order topic with cancel/replace chains (seeds/003)
     name = "orders"
@@ -133,6 +135,7 @@ class TopicConfig:
     skip_msg_types: tuple[str, ...] = ()
     change_retention: str = DEFAULT_CHANGE_RETENTION
     change_retention_count: int = DEFAULT_CHANGE_RETENTION_COUNT
+    change_previous: bool = False
     key_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     partition_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     index_parts: tuple[tuple[tuple[str, ...], ...], ...] = field(
@@ -271,6 +274,7 @@ _SHAPES: dict[str, tuple[Any, str]] = {
     "skip_msg_types": (_is_paths, 'a list of MsgType (35) values like ["0", "A"]'),
     "change_retention": (_is_retention, 'a duration like "1h", 0 (no change feed), or a '
                          'table like { age = "1h", count = 100000 }'),
+    "change_previous": (_is_bool, "true or false"),
 }
 """Every ``[[topic]]`` field → (type check on the TOML value, what the field must be). Each
 field is type-checked here first, so the value checks below only ever see the right type."""
@@ -338,6 +342,7 @@ def _build(d: dict[str, Any]) -> TopicConfig:
         change_retention=str(d.get("change_retention", DEFAULT_CHANGE_RETENTION)),
         change_retention_count=int(d.get("change_retention_count",
                                          DEFAULT_CHANGE_RETENTION_COUNT)),
+        change_previous=bool(d.get("change_previous", False)),
         key_parts=tuple(split_path(p) for p in key),
         partition_parts=tuple(split_path(p) for p in (partition_by or key)),
         index_parts=tuple(tuple(split_path(p) for p in ix) for ix in hash_index),
@@ -587,7 +592,8 @@ def to_toml(topics: list[TopicConfig]) -> str:
         d: dict[str, Any] = {"name": t.name, "key": list(t.key)}
         for name in ("key_domain", "message_type", "partitions", "hash_index",
                      "max_message_bytes", "partition_by", "expiration", "expiration_policy",
-                     "dead_letter", "idle_expiration", "field_separator", "skip_msg_types"):
+                     "dead_letter", "idle_expiration", "field_separator", "skip_msg_types",
+                     "change_previous"):
             value = getattr(t, name)
             if value != getattr(default, name):
                 d[name] = ([list(ix) for ix in value] if name == "hash_index"

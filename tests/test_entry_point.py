@@ -62,8 +62,9 @@ def test_partition_handle_builds_keys_and_head_once_in_one_order(url, r, topic_n
     assert ks[17:] == [keys.index(topic_name, 1, 0)]
     assert argv[0] == "log" and argv[OP_ARGS:] == [7, 100, "0-0"]
     assert argv[1:4] == [keys.partition_channel(topic_name, 1), topic_name, 1]
-    assert argv[OP_ARGS - 1] == t.fingerprint
-    assert argv[OP_ARGS - 2] == "3600000"  # the topic's expiry of a message without one (ms)
+    assert argv[OP_ARGS - 1] == "0"  # change_previous off
+    assert argv[OP_ARGS - 2] == t.fingerprint
+    assert argv[OP_ARGS - 3] == "3600000"  # the topic's expiry of a message without one (ms)
 
 
 def test_the_entry_point_refuses_an_unknown_operation(url, r, topic_name):

@@ -384,7 +384,8 @@ class Partition:
     its ARGV, each built here once and in one order: the operation, channel, topic name,
     partition number, number of hash indexes, dead-letter flag, expiration flag, change-feed
     retention (changes; ms), the expiry of a message without its own (:func:`expiry_for`:
-    "" none, "now", or a lifetime in ms) and the definition's fingerprint. Made by
+    "" none, "now", or a lifetime in ms), the definition's fingerprint and whether change
+    events carry the previous state (``change_previous``). Made by
     :func:`partition` (cached per definition and partition)."""
 
     topic: TopicConfig
@@ -401,7 +402,8 @@ class Partition:
         t = self.topic
         return (keys.partition_channel(t.name, self.p), t.name, self.p, len(t.hash_index),
                 "1" if t.dead_letter else "0", "1" if t.expiration_enabled else "0",
-                *retention_args(t), expiry_for(t, None, "0-0"), t.fingerprint)
+                *retention_args(t), expiry_for(t, None, "0-0"), t.fingerprint,
+                "1" if t.change_previous else "0")
 
     def args(self, op: str, *rest: Any) -> tuple[list[str], list[Any]]:
         """``(KEYS, ARGV)`` of operation ``op`` with its own arguments ``rest``
@@ -409,7 +411,7 @@ class Partition:
         return self.keys, [op, *self.head, *rest]
 
 
-OP_ARGS = 11
+OP_ARGS = 12
 """Arguments of the head (the operation included): an operation's own i-th argument is
 ARGV[OP_ARGS + i] (``OP`` in ``lua/include/partition.lua``)."""
 

@@ -1013,17 +1013,21 @@ def _report_recovery(msg: dict[str, Any]) -> None:
               help="Processed messages between two writes of the bookmark.")
 @click.option("--resync", is_flag=True, help="A bookmark older than the change feed: re-read "
               "the records changed since it, then go live (instead of an error).")
+@click.option("--delta", is_flag=True, help="Delta subscription (AMPS delta_subscribe): an "
+              "update carries only the fields that changed; the topic needs change_previous.")
 @_message_limits
 @click.pass_context
 @_friendly
 def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
               bookmark: str | None, client_name: str | None, sub_id: str | None,
-              persist_every: int, resync: bool, count: int | None,
+              persist_every: int, resync: bool, delta: bool, count: int | None,
               timeout: float | None) -> None:
     """Print the changes of a topic as JSON Lines (one message per line, with a "kind":
     publish, oof, completed, recovery), AMPS subscribe semantics: records published to the
     topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
     feed. With --client-name/--sub-id the subscription resumes from its stored bookmark.
+    With --delta an update of a record carries "delta": true, only the changed fields in
+    "data" and the removed ones in "removed" (JSON Pointers).
 
     \b
     Example:
@@ -1038,7 +1042,7 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
                                "and --sub-id")
     sub = _sow(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
                               client_name=client_name, sub_id=sub_id,
-                              persist_every=persist_every, resync=resync,
+                              persist_every=persist_every, resync=resync, delta=delta,
                               report=_report_recovery)
     _run_subscription(sub, count, timeout)
 
@@ -1049,11 +1053,13 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @click.option("--oof", is_flag=True, help="Out-of-focus notices (see subscribe).")
 @click.option("--top-n", type=click.IntRange(min=0), help="The query returns at most N records.")
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
+@click.option("--delta", is_flag=True, help="AMPS sow_and_delta_subscribe: the records whole, "
+              "then only the changed fields of each update (see subscribe --delta).")
 @_message_limits
 @click.pass_context
 @_friendly
 def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
-                      top_n: int | None, order_by: str | None, count: int | None,
+                      top_n: int | None, order_by: str | None, delta: bool, count: int | None,
                       timeout: float | None) -> None:
     """Print the query result ("kind": "sow"), a group_end line (also when the result is
     empty), then the live changes as subscribe does, as if query and subscription happened at
@@ -1064,7 +1070,7 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: 
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow-and-subscribe -t orders --oof
     """
     sub = _sow(ctx).sow_and_subscribe(topic, filter_, oof=oof, top_n=top_n,
-                                      order_by=order_by, report=_report_recovery)
+                                      order_by=order_by, report=_report_recovery, delta=delta)
     _run_subscription(sub, count, timeout)
 
 

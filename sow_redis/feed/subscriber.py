@@ -22,11 +22,18 @@ Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
   ``bookmark``;
 * ``publish``: a record published to the topic that matches the filter (the merged record of a
   delta_publish): ``topic``, ``op`` (``publish`` | ``delta_publish``), ``sow_key``,
-  ``partition``, ``seq``, ``id`` (log entry), ``bookmark``, ``data``;
+  ``partition``, ``seq``, ``id`` (log entry), ``bookmark``, ``data``; in a **delta
+  subscription** (``delta=True``; AMPS ``delta_subscribe``, ``sow_and_delta_subscribe``) an
+  update of a record the subscriber holds (its previous state matched the filter) carries
+  ``delta`` true, in ``data`` only the fields that changed and in ``removed`` (when any) the
+  JSON Pointers of the fields removed (:mod:`sow_redis.model.delta`: applying them to the
+  record gives the new one); an update that changes nothing is not sent; a record new to the
+  subscriber comes whole;
 * ``oof`` (only with ``oof=True``): a record left the subscription's view (``op``: the change's
   op, ``sow_delete`` for a removal), ``reason``
   ``deleted`` (sow_delete), ``expired``, ``match`` (an update no longer matches the filter;
-  ``data`` is the update) or ``resync`` (found gone when a gap was recovered by re-reading the
+  ``data`` is the update; on a topic with ``change_previous`` also for a record the subscriber
+  never saw, because it subscribed later, whose previous state matched) or ``resync`` (found gone when a gap was recovered by re-reading the
   records), with the record's ``sow_key`` and last known ``data``;
 * ``completed``: the end of the replay part of a bookmark subscription: ``bookmark``;
 * ``recovery``: ``partition``, ``cause`` (``gap`` | ``reconnect`` | ``replay``: the change
@@ -65,8 +72,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import keys
 from ..config import TopicConfig, shape_changes
 from ..connection import Client, server_ms
-from ..errors import FilterEvalError, SubscriptionEnded
+from ..errors import ConfigError, FilterEvalError, SubscriptionEnded
 from ..logs import fields
+from ..model.delta import delta_of
 from ..model.events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
 from ..model.records import decode as decode_record
 from ..registry import get_topic, migration_holds
@@ -120,8 +128,11 @@ class Subscriber:
             stderr; see the module docstring).
         auto_processed: a message counts as processed when the next one is asked for (and at
             :meth:`close`); False: call :meth:`processed` for each (several handler threads).
+        delta: a delta subscription (see the module docstring); the topic must record the
+            previous state of its records (``change_previous = true``).
 
     Raises:
+        ConfigError: ``delta`` on a topic without ``change_previous``.
         FilterSyntaxError: the filter or order-by does not parse.
         BookmarkError: the bookmark is malformed, ahead of the topic, or (without
             ``resync``) older than the change feed retains.
@@ -132,13 +143,17 @@ class Subscriber:
                  order_by: str | None = None, bookmark: str | Bookmark | None = None,
                  tracker: Tracker | None = None,
                  report: Callable[[Message], None] | None = None,
-                 auto_processed: bool = True, resync: bool = False):
+                 auto_processed: bool = True, resync: bool = False, delta: bool = False):
         from ..query.filter import compile_filter
         from ..query.orderby import parse_order_by
 
+        if delta and not topic.change_previous:
+            raise ConfigError([f"topic '{topic.name}' does not record the previous state of "
+                               "its records: a delta subscription needs change_previous = "
+                               "true in its definition (sow-redis config apply)"])
         if migration_holds(r, topic.name, range(topic.partitions)):
             topic = _after_migration(r, topic)  # started during a migration: its new layout
-        self.r, self.topic, self.oof = r, topic, oof
+        self.r, self.topic, self.oof, self.delta = r, topic, oof, delta
         self.pred = compile_filter(filter) if filter else None
         self._order = parse_order_by(order_by) if order_by else None
         self._top_n = top_n
@@ -351,11 +366,21 @@ class Subscriber:
                 return {"kind": "oof", "op": ev["op"], "reason": ev.get("reason", "deleted"),
                         **base, "data": data}
             return None
+        previous = ev.get("previous")
         if self._match(data):
             if self.oof:  # the view (matching keys) serves out-of-focus notices only
                 view.add(key)
+            if self.delta and previous is not None and self._match(previous):
+                changed, removed = delta_of(previous, data)
+                if not changed and not removed:
+                    return None  # nothing changed: a delta subscriber gets no copy
+                msg: Message = {"kind": "publish", "op": ev["op"], **base, "delta": True,
+                                "data": changed}
+                if removed:
+                    msg["removed"] = removed
+                return msg
             return {"kind": "publish", "op": ev["op"], **base, "data": data}
-        if key in view:
+        if key in view or (self.oof and previous is not None and self._match(previous)):
             view.discard(key)
             return {"kind": "oof", "op": ev["op"], "reason": "match", **base, "data": data}
         return None

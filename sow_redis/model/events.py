@@ -13,8 +13,8 @@ A block is one flat array, encoded with MessagePack (a JSON array of the same la
 in-process ``memory://`` backend, whose Lua has no MessagePack)::
 
     [topic, partition, first, last, ms,
-     op, sow_key, seq, id, reason, expiry_ms, data,      # one change: 7 fields
-     op, sow_key, seq, id, reason, expiry_ms, data, …]
+     op, sow_key, seq, id, reason, expiry_ms, data, previous,     # one change: 8 fields
+     op, sow_key, seq, id, reason, expiry_ms, data, previous, …]
 
 * ``first`` … ``last``: the partition's change sequence numbers (``seq``) of the block's
   changes. Every change moves its partition's ``seq`` by one, so a partition's consecutive
@@ -25,6 +25,12 @@ in-process ``memory://`` backend, whose Lua has no MessagePack)::
   record); ``reason`` is ``""`` for the others. ``id``: the log entry that caused the change
   (for an expiry, the entry that last wrote the record); ``expiry_ms``: the record's expiry in
   ms since the epoch on the Redis server clock, 0 = none; ``data``: the record's JSON text.
+* ``previous``: on a topic with ``change_previous = true``, the record's JSON text before a
+  ``publish`` or ``delta_publish`` (``null`` when there was no record), so a subscriber that
+  joined late still knows what changed (exact out-of-focus notices, deltas); ``""``
+  otherwise, and on a removal, whose ``data`` is the removed record. A block written before
+  ``previous`` existed has 7 fields per change; :func:`parse_block` reads both (the width is
+  the block's field count over its ``last - first + 1`` changes).
 
 :func:`parse_block` decodes either encoding into a :class:`ChangeBlock` of
 :class:`ChangeEvent` dicts (``data`` decoded). Whatever bytes a record or key holds, every
@@ -66,8 +72,9 @@ REASONS = ("deleted", "expired")
 
 class ChangeEvent(TypedDict, total=False):
     """One change (see the module docstring). :func:`events_of` adds ``topic`` and
-    ``partition`` from its block; ``reason`` only on removals; ``error`` only on a change
-    that cannot be decoded (``data`` is None then, ``sow_key`` the key with its undecodable
+    ``partition`` from its block; ``reason`` only on removals; ``previous`` only where the
+    topic records it (``change_previous``; None: there was no record before) and it decodes
+    to a JSON object; ``error`` only on a change that cannot be decoded (``data`` is None then, ``sow_key`` the key with its undecodable
     bytes shown as ``\\xNN``)."""
 
     topic: str
@@ -79,6 +86,7 @@ class ChangeEvent(TypedDict, total=False):
     reason: str
     expiry_ms: int
     data: dict[str, Any] | None
+    previous: dict[str, Any] | None
     error: str
 
 
@@ -93,8 +101,36 @@ class ChangeBlock(TypedDict):
     events: list[ChangeEvent]
 
 
-EVENT_WIDTH = 7
-"""Fields per change in a block."""
+EVENT_WIDTH = 8
+"""Fields per change in a block (7 in blocks written before ``previous``; see
+:func:`_width`)."""
+
+_WIDTHS = (EVENT_WIDTH, 7)
+
+
+def _width(arr: list[Any]) -> int:
+    """Fields per change of a block: its field count over its ``last - first + 1`` changes
+    (8, or 7 for a block written before ``previous``); 0 when it is not a change block."""
+    first, last = arr[2], arr[3]
+    if type(first) is not int or type(last) is not int or last < first:
+        return 0
+    fields, count = len(arr) - 5, last - first + 1
+    width = fields // count
+    return width if width in _WIDTHS and width * count == fields else 0
+
+
+def _previous(raw: Any) -> tuple[bool, dict[str, Any] | None]:
+    """``(recorded, previous record)`` of a change's ``previous`` field: not recorded for
+    ``""`` or anything that is not ``null`` or a JSON object."""
+    if not raw:
+        return False, None
+    try:
+        obj = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        return False, None
+    if obj is None or type(obj) is dict:
+        return True, obj
+    return False, None
 
 
 def _unpack(raw: bytes) -> Any:
@@ -124,7 +160,7 @@ def _shown(text: str) -> str:
 
 def _change(fields: list[Any], seq: int) -> ChangeEvent:
     """One change of a block, ``seq`` its position (the block's first + index)."""
-    op, key, _seq, sid, reason, expiry, data = fields
+    op, key, _seq, sid, reason, expiry, data = fields[:7]
     ev: ChangeEvent = {"op": _text(op), "seq": _seq if type(_seq) is int else seq,
                        "id": _text(sid), "expiry_ms": expiry_of(expiry)}
     if reason:
@@ -180,7 +216,8 @@ def parse_block(raw: bytes) -> ChangeBlock:
         arr = _unpack(raw)
     except Exception as exc:
         raise ValueError(f"not a change block: {exc}") from None
-    if not isinstance(arr, list) or len(arr) < 5 or (len(arr) - 5) % EVENT_WIDTH:
+    width = _width(arr) if isinstance(arr, list) and len(arr) > 5 else 0
+    if not width:
         raise ValueError("not a change block")
     topic, partition, first, last, ms = arr[:5]
     if not isinstance(topic, (str, bytes)) or not all(
@@ -188,8 +225,8 @@ def parse_block(raw: bytes) -> ChangeBlock:
         raise ValueError("not a change block: bad header")
     topic = _shown(_text(topic))
     events: list[ChangeEvent] = []
-    for n, i in enumerate(range(5, len(arr), EVENT_WIDTH)):
-        op, key, seq, sid, reason, expiry, data = arr[i:i + EVENT_WIDTH]
+    for n, i in enumerate(range(5, len(arr), width)):
+        op, key, seq, sid, reason, expiry, data = arr[i:i + 7]
         try:  # the common case, inline (a subscriber decodes every change)
             if op not in _OPS or not key.isascii():
                 raise ValueError
@@ -197,7 +234,7 @@ def parse_block(raw: bytes) -> ChangeBlock:
             if type(obj) is not dict:
                 raise ValueError
         except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
-            ev = _change(arr[i:i + EVENT_WIDTH], first + n)
+            ev = _change(arr[i:i + width], first + n)
             ev["topic"], ev["partition"] = topic, partition
             events.append(ev)
             continue
@@ -207,6 +244,10 @@ def parse_block(raw: bytes) -> ChangeBlock:
               else expiry_of(expiry), "data": obj}
         if reason:
             ev["reason"] = reason
+        if width == EVENT_WIDTH and arr[i + 7]:
+            recorded, previous = _previous(arr[i + 7])
+            if recorded:
+                ev["previous"] = previous
         events.append(ev)
     return {"topic": topic, "partition": partition, "first": first, "last": last, "ms": ms,
             "events": events}
@@ -221,9 +262,10 @@ def due_times(raw: bytes) -> list[int]:
         arr = orjson.loads(raw) if raw[:1] == b"[" else msgpack.unpackb(raw, raw=False)
     except Exception:
         return []
-    if not isinstance(arr, list) or len(arr) < 5 or (len(arr) - 5) % EVENT_WIDTH:
+    width = _width(arr) if isinstance(arr, list) and len(arr) > 5 else 0
+    if not width:
         return []
-    return [int(arr[i + 5]) for i in range(5, len(arr), EVENT_WIDTH)
+    return [int(arr[i + 5]) for i in range(5, len(arr), width)
             if arr[i] != "sow_delete" and int(arr[i + 5]) > 0]
 
 

@@ -3,19 +3,22 @@
 
   The changes one atomic call makes in one partition form a change block, a flat array:
     topic, partition, first seq, last seq, server ms,
-    then 7 fields per change, in order: op, SOW key, seq, log stream id, reason, expiry ms, data
+    then 8 fields per change, in order: op, SOW key, seq, log stream id, reason, expiry ms,
+    data, previous
   op is "publish", "delta_publish" or "sow_delete" (reason "deleted" or "expired"; "" for the
-  others); data is the record's JSON text. The array is encoded with MessagePack (Redis's
+  others); data is the record's JSON text; previous is, on a topic with change_previous, the
+  record's JSON text before a publish or delta_publish ("null" when there was none), and ""
+  otherwise (a removal's data is the removed record: its previous state). The array is encoded with MessagePack (Redis's
   cmsgpack: strings copied once, about a third of the cost of building JSON text in Lua), or
   as a JSON array where the server's Lua has no cmsgpack (fakeredis for memory://).
 
-  add_change(fields, op, key, seq, id, expiry_ms, data, reason) appends one change;
+  add_change(fields, op, key, seq, id, expiry_ms, data, reason, previous) appends one change;
   encode_block(topic, partition, first, last, ms, fields) returns the encoded block;
   feed_keep_from(changes, first, min_seq) is where the change feed's retention by count cuts.
 ]]
-local EVENT_WIDTH = 7
+local EVENT_WIDTH = 8
 
-local function add_change(fields, op, key, seq, id, expiry_ms, data, reason)
+local function add_change(fields, op, key, seq, id, expiry_ms, data, reason, previous)
   local n = #fields
   fields[n + 1] = op
   fields[n + 2] = key
@@ -24,6 +27,7 @@ local function add_change(fields, op, key, seq, id, expiry_ms, data, reason)
   fields[n + 5] = reason or ""
   fields[n + 6] = tonumber(expiry_ms)
   fields[n + 7] = data
+  fields[n + 8] = previous or ""
 end
 
 local function encode_block(topic, partition, first, last, ms, fields)

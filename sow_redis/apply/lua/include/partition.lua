@@ -20,9 +20,11 @@
   ARGV[10] the topic's expiry of a message without its own expiration: "" (none), "now"
            (TTL 0 under policy min) or a lifetime in ms added to the entry's stream id time
   ARGV[11] the fingerprint of the caller's topic definition (TopicConfig.fingerprint)
-  ARGV[OP + i] the operation's own i-th argument (OP = 11)
+  ARGV[12] "1" when the topic's change events carry each record's previous state
+           (change_previous; include event)
+  ARGV[OP + i] the operation's own i-th argument (OP = 12)
 ]]
-local OP = 11
+local OP = 12
 
 local function partition_context()
   local nidx = tonumber(ARGV[5])
@@ -36,6 +38,7 @@ local function partition_context()
     chan = ARGV[2], topic = ARGV[3], partition = ARGV[4], nidx = nidx,
     dead_letter = ARGV[6] == "1", expiring = ARGV[7] == "1",
     keep_count = ARGV[8], keep_ms = ARGV[9], ttl = ARGV[10], fingerprint = ARGV[11],
+    previous = ARGV[12] == "1",
   }
 end
 

@@ -10,14 +10,15 @@
   change), S.changes (the fields of the batch's changes, in order; include event), S.expiring (the topic's
   expiration is enabled), S.dead_letter (the topic has a dead_letter topic), S.has_expiry
   (the expiry set is not empty), S.keep_count / S.keep_ms (change feed retention: changes per
-  partition, and milliseconds; keep_count 0 = no feed), S.deferred (see write_deferred),
+  partition, and milliseconds; keep_count 0 = no feed), S.previous (upserts record the
+  previous state in their change: P.previous), S.deferred (see write_deferred),
   S.now (set by the caller: the block time in ms; nil: publish_changes reads TIME).
 ]]
 local function batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
   return {seq = seq, first = seq + 1, changes = {}, inserts = 0, deletes = 0, expiries = 0,
           expiring = expiring,
           dead_letter = dead_letter, keep_count = tonumber(keep_count) or 0,
-          keep_ms = tonumber(keep_ms) or 0,
+          keep_ms = tonumber(keep_ms) or 0, previous = P.previous,
           has_expiry = redis.call("EXISTS", P.exp) == 1, deferred = nil}
 end
 
@@ -33,10 +34,11 @@ local function count_changes(P, S)
   S.inserts, S.deletes, S.expiries = 0, 0, 0
 end
 
--- Record one change: the next seq, and its fields in the batch's block.
-local function emit(S, op, key, id, expiry_ms, data, reason)
+-- Record one change: the next seq, and its fields in the batch's block (previous: see
+-- include event; nil for "").
+local function emit(S, op, key, id, expiry_ms, data, reason, previous)
   S.seq = S.seq + 1
-  add_change(S.changes, op, key, S.seq, id, expiry_ms, data, reason)
+  add_change(S.changes, op, key, S.seq, id, expiry_ms, data, reason, previous)
 end
 
 -- The change feed's time index is trimmed (by age, and after the feed's count trim) when a

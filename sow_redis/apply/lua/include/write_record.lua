@@ -104,16 +104,28 @@ local function live_record(P, S, key, id)
   return old
 end
 
+-- The JSON text of key's record before this write, for the change event of a topic with
+-- change_previous: the batch's own last write of key (bulk mode), else the stored record
+-- (old: already read by live_record on an expiring topic, where nil means none), "null" when
+-- there is none.
+local function previous_data(P, S, d, key, old)
+  if d and d.seq[key] then return d.data[key] end
+  if not S.expiring then old = redis.call("HGET", P.rec, key) end
+  if not old then return "null" end
+  return string.sub(old, string.find(old, "\n", 1, true) + 1)
+end
+
 -- Store data as the record of key, written by the log entry id with op "publish" or
 -- "delta_publish" (data already merged). ex: "" (no expiry), "now" (TTL 0: delivered to
 -- current subscribers, then removed as expired) or absolute expiry ms as text. members:
 -- the positional, comma-separated hash-index members.
 local function upsert(P, S, op, id, key, data, ex, members)
-  if S.expiring then live_record(P, S, key, id) end
+  local old
+  if S.expiring then old = live_record(P, S, key, id) end
   local exp_ms = ex
   if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
-  emit(S, op, key, id, exp_ms, data, nil)
   local d = S.deferred
+  emit(S, op, key, id, exp_ms, data, nil, S.previous and previous_data(P, S, d, key, old))
   if d and ex ~= "" then
     -- an expiry in bulk mode (not on a topic without expiration): write the batch so far,
     -- then this message by itself
