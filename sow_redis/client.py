@@ -34,8 +34,10 @@ from .apply.jobs import apply_here, ensure_jobs
 from .config import TopicConfig, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, MessageError
+from .feed.aggregate import AggregatedSubscriber
 from .feed.bookmark_store import BookmarkStore
 from .feed.subscriber import Message, Subscriber
+from .model.aggregate import Aggregation
 from .model.records import Record
 from .model.sowkey import check_key_list
 from .partition_state import read_cursors
@@ -492,6 +494,29 @@ class Sow:
         """
         return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
                                 order_by=order_by, report=report, delta=delta)
+
+    def aggregate(self, topic: str, projection: list[str], grouping: list[str],
+                  filter: str | None = None, *,
+                  report: Callable[[Message], None] | None = None) -> AggregatedSubscriber:
+        """An aggregated subscription (AMPS aggregated subscriptions): the rows of
+        ``projection`` grouped by ``grouping`` over the records that match ``filter``, first
+        as of now (``sow`` messages, ``group_end``), then kept current: a ``publish`` message
+        for each row a change alters, an ``oof`` message for a group left empty
+        (:mod:`sow_redis.feed.aggregate`, :mod:`sow_redis.model.aggregate`).
+
+        Args:
+            projection: grouping fields and aggregates, e.g. ``["/sym", "COUNT(/id) AS
+                /orders", "SUM(/qty) AS /qty", "AVG(/px) AS /avg_px"]`` (COUNT, SUM, AVG,
+                MIN, MAX).
+            grouping: field paths, e.g. ``["/sym"]``.
+
+        Raises:
+            UnknownTopicError, FilterSyntaxError, ProjectionError (a projection item or
+            grouping that cannot be used; one line).
+        """
+        aggregation = Aggregation(projection, grouping, domain=f"{topic}:aggregate")
+        sub = self._subscriber(topic, filter=filter, oof=True, sow=True, report=report)
+        return AggregatedSubscriber(sub, aggregation)
 
     def _subscriber(self, topic: str, *, client_name: str | None = None,
                     sub_id: str | None = None, persist_every: int = 10,

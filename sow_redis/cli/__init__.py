@@ -1055,20 +1055,41 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
 @click.option("--delta", is_flag=True, help="AMPS sow_and_delta_subscribe: the records whole, "
               "then only the changed fields of each update (see subscribe --delta).")
+@click.option("--projection", multiple=True, help="Aggregated subscription: a grouping field "
+              "or FUNC(/path) AS /name (COUNT, SUM, AVG, MIN, MAX); repeat the option.")
+@click.option("--grouping", multiple=True, help="Aggregated subscription: a field path to "
+              "group by; repeat the option.")
 @_message_limits
 @click.pass_context
 @_friendly
 def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
-                      top_n: int | None, order_by: str | None, delta: bool, count: int | None,
-                      timeout: float | None) -> None:
+                      top_n: int | None, order_by: str | None, delta: bool,
+                      projection: tuple[str, ...], grouping: tuple[str, ...],
+                      count: int | None, timeout: float | None) -> None:
     """Print the query result ("kind": "sow"), a group_end line (also when the result is
     empty), then the live changes as subscribe does, as if query and subscription happened at
     the same instant (no gap, no duplicate).
 
+    With --projection and --grouping (an aggregated subscription) it prints one row per
+    group instead of records: first every row, then each row a change alters, and an oof
+    line for a group left empty.
+
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow-and-subscribe -t orders --oof
+      sow-redis sow-and-subscribe -t orders --grouping /sym --projection /sym \\
+          --projection "COUNT(/id) AS /orders" --projection "AVG(/px) AS /avg_px"
     """
+    if projection or grouping:
+        if not (projection and grouping):
+            raise click.UsageError("--projection and --grouping go together")
+        if delta or top_n is not None or order_by is not None:
+            raise click.UsageError("an aggregated subscription (--projection) takes no "
+                                   "--delta, --top-n or --order-by")
+        _run_subscription(_sow(ctx).aggregate(topic, list(projection), list(grouping),
+                                              filter_, report=_report_recovery),
+                          count, timeout)
+        return
     sub = _sow(ctx).sow_and_subscribe(topic, filter_, oof=oof, top_n=top_n,
                                       order_by=order_by, report=_report_recovery, delta=delta)
     _run_subscription(sub, count, timeout)

@@ -1,0 +1,101 @@
+"""Aggregated subscriptions (AMPS aggregated subscriptions; issue 26.5): an ad-hoc aggregate
+over a topic, computed from a ``sow_and_subscribe`` query and kept current from its changes,
+without defining a view.
+
+The messages are those of a ``sow_and_subscribe`` (:mod:`sow_redis.feed.subscriber`), with
+rows in place of records: first one ``sow`` message per group (``data``: the row, see
+:mod:`sow_redis.model.aggregate`; ``sow_key``: generated from the grouping values), then
+``group_end`` (``count``: the groups), then for each change of the topic that changes a row a
+``publish`` message with the new row, and an ``oof`` message when a group is left empty
+(``reason``: that of the removal that emptied it, ``data``: the row before). Recovery and
+error messages pass through as they are.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..model.aggregate import Aggregation
+from .subscriber import Message, Subscriber
+
+
+class AggregatedSubscriber:
+    """The rows of ``aggregation`` over the records ``sub`` delivers.
+
+    Args:
+        sub: a ``sow_and_subscribe`` subscriber with out-of-focus notices (removals and
+            records leaving the filter take records out of their groups).
+        aggregation: the projection and grouping (:class:`~sow_redis.model.aggregate.Aggregation`).
+    """
+
+    def __init__(self, sub: Subscriber, aggregation: Aggregation) -> None:
+        self.sub, self.aggregation, self.topic = sub, aggregation, sub.topic
+        self._ready: deque[Message] = deque()
+
+    def get(self, timeout: float = 1.0) -> Message | None:
+        """The next message, or None when the subscription gave none for ``timeout`` s."""
+        while not self._ready:
+            msg = self.sub.get(timeout)
+            if msg is None:
+                return None
+            self._take(msg)
+        return self._ready.popleft()
+
+    def _take(self, msg: Message) -> None:
+        kind = msg["kind"]
+        agg = self.aggregation
+        if kind == "sow":
+            agg.upsert(msg["sow_key"], msg["data"])
+        elif kind == "group_end":
+            rows = agg.rows()
+            self._ready.extend({"kind": "sow", "topic": self.topic.name, "sow_key": key,
+                                "bookmark": msg.get("bookmark"), "data": row}
+                               for key, row in rows)
+            self._ready.append({**msg, "count": len(rows)})
+        elif kind == "publish":
+            self._rows(msg, agg.upsert(msg["sow_key"], msg["data"]))
+        elif kind == "oof":
+            self._rows(msg, agg.remove(msg["sow_key"]))
+        else:
+            self._ready.append(msg)
+
+    def _rows(self, msg: Message, changed: list[tuple[str, str, dict[str, Any]]]) -> None:
+        for kind, key, row in changed:
+            out: Message = {"kind": kind, "topic": self.topic.name, "sow_key": key,
+                            "bookmark": msg.get("bookmark"), "data": row}
+            if kind == "oof":
+                out["reason"] = msg.get("reason", "match") if msg["kind"] == "oof" else "match"
+            self._ready.append(out)
+
+    def __iter__(self) -> Iterator[Message]:
+        while True:
+            msg = self.get(timeout=3600.0)
+            if msg is not None:
+                yield msg
+
+    def run(self, callback: Callable[[Message], object], count: int | None = None,
+            timeout: float | None = None) -> int:
+        """As :meth:`Subscriber.run`: call ``callback`` with each message until ``count``
+        messages or ``timeout`` seconds without one; returns the messages handled."""
+        n = 0
+        while count is None or n < count:
+            msg = self.get(timeout=timeout if timeout is not None else 3600.0)
+            if msg is None:
+                if timeout is not None:
+                    break
+                continue
+            callback(msg)
+            n += 1
+        return n
+
+    def close(self) -> None:
+        """Close the underlying subscription."""
+        self.sub.close()
+
+    def __enter__(self) -> AggregatedSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
