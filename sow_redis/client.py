@@ -31,7 +31,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import keys
 from .apply.jobs import apply_here, ensure_jobs
-from .config import TopicConfig, load_file, parse_topics
+from .config import DERIVED_KINDS, TopicConfig, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, MessageError
 from .feed.aggregate import AggregatedSubscriber
@@ -156,7 +156,7 @@ class Sow:
         """
         where = "<config>"
         if isinstance(source, str):
-            if "[[topic]]" in source:
+            if any(f"[[{table}]]" in source for table in ("topic", *DERIVED_KINDS)):
                 topics = parse_topics(source)
             else:
                 topics, where = load_file(source), source
@@ -192,7 +192,7 @@ class Sow:
         removed topic).
 
         Raises:
-            UnknownTopicError.
+            UnknownTopicError, DerivedTopicError (a view or a conflated topic).
         """
         t = self._topics.get(name)
         if t is not None and time.monotonic() < self._topics_until:
@@ -203,6 +203,7 @@ class Sow:
         except ResponseError:  # not allowed to read it: no caching
             version = NOT_READ
         t = self.topic(name)
+        t.check_writable()
         if version is not NOT_READ and not t.idle_ms:
             if version != self._topics_version or started >= self._topics_until:
                 self._topics.clear()
@@ -387,6 +388,7 @@ class Sow:
         if keys is not None:
             check_key_list(keys)
         t = self.topic(topic)
+        t.check_writable()
         if filter is not None:
             from .query.filter import compile_filter
 

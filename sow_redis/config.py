@@ -42,7 +42,8 @@ from typing import Any, cast
 
 import orjson
 
-from .errors import ConfigError
+from .errors import ConfigError, DerivedTopicError
+from .model.aggregate import ProjectionError, parse_projection
 from .model.fix import separator
 from .model.values import split_path
 
@@ -136,6 +137,12 @@ class TopicConfig:
     change_retention: str = DEFAULT_CHANGE_RETENTION
     change_retention_count: int = DEFAULT_CHANGE_RETENTION_COUNT
     change_previous: bool = False
+    kind: str = "topic"
+    underlying: str = ""
+    projection: tuple[str, ...] = ()
+    grouping: tuple[str, ...] = ()
+    filter: str = ""
+    interval: str = ""
     key_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     partition_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     index_parts: tuple[tuple[tuple[str, ...], ...], ...] = field(
@@ -186,6 +193,30 @@ class TopicConfig:
     def change_feed(self) -> bool:
         """False when ``change_retention = 0``: changes are published, not kept."""
         return self.change_retention_count > 0
+
+    @property
+    def derived(self) -> bool:
+        """True for a view or a conflated topic: its records are written by the deriver
+        (:mod:`sow_redis.derive`) from its ``underlying`` topic, never by publishers."""
+        return self.kind != "topic"
+
+    def check_writable(self) -> None:
+        """Refuse writes by publishers to a derived topic.
+
+        Raises:
+            DerivedTopicError: the topic is a view or a conflated topic (one line naming the
+                topic to write to instead).
+        """
+        if self.derived:
+            what = "a view" if self.kind == "view" else "a conflated topic"
+            raise DerivedTopicError(f"topic '{self.name}' is {what} of '{self.underlying}': "
+                                    f"its records are derived from it; publish to "
+                                    f"'{self.underlying}' instead")
+
+    @cached_property
+    def interval_ms(self) -> int:
+        """A conflated topic's conflation interval in milliseconds (0 for other topics)."""
+        return parse_duration_ms(self.interval) if self.interval else 0
 
     @property
     def publisher_keys(self) -> bool:
@@ -343,6 +374,12 @@ def _build(d: dict[str, Any]) -> TopicConfig:
         change_retention_count=int(d.get("change_retention_count",
                                          DEFAULT_CHANGE_RETENTION_COUNT)),
         change_previous=bool(d.get("change_previous", False)),
+        kind=d.get("kind") or "topic",
+        underlying=d.get("underlying") or "",
+        projection=tuple(d.get("projection") or ()),
+        grouping=tuple(d.get("grouping") or ()),
+        filter=d.get("filter") or "",
+        interval=str(d.get("interval") or ""),
         key_parts=tuple(split_path(p) for p in key),
         partition_parts=tuple(split_path(p) for p in (partition_by or key)),
         index_parts=tuple(tuple(split_path(p) for p in ix) for ix in hash_index),
@@ -379,11 +416,11 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{source}: not valid TOML: {exc}"]) from None
     problems: list[str] = []
-    tables = doc.get("topic")
-    extra = sorted(set(doc) - {"topic"})
+    tables = doc.get("topic", [])
+    extra = sorted(set(doc) - {"topic", *DERIVED_KINDS})
     if extra:
         problems.append(f"{source}: unknown top-level table(s): {', '.join(extra)}")
-    if not isinstance(tables, list) or not tables:
+    if not isinstance(tables, list) or not (tables or any(doc.get(k) for k in DERIVED_KINDS)):
         problems.append(f"{source}: no [[topic]] table found")
         raise ConfigError(problems)
     topics: list[TopicConfig] = []
@@ -435,6 +472,7 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
         _check_change_retention(where, t, d, problems)
         if len(problems) == before:
             topics.append(_build(d))
+    topics += _parse_derived(doc, source, seen, problems)
     for built in topics:
         if built.dead_letter and built.dead_letter == built.name:
             problems.append(f"{source}: topic '{built.name}': 'dead_letter' cannot be the "
@@ -442,6 +480,87 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
     if problems:
         raise ConfigError(problems)
     return topics
+
+
+DERIVED_KINDS = ("view", "conflated_topic")
+"""Top-level tables of topics whose records the deriver writes (:mod:`sow_redis.derive`)."""
+
+_DERIVED_SHAPES: dict[str, dict[str, tuple[Any, str]]] = {
+    "view": {
+        "name": (_is_str, "a topic name"),
+        "underlying": (_is_str, "the name of the topic it aggregates"),
+        "projection": (_is_paths, 'a list like ["/sym", "COUNT(/id) AS /orders"]'),
+        "grouping": (_is_paths, 'a list of field paths like ["/sym"]'),
+        "filter": (_is_str, "an AMPS filter string"),
+        "partitions": (_is_int, "an integer"),
+    },
+    "conflated_topic": {
+        "name": (_is_str, "a topic name"),
+        "underlying": (_is_str, "the name of the topic it conflates"),
+        "interval": (_is_duration, 'a duration like "500ms"'),
+        "filter": (_is_str, "an AMPS filter string"),
+        "partitions": (_is_int, "an integer"),
+    },
+}
+"""Fields of a ``[[view]]`` (AMPS ``View``) and a ``[[conflated_topic]]`` (AMPS
+``ConflatedTopic``) table, as :data:`_SHAPES` for topics."""
+
+MIN_INTERVAL_MS = 10
+"""The shortest conflation interval, in milliseconds."""
+
+
+def _parse_derived(doc: dict[str, Any], source: str, seen: set[str],
+                   problems: list[str]) -> list[TopicConfig]:
+    """The ``[[view]]`` and ``[[conflated_topic]]`` tables as topics (keyed by the deriver:
+    no key fields), their problems added to ``problems``. The ``underlying`` topic and the
+    filter are checked against the registry by :func:`sow_redis.registry.registry_problems`."""
+    out = []
+    for kind in DERIVED_KINDS:
+        tables = doc.get(kind, [])
+        if not isinstance(tables, list) or not all(isinstance(x, dict) for x in tables):
+            problems.append(f"{source}: '{kind}' must be an array of tables ([[{kind}]])")
+            continue
+        shapes = _DERIVED_SHAPES[kind]
+        for i, raw in enumerate(tables, 1):
+            name = raw.get("name")
+            where = f"{source}: {kind} #{i}" + (f" '{name}'" if isinstance(name, str) else "")
+            before = len(problems)
+            d = _check_shapes(where, raw, shapes, "", problems)
+            for u in sorted(set(raw) - set(shapes)):
+                problems.append(f"{where}: unknown field '{u}'")
+            if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name):
+                problems.append(f"{where}: 'name' must be 1-200 characters of "
+                                "A-Z a-z 0-9 _ . - /")
+            elif name in seen:
+                problems.append(f"{where}: topic defined twice")
+            else:
+                seen.add(name)
+            if not d.get("underlying"):
+                problems.append(f"{where}: 'underlying' must name the topic it reads")
+            elif d["underlying"] == name:
+                problems.append(f"{where}: 'underlying' cannot be the {kind} itself")
+            parts = d.get("partitions", 1)
+            if not 1 <= parts <= 1024:
+                problems.append(f"{where}: 'partitions' must be an integer from 1 to 1024")
+            if kind == "view":
+                try:
+                    parse_projection(d.get("projection", []), d.get("grouping", []))
+                except ProjectionError as exc:
+                    problems.append(f"{where}: {exc}")
+            else:
+                try:
+                    interval = parse_duration_ms(d.get("interval", ""))
+                except ValueError as exc:
+                    problems.append(f"{where}: 'interval': {exc}")
+                else:
+                    if interval < MIN_INTERVAL_MS:
+                        problems.append(f"{where}: 'interval' must be at least "
+                                        f"{MIN_INTERVAL_MS} ms")
+                    else:
+                        d["interval"] = duration_text(d["interval"])
+            if len(problems) == before:
+                out.append(_build({**d, "kind": kind, "partitions": parts, "key": []}))
+    return out
 
 
 def _check_key_generator(where: str, t: dict[str, Any], d: dict[str, Any],
@@ -588,7 +707,11 @@ def to_toml(topics: list[TopicConfig]) -> str:
 
     default = TopicConfig(name="-")
     out: list[dict[str, Any]] = []
+    derived: dict[str, list[dict[str, Any]]] = {kind: [] for kind in DERIVED_KINDS}
     for t in topics:
+        if t.derived:
+            derived[t.kind].append(_derived_table(t))
+            continue
         d: dict[str, Any] = {"name": t.name, "key": list(t.key)}
         for name in ("key_domain", "message_type", "partitions", "hash_index",
                      "max_message_bytes", "partition_by", "expiration", "expiration_policy",
@@ -609,7 +732,23 @@ def to_toml(topics: list[TopicConfig]) -> str:
             d["change_retention"] = {"age": t.change_retention,
                                      "count": t.change_retention_count}
         out.append(d)
-    return tomli_w.dumps({"topic": out})
+    doc: dict[str, Any] = {"topic": out} if out else {}
+    doc.update({kind: tables for kind, tables in derived.items() if tables})
+    return tomli_w.dumps(doc)
+
+
+def _derived_table(t: TopicConfig) -> dict[str, Any]:
+    """The ``[[view]]`` or ``[[conflated_topic]]`` table of a derived topic."""
+    d: dict[str, Any] = {"name": t.name, "underlying": t.underlying}
+    if t.kind == "view":
+        d["projection"], d["grouping"] = list(t.projection), list(t.grouping)
+    else:
+        d["interval"] = t.interval
+    if t.filter:
+        d["filter"] = t.filter
+    if t.partitions != 1:
+        d["partitions"] = t.partitions
+    return d
 
 
 def load_file(path: str) -> list[TopicConfig]:

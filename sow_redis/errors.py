@@ -127,6 +127,11 @@ class SubscriptionEnded(SowError):
     saying why and what to do."""
 
 
+class DerivedTopicError(SowError):
+    """A publish, delta_publish or sow_delete to a view or a conflated topic: its records are
+    written by the deriver from its underlying topic (:mod:`sow_redis.derive`)."""
+
+
 class BookmarkError(SowError):
     """A bookmark that cannot be used: malformed, for another number of partitions, or older
     than what the change feed retains (the message names the oldest retained point)."""

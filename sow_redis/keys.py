@@ -101,6 +101,18 @@ def lease(topic: str, p: int) -> str:
     return partition_tag(topic, p) + ":lease"
 
 
+def derive_lease(topic: str) -> str:
+    """STRING owner id of the deriver serving derived topic ``topic`` (a view or a conflated
+    topic; :mod:`sow_redis.derive`), with a PX lifetime."""
+    return "{sow:derive:%s}:lease" % topic
+
+
+def derive_state(topic: str) -> str:
+    """HASH of the lease of :func:`derive_lease` (field ``fence``: the fencing token
+    counter); in the same slot."""
+    return "{sow:derive:%s}:fence" % topic
+
+
 def job_marker(topic: str, p: int) -> str:
     """STRING set while an ingest job for the partition is queued or running."""
     return partition_tag(topic, p) + ":job"

@@ -19,8 +19,9 @@ from redis.exceptions import NoPermissionError
 from . import keys
 from .config import TOPIC_NAME, TopicConfig, shape_changes
 from .connection import Client, is_cluster
-from .errors import ConfigError, UnknownTopicError
+from .errors import ConfigError, FilterSyntaxError, UnknownTopicError
 from .partition_state import read_partitions
+from .query.filter import compile_filter
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ def registry_problems(r: Client, topics: list[TopicConfig], source: str = "<conf
             problems.append(f"{source}: topic '{t.name}': 'dead_letter' names topic "
                             f"'{t.dead_letter}', which is neither in this file nor in the "
                             "registry")
+    problems += _derived_problems(topics, names, source)
     if migrate:
         return problems
     for t in topics:
@@ -81,6 +83,25 @@ def registry_problems(r: Client, topics: list[TopicConfig], source: str = "<conf
                    else "apply with migrate=True (sow-redis config apply --migrate FILE)")
             problems.append(f"{source}: topic '{t.name}': {', '.join(changes)} would strand "
                             f"{held}; {how} to move them")
+    return problems
+
+
+def _derived_problems(topics: list[TopicConfig], names: set[str], source: str) -> list[str]:
+    """A view's or conflated topic's ``underlying`` must be a topic of ``topics`` or of the
+    registry (``names``), and its filter must parse."""
+    problems = []
+    for t in topics:
+        if not t.derived:
+            continue
+        if t.underlying not in names:
+            problems.append(f"{source}: {t.kind} '{t.name}': 'underlying' names topic "
+                            f"'{t.underlying}', which is neither in this file nor in the "
+                            "registry")
+        if t.filter:
+            try:
+                compile_filter(t.filter)
+            except FilterSyntaxError as exc:
+                problems.append(f"{source}: {t.kind} '{t.name}': 'filter': {exc}")
     return problems
 
 

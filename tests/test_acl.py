@@ -153,7 +153,7 @@ KEY_BUILDERS = {
     "dead_letters", "chain", "chain_conflicts", "index", "changes", "change_times", "loads",
     "load_staged", "trusted", "definition",
     "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED",
-    "SWEEP_LEASE"}
+    "SWEEP_LEASE", "derive_lease", "derive_state"}
 """Every key template of keys.py (functions and constants), each checked below."""
 
 EXPECTED: dict[str, dict[str, str]] = {

@@ -38,7 +38,7 @@ def test_up_runs_workers_and_the_expirer_on_an_existing_cluster(redis_cluster, t
                               env=env, stdout=out, stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
-        wait_until(lambda: b"2 worker(s) and the expirer running" in log.read_bytes()
+        wait_until(lambda: b"2 worker(s), the expirer and the deriver running" in log.read_bytes()
                    or up.poll() is not None, 60, "up ready")
         text = log.read_text()
         print(text)

@@ -608,6 +608,7 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
     check_expiration(expiration)  # --expiration beyond 100 years: one line, nothing sent
     sow = _sow(ctx)
     t = sow.topic(topic)
+    t.check_writable()
     _check_sow_key_option(t, sow_key)
     sep = _separator(separator)
     if durable:
@@ -1385,6 +1386,33 @@ def _pending_entries(settings: Settings) -> int:
 
     r = connect(settings.redis_url)
     return sum(topic_status(r, t)["pending"] for t in load_topics(r).values())
+
+
+@main.command()
+@click.option("--burst", is_flag=True, help="Make every view and conflated topic whole now, "
+              "then exit.")
+@click.pass_context
+@_friendly
+def derive(ctx: click.Context, burst: bool) -> None:
+    """Run the deriver: keeps every view ([[view]]) and conflated topic ([[conflated_topic]])
+    from its underlying topic. Any number may run (each derived topic is served by one, under
+    a lease); `up` starts one.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 derive
+    """
+    from ..derive import Deriver
+
+    deriver = Deriver(_sow(ctx))
+    if burst:
+        names = deriver.burst()
+        click.echo(f"derived {len(names)} topic(s){': ' if names else ''}{', '.join(names)}")
+        return
+    click.echo(f"deriver on {redact(_settings(ctx).redis_url)}: every view and conflated "
+               "topic; Ctrl-C stops it", err=True)
+    deriver.run()
+    click.echo("deriver stopped", err=True)
 
 
 @main.command()

@@ -422,8 +422,9 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
         for i in range(workers):
             children.append(_Child(f"worker {i}", cli + ["worker", "--name", f"sow-{i}"], env))
         children.append(_Child("expirer", cli + ["expirer"], env))
-        click.echo(f"{workers} worker(s) and the expirer running; Ctrl-C stops everything",
-                   err=True)
+        children.append(_Child("deriver", cli + ["derive"], env))
+        click.echo(f"{workers} worker(s), the expirer and the deriver running; Ctrl-C stops "
+                   "everything", err=True)
         redis_deaths, redis_retry_at = 0, 0.0
         write_pidfile(data_dir, settings.redis_url, [c.proc.pid for c in children[:workers]])
         while not stopping:

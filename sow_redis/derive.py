@@ -1,0 +1,286 @@
+"""The deriver: views and conflated topics, kept from their underlying topics (issue 26.3-4).
+
+A **view** (``[[view]]``; AMPS ``View`` with ``Projection`` and ``Grouping``) is a SOW topic
+with one record per group of its underlying topic's records: the grouping fields and the
+aggregates of its projection (:mod:`sow_redis.model.aggregate`), keyed by the grouping values.
+A **conflated topic** (``[[conflated_topic]]``; AMPS ``ConflatedTopic``) holds the records of
+its underlying topic that match its filter, written at most once per SOW key per ``interval``
+(the latest version), so its subscribers get at most one update per key per interval; a
+record removed from the underlying topic is removed from it at the next interval, with the
+usual out-of-focus notice. Both are queried and subscribed like any topic; publishers do not
+write to them.
+
+The deriver follows each underlying topic the way ``sow_and_subscribe`` does (records and
+change sequence read together, then every change after them, gaps recovered from the change
+feed; :class:`sow_redis.feed.subscriber.Subscriber` with out-of-focus notices) and writes
+what changed through the normal write path (``append`` with the records' SOW keys, applied by
+the workers, or in process by an inline :class:`~sow_redis.client.Sow`). When it starts
+following a derived topic it first makes the topic equal to what the underlying topic gives
+(every row or record written, anything else removed), so a deriver that stopped, crashed or
+missed changes leaves no stale record: after a restart the derived topic is whole again.
+
+One deriver at a time serves a derived topic: it holds the topic's lease
+(:func:`sow_redis.keys.derive_lease`, renewed every :data:`LEASE_RENEW_S` seconds, lost after
+:data:`LEASE_TTL_MS` ms without renewal), so any number may run for availability.
+``sow-redis derive`` runs one; ``sow-redis up`` starts one beside the expirer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from . import keys
+from .apply.scripts import Scripts
+from .client import Sow
+from .config import TopicConfig
+from .feed.subscriber import Message, Subscriber
+from .model.aggregate import Aggregation
+from .publish.append import append
+from .registry import load_topics
+from .stopping import StopEvent, stop_on_signals
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_MS = 15_000
+"""Milliseconds a deriver's lease on a derived topic lasts without renewal."""
+
+LEASE_RENEW_S = 3.0
+"""Seconds between two renewals of a deriver's leases (and looks for new derived topics)."""
+
+STEP_S = 0.01
+"""Seconds a follower waits for its next message before the deriver serves the next one."""
+
+BURST_TIMEOUT_S = 60.0
+"""Seconds ``derive --burst`` waits at most for a derived topic to be whole."""
+
+_EMPTY = b"{}"
+
+
+class _Follower:
+    """One derived topic fed from its underlying topic."""
+
+    def __init__(self, sow: Sow, target: TopicConfig) -> None:
+        self.sow, self.target = sow, target
+        self.sub = Subscriber(sow.r, sow.topic(target.underlying),
+                              filter=target.filter or None, oof=True, sow=True)
+        self.ready = False  # the initial records are in
+        self._initial: dict[str, Any] = {}
+
+    def step(self) -> int:
+        """Take the messages that arrived (waiting at most :data:`STEP_S` for the first) and
+        write what is due; returns the messages taken."""
+        n = 0
+        msg = self.sub.get(STEP_S)
+        while msg is not None:
+            n += 1
+            self.take(msg)
+            msg = self.sub.get(0.0001)
+        self.flush()
+        return n
+
+    def take(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def write(self, upserts: dict[str, dict[str, Any]], removals: set[str]) -> None:
+        """Publish ``upserts`` (SOW key → record) and remove ``removals`` from the target."""
+        items: list[tuple[str, Any, str | None]] = [
+            ("publish", orjson.dumps(rec), key) for key, rec in upserts.items()]
+        items += [("sow_delete", _EMPTY, key) for key in removals - set(upserts)]
+        if not items:
+            return
+        result = append(self.sow.r, self.target, items, jobs=self.sow.job_settings)
+        if result.rejected:
+            log.warning("deriver: %s: %d write(s) refused, first: %s", self.target.name,
+                        len(result.rejected), result.rejected[0])
+        self.sow.handoff(self.target, result.last_ids, jobs_started=True)
+
+    def reconcile(self, wanted: dict[str, dict[str, Any]]) -> None:
+        """Make the target hold exactly ``wanted``: write each, remove every other record."""
+        held = {rec.sow_key for rec in self.sow.sow(self.target.name)}
+        self.write(wanted, held - set(wanted))
+        self.ready = True
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+class _ViewFollower(_Follower):
+    """A view: the rows of its projection, rewritten as changes alter them."""
+
+    def __init__(self, sow: Sow, target: TopicConfig) -> None:
+        self.agg = Aggregation(list(target.projection), list(target.grouping),
+                               domain=target.name)
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.gone: set[str] = set()
+        super().__init__(sow, target)
+
+    def take(self, msg: Message) -> None:
+        kind = msg["kind"]
+        if kind == "sow":
+            self.agg.upsert(msg["sow_key"], msg["data"])
+        elif kind == "group_end":
+            self.reconcile(dict(self.agg.rows()))
+        elif kind in ("publish", "oof"):
+            changed = (self.agg.upsert(msg["sow_key"], msg["data"]) if kind == "publish"
+                       else self.agg.remove(msg["sow_key"]))
+            for what, key, row in changed:
+                if what == "publish":
+                    self.rows[key] = row
+                    self.gone.discard(key)
+                else:
+                    self.rows.pop(key, None)
+                    self.gone.add(key)
+
+    def flush(self) -> None:
+        if self.ready and (self.rows or self.gone):
+            rows, gone, self.rows, self.gone = self.rows, self.gone, {}, set()
+            self.write(rows, gone)
+
+
+class _ConflationFollower(_Follower):
+    """A conflated topic: the latest version of each changed record, every interval."""
+
+    def __init__(self, sow: Sow, target: TopicConfig) -> None:
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.gone: set[str] = set()
+        self.due = 0.0
+        super().__init__(sow, target)
+
+    def take(self, msg: Message) -> None:
+        kind = msg["kind"]
+        if kind == "sow":
+            self._initial[msg["sow_key"]] = msg["data"]
+        elif kind == "group_end":
+            initial, self._initial = self._initial, {}
+            self.reconcile(initial)
+            self.due = time.monotonic() + self.target.interval_ms / 1000
+        elif kind == "publish":
+            self.latest[msg["sow_key"]] = msg["data"]
+            self.gone.discard(msg["sow_key"])
+        elif kind == "oof":
+            self.latest.pop(msg["sow_key"], None)
+            self.gone.add(msg["sow_key"])
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        if not self.ready or now < self.due:
+            return
+        self.due = now + self.target.interval_ms / 1000
+        if self.latest or self.gone:
+            latest, gone, self.latest, self.gone = self.latest, self.gone, {}, set()
+            self.write(latest, gone)
+
+
+_FOLLOWERS = {"view": _ViewFollower, "conflated_topic": _ConflationFollower}
+
+
+class Deriver:
+    """Keeps every view and conflated topic of the registry (see the module docstring).
+
+    ``loop()`` does one unit of work (each follower takes what arrived and writes what is
+    due; every :data:`LEASE_RENEW_S` seconds the leases are renewed and the registry is read
+    for derived topics added, changed or removed); ``run()`` repeats it until :meth:`stop`.
+
+    Args:
+        sow: the client the deriver reads and writes through (its mode decides who applies
+            the writes: the workers, or this process when inline).
+    """
+
+    def __init__(self, sow: Sow) -> None:
+        self.sow = sow
+        self.owner = f"derive:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.scripts = Scripts(sow.r)
+        self.followers: dict[str, _Follower] = {}
+        self._next_renew = 0.0
+        self._stop = StopEvent()
+
+    def loop(self) -> int:
+        """One unit of work; returns the messages taken."""
+        if time.monotonic() >= self._next_renew:
+            self._refresh()
+            self._next_renew = time.monotonic() + LEASE_RENEW_S
+        taken = 0
+        for name, follower in list(self.followers.items()):
+            try:
+                taken += follower.step()
+            except Exception as exc:  # one topic's trouble never stops the others
+                log.warning("deriver: %s: %s; following it again", name, exc)
+                follower.close()
+                del self.followers[name]
+                self._next_renew = 0.0
+        if not self.followers:
+            self._stop.wait(STEP_S * 10)
+        return taken
+
+    def _refresh(self) -> None:
+        """Renew the leases, take free derived topics, drop those gone or changed."""
+        derived = {t.name: t for t in load_topics(self.sow.r).values() if t.derived}
+        for name, follower in list(self.followers.items()):
+            target = derived.get(name)
+            if target != follower.target or not self._lease(name):
+                follower.close()
+                del self.followers[name]
+        for name, target in derived.items():
+            if name not in self.followers and self._lease(name):
+                try:
+                    self.followers[name] = _FOLLOWERS[target.kind](self.sow, target)
+                except Exception as exc:  # e.g. the underlying topic is not defined yet
+                    log.warning("deriver: %s: cannot follow %s: %s", name, target.underlying,
+                                exc)
+                    self._release(name)
+
+    def _lease(self, name: str) -> bool:
+        """Take or renew the lease on derived topic ``name``; False when another holds it."""
+        return self.scripts.lease_acquire(keys.derive_lease(name), keys.derive_state(name),
+                                          self.owner, LEASE_TTL_MS) is not None
+
+    def _release(self, name: str) -> None:
+        self.scripts.lease_release(keys.derive_lease(name), self.owner)
+
+    def run(self) -> None:
+        """Run :meth:`loop` until :meth:`stop` (or SIGTERM / SIGINT in the main thread)."""
+        if threading.current_thread() is threading.main_thread():
+            stop_on_signals(self._stop)
+        while not self._stop.is_set():
+            self.loop()
+        for name, follower in list(self.followers.items()):
+            follower.close()
+            self._release(name)
+        self.followers.clear()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current loop."""
+        self._stop.set()
+
+    def burst(self, timeout_s: float = BURST_TIMEOUT_S) -> list[str]:
+        """Make every derived topic whose lease is free equal to what its underlying topic
+        gives now, then return (``sow-redis derive --burst``); returns their names.
+
+        Raises:
+            TimeoutError: a derived topic was not whole after ``timeout_s`` seconds.
+        """
+        self._refresh()
+        deadline = time.monotonic() + timeout_s
+        try:
+            for name, follower in self.followers.items():
+                while not follower.ready:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{name} was not whole after {timeout_s:g} s")
+                    follower.step()
+            return sorted(self.followers)
+        finally:
+            for name, follower in list(self.followers.items()):
+                follower.close()
+                self._release(name)
+            self.followers.clear()

@@ -1,0 +1,196 @@
+"""Views and conflated topics (issue 26.3-4; AMPS View and ConflatedTopic): definitions,
+the deriver that keeps them, and what their subscribers see."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from sow_redis.client import Sow
+from sow_redis.config import parse_topics, to_toml
+from sow_redis.derive import Deriver
+from sow_redis.errors import ConfigError, DerivedTopicError
+from sow_redis.model.aggregate import Aggregation
+from tests.conftest import run_cli, wait_until
+
+PROJECTION = ["/sym", "COUNT(/id) AS /orders", "SUM(/qty) AS /qty", "AVG(/px) AS /avg_px",
+              "MIN(/px) AS /lo", "MAX(/px) AS /hi"]
+
+
+def _config(name: str, interval: str = "300ms") -> str:
+    quoted = ", ".join(f'"{p}"' for p in PROJECTION)
+    return (f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = 4\n'
+            f'[[view]]\nname = "{name}_by_sym"\nunderlying = "{name}"\n'
+            f'projection = [{quoted}]\ngrouping = ["/sym"]\nfilter = "/qty > 0"\n'
+            f'[[conflated_topic]]\nname = "{name}_c"\nunderlying = "{name}"\n'
+            f'interval = "{interval}"\n')
+
+
+class _Running:
+    """A deriver in a thread for the length of a with block."""
+
+    def __init__(self, sow: Sow) -> None:
+        self.deriver = Deriver(sow)
+        self.thread = threading.Thread(target=self.deriver.run, daemon=True)
+
+    def __enter__(self) -> Deriver:
+        self.thread.start()
+        return self.deriver
+
+    def __exit__(self, *exc: object) -> None:
+        self.deriver.stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+def _rows(sow: Sow, name: str) -> dict:
+    return {rec.sow_key: rec.obj() for rec in sow.sow(name)}
+
+
+def _recomputed(sow: Sow, name: str) -> dict:
+    agg = Aggregation(PROJECTION, ["/sym"], domain=f"{name}_by_sym")
+    for rec in sow.sow(name, "/qty > 0"):
+        agg.upsert(rec.sow_key, rec.obj())
+    return dict(agg.rows())
+
+
+def test_definitions_parse_check_and_round_trip():
+    topics = parse_topics(_config("o"))
+    assert [(t.name, t.kind, t.underlying) for t in topics] == [
+        ("o", "topic", ""), ("o_by_sym", "view", "o"), ("o_c", "conflated_topic", "o")]
+    assert topics[2].interval_ms == 300 and topics[1].grouping == ("/sym",)
+    assert parse_topics(to_toml(topics)) == topics
+    with pytest.raises(ConfigError) as info:
+        parse_topics('[[conflated_topic]]\nname = "c"\nunderlying = "o"\ninterval = "1ms"\n'
+                     '[[view]]\nname = "v"\nunderlying = "o"\nprojection = ["/px"]\n'
+                     'grouping = ["/sym"]\n')
+    assert info.value.problems == [
+        "<config>: view #1 'v': projection item '/px' is not an aggregate and not a grouping "
+        "field",
+        "<config>: conflated_topic #1 'c': 'interval' must be at least 10 ms",
+    ]
+
+
+def test_the_registry_checks_underlying_and_filter(url, topic_name):
+    sow = Sow(url)
+    with pytest.raises(ConfigError) as info:
+        sow.apply_config(f'[[view]]\nname = "{topic_name}_v"\nunderlying = "{topic_name}"\n'
+                         'projection = ["COUNT(/id) AS /n"]\ngrouping = ["/sym"]\n'
+                         'filter = "/px >"\n')
+    lines = info.value.problems
+    assert len(lines) == 2 and "neither in this file nor in the registry" in lines[0]
+    assert "'filter'" in lines[1]
+
+
+def test_publishers_cannot_write_to_derived_topics(url, topic_name):
+    sow = Sow(url)
+    sow.apply_config(_config(topic_name))
+    with pytest.raises(DerivedTopicError, match=f"publish to '{topic_name}' instead"):
+        sow.publish(f"{topic_name}_by_sym", {"sym": "X"})
+    with pytest.raises(DerivedTopicError):
+        sow.sow_delete(f"{topic_name}_c", "1=1")
+    out = run_cli(url, "publish", "-t", f"{topic_name}_c", input=b'{"id": 1}\n', check=False)
+    err = out.stderr.decode().strip().splitlines()
+    assert out.returncode == 1 and len(err) == 1 and "is a conflated topic of" in err[0], err
+
+
+@pytest.mark.slow
+def test_a_view_equals_a_recompute_after_10000_random_operations(sow, topic_name):
+    """10,000 operations on the real server (2,000 on memory://, whose Lua is slower)."""
+    sow.apply_config(_config(topic_name))
+    count = 2_000 if sow.url.startswith("memory://") else 10_000
+    rng = random.Random(5)
+
+    def order(i: int) -> dict:
+        return {"id": i, "sym": rng.choice(["MSFT", "IBM", "ORCL", "SAP", None]),
+                "qty": rng.randint(-50, 500), "px": rng.choice([rng.randint(1, 400) / 4, 3])}
+
+    sow.publish(topic_name, [order(i) for i in range(100)])
+    started = time.monotonic()
+    with _Running(sow):
+        for n in range(count):
+            i = rng.randrange(300)
+            roll = rng.random()
+            if roll < 0.5:
+                sow.publish(topic_name, order(i))
+            elif roll < 0.85:
+                sow.delta_publish(topic_name, {"id": i, "qty": rng.randint(-50, 500)})
+            elif roll < 0.98:
+                sow.sow_delete(topic_name, f"/id = {i}")
+            else:
+                sow.sow_delete(topic_name, f"/sym = '{rng.choice(['MSFT', 'IBM'])}'")
+            if n == count // 2:  # the view is being kept meanwhile
+                assert _rows(sow, f"{topic_name}_by_sym")
+        wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name),
+                   30, "the view equal to the recompute")
+    view = _rows(sow, f"{topic_name}_by_sym")
+    print(f"\n{count} operations in {time.monotonic() - started:.1f} s; view: "
+          f"{sorted(((r['sym'], r['orders']) for r in view.values()), key=str)}")
+    assert 2 <= len(view) <= 5
+
+
+def test_a_restarted_deriver_makes_the_view_whole_again(sow, topic_name):
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": i, "sym": "A", "qty": 1, "px": i} for i in range(5)])
+    with _Running(sow):
+        wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name),
+                   20, "the view built")
+    # changes while no deriver runs: a new group, a group gone
+    sow.publish(topic_name, [{"id": i, "sym": "B", "qty": 2, "px": 1} for i in range(5)])
+    assert [r["sym"] for r in _rows(sow, f"{topic_name}_by_sym").values()] == ["A"]
+    with _Running(sow):
+        wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name),
+                   20, "the view whole again")
+    assert [r["sym"] for r in _rows(sow, f"{topic_name}_by_sym").values()] == ["B"]
+
+
+def test_a_conflated_topic_gets_at_most_one_update_per_key_per_interval(sow, topic_name):
+    sow.apply_config(_config(topic_name, interval="300ms"))
+    conflated = f"{topic_name}_c"
+    sow.publish(topic_name, [{"id": 1, "v": 0}, {"id": 2, "v": 0}])
+    with _Running(sow):
+        wait_until(lambda: len(_rows(sow, conflated)) == 2, 20, "the initial records")
+        with sow.subscribe(conflated, oof=True) as sub:
+            started = time.monotonic()
+            for v in range(1, 61):  # 60 updates of each key in about 1.2 s
+                sow.publish(topic_name, [{"id": 1, "v": v}, {"id": 2, "v": v}])
+                time.sleep(0.02)
+            sow.sow_delete(topic_name, "/id = 2")
+            got = []
+            while (msg := sub.get(1.5)) is not None:
+                got.append(msg)
+            elapsed = time.monotonic() - started
+    per_key = Counter((m["kind"], m["data"]["id"]) for m in got)
+    intervals = elapsed / 0.3 + 1
+    print(f"\n{len(got)} messages in {elapsed:.1f} s for 120 updates: {dict(per_key)}")
+    assert 2 <= per_key[("publish", 1)] <= intervals, per_key
+    assert per_key[("publish", 2)] <= intervals and per_key[("oof", 2)] == 1
+    last = [m for m in got if m["kind"] == "publish" and m["data"]["id"] == 1][-1]
+    assert last["data"] == {"id": 1, "v": 60}  # the latest version
+    assert _rows(sow, conflated) == {k: v for k, v in _rows(sow, topic_name).items()}
+
+
+def test_cli_derive_burst_makes_derived_topics_whole(url, topic_name):
+    sow = Sow(url)
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": 1, "sym": "A", "qty": 3, "px": 2},
+                             {"id": 2, "sym": "A", "qty": 1, "px": 4}], wait=False)
+    from sow_redis.apply.jobs import apply_here
+    from sow_redis.settings import Settings
+
+    t = sow.topic(topic_name)
+    apply_here(sow.r, t, list(range(t.partitions)), Settings.from_env(redis_url=url), 10)
+    out = run_cli(url, "derive", "--burst")
+    line = out.stdout.decode().strip()  # the shared server holds other tests' topics too
+    assert line.startswith("derived ") and f"{topic_name}_by_sym, {topic_name}_c" in line, line
+    inline = Sow(url, inline=True)
+    for name in (f"{topic_name}_by_sym", f"{topic_name}_c"):  # apply what the burst wrote
+        t = inline.topic(name)
+        apply_here(inline.r, t, list(range(t.partitions)), inline.settings, 10)
+    assert [r.obj() for r in sow.sow(f"{topic_name}_by_sym")] == [
+        {"sym": "A", "orders": 2, "qty": 4, "avg_px": 3.0, "lo": 2, "hi": 4}]
+    assert sorted(r.obj()["id"] for r in sow.sow(f"{topic_name}_c")) == [1, 2]

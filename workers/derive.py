@@ -1,0 +1,24 @@
+"""Entry point for a deriver process (same as ``sow-redis derive``): keeps every view and
+conflated topic from its underlying topic (:mod:`sow_redis.derive`).
+
+Usage: ``python workers/derive.py [--burst]``; settings from ``SOW_*`` env vars.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sow_redis.client import Sow
+from sow_redis.derive import Deriver
+from sow_redis.settings import Settings
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--burst", action="store_true",
+                    help="make every derived topic whole now, then exit")
+    a = ap.parse_args()
+    deriver = Deriver(Sow(settings=Settings.from_env()))
+    if a.burst:
+        print("derived:", ", ".join(deriver.burst()) or "nothing")
+    else:
+        deriver.run()
