@@ -276,14 +276,16 @@ def config_import_amps(file: str, output: str | None) -> None:
         raise click.ClickException(f"{file}: {'; '.join(exc.problems)}") from None
     for line in imported.skipped:
         click.echo(f"{file}: {line}", err=True)
-    if not imported.topics:
+    if not imported.topics and not imported.derived:
         raise click.ClickException(f"{file}: no SOW topic could be translated")
     toml_text = to_toml(imported, file)
     parse_topics(toml_text, source=f"{file} (imported)")  # what is written loads as it is
     if output:
         with open(output, "w", encoding="utf-8") as fh:
             fh.write(toml_text)
-        click.echo(f"wrote {len(imported.topics)} topic(s) to {output}", err=True)
+        views = (f" and {len(imported.derived)} view(s) / conflated topic(s)"
+                 if imported.derived else "")
+        click.echo(f"wrote {len(imported.topics)} topic(s){views} to {output}", err=True)
     else:
         click.echo(toml_text, nl=False)
 

@@ -20,10 +20,17 @@ chaining key generator of seeds/003; expiration of seeds/000 and 004):
   in one partition; add ``partition_by`` for more). Any other key generator module: the topic
   is skipped.
 
+Per ``<SOW><View>`` (AMPS ``View``) → a ``[[view]]`` table: ``Name``, ``UnderlyingTopic``
+(one topic; a ``Join`` is not translated), ``Projection`` and ``Grouping`` (their ``Field``
+children, e.g. ``COUNT(/id) AS /orders``), ``Filter``. Per ``<SOW><ConflatedTopic>`` → a
+``[[conflated_topic]]`` table: ``Name``, ``UnderlyingTopic``, ``Interval`` (AMPS interval
+units, as for ``Expiration``), ``Filter``. A ``MessageType`` other than ``json`` skips them.
+
 Everything else is listed as not translated, one line each with its element path
 (``SOW/Topic[ORDERS]/FileName``, ``SOW/Topic[Orders]/KeyGenerator/Options/FileName``,
-``SOW/View[1]``, …): AMPS storage and tuning settings (``FileName``, ``SlabSize``,
-``Index``, ``Durability``, …), other children of ``<SOW>`` (views, conflated topics, queues)
+``SOW/Queue[1]``, …): AMPS storage and tuning settings (``FileName``, ``SlabSize``,
+``Index``, ``Durability``, …), other children of ``<SOW>`` (queues, …), projections
+sow_redis cannot compute (expressions such as ``SUM(/px * /qty)``)
 and topics that cannot be expressed (the line says why: message type, key generator, a name
 defined twice, a value sow_redis refuses). Each translated topic is checked with
 :func:`sow_redis.config.parse_topics`, so the output always loads.
@@ -59,6 +66,8 @@ class Imported:
 
     topics: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    derived: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """``(kind, table)`` of each view (``view``) and conflated topic (``conflated_topic``)."""
 
 
 def _text(el: ET.Element | None) -> str:
@@ -167,11 +176,13 @@ def import_amps(text: str) -> Imported:
     for sow in sows:
         others: dict[str, int] = {}
         for child in sow:
-            if child.tag != "Topic":
+            if child.tag in DERIVED_TAGS:
+                _derived(child, out, seen)
+            elif child.tag != "Topic":
                 others[child.tag] = others.get(child.tag, 0) + 1
                 label = _text(child.find("Name")) or str(others[child.tag])
                 out.skipped.append(f"SOW/{child.tag}[{label}]: not translated (sow_redis has "
-                                   "SOW topics only: no views, conflated topics or queues)")
+                                   "SOW topics, views and conflated topics: no queues)")
         for n, topic in enumerate(sow.findall("Topic"), 1):
             t = _topic(topic, n, chaining, out)
             if t is None:
@@ -193,6 +204,58 @@ def import_amps(text: str) -> Imported:
             seen.add(t["name"])
             out.topics.append(t)
     return out
+
+
+DERIVED_TAGS = {"View": "view", "ConflatedTopic": "conflated_topic"}
+"""AMPS ``<SOW>`` children translated into derived topics (:mod:`sow_redis.derive`)."""
+
+_DERIVED_TRANSLATED = {"Name", "UnderlyingTopic", "Projection", "Grouping", "Filter",
+                       "Interval", "MessageType"}
+
+
+def _derived(el: ET.Element, out: Imported, seen: set[str]) -> None:
+    """Translate one ``<View>`` or ``<ConflatedTopic>`` into ``out.derived`` (or say in
+    ``out.skipped`` why not)."""
+    from ..config import parse_topics
+
+    kind, name = DERIVED_TAGS[el.tag], _text(el.find("Name"))
+    where = f"SOW/{el.tag}[{name or '?'}]"
+    for child in el:
+        if child.tag not in _DERIVED_TRANSLATED:
+            out.skipped.append(f"{where}/{child.tag}: not translated")
+    mt = _text(el.find("MessageType")).lower()
+    under = el.find("UnderlyingTopic")
+    why = ("no Name" if not name else f"message type {mt!r} (sow_redis: json)"
+           if mt not in ("", "json") else "a join of topics is not translated"
+           if under is not None and under.find("Join") is not None else "no UnderlyingTopic"
+           if not _text(under) else "")
+    if why:
+        out.skipped.append(f"{where}: {why}: skipped")
+        return
+    table: dict[str, Any] = {"name": name, "underlying": _text(under)}
+    if kind == "view":
+        for part in ("Projection", "Grouping"):
+            table[part.lower()] = [_text(f) for f in el.findall(f"{part}/Field") if _text(f)]
+    else:
+        try:
+            table["interval"] = amps_interval(_text(el.find("Interval")) or "0")
+        except ValueError as exc:
+            out.skipped.append(f"{where}/Interval: {exc}: skipped")
+            return
+    if _text(el.find("Filter")):
+        table["filter"] = _text(el.find("Filter"))
+    try:
+        parse_topics(to_toml(Imported(derived=[(kind, table)])), source=where)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            problem = re.sub(rf"^{re.escape(where)}: {kind} #1 '[^']*': ", "", problem)
+            out.skipped.append(f"{where}: {problem}: skipped")
+        return
+    if name in seen:
+        out.skipped.append(f"{where}: a topic of this name is already imported: skipped")
+        return
+    seen.add(name)
+    out.derived.append((kind, table))
 
 
 def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
@@ -308,4 +371,6 @@ def to_toml(imported: Imported, source: str = "") -> str:
     parts = [head]
     for t in imported.topics:
         parts.append("[[topic]]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in t.items()))
+    for kind, d in imported.derived:
+        parts.append(f"[[{kind}]]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in d.items()))
     return "\n".join(parts)
