@@ -139,6 +139,8 @@ class TopicConfig:
     change_previous: bool = False
     kind: str = "topic"
     underlying: str = ""
+    joined: str = ""
+    join: tuple[str, ...] = ()
     projection: tuple[str, ...] = ()
     grouping: tuple[str, ...] = ()
     filter: str = ""
@@ -252,6 +254,14 @@ _KEY_GENERATOR_FIELDS = {"type", "primary", "secondary", "validation"}
 
 def _is_str(v: Any) -> bool:
     return isinstance(v, str)
+
+
+def _is_underlying(v: Any) -> bool:
+    return isinstance(v, str) or (_is_paths(v) and len(v) == 2)
+
+
+def _is_join(v: Any) -> bool:
+    return isinstance(v, str) or (_is_paths(v) and len(v) == 2)
 
 
 def _is_int(v: Any) -> bool:
@@ -376,6 +386,8 @@ def _build(d: dict[str, Any]) -> TopicConfig:
         change_previous=bool(d.get("change_previous", False)),
         kind=d.get("kind") or "topic",
         underlying=d.get("underlying") or "",
+        joined=d.get("joined") or "",
+        join=tuple(d.get("join") or ()),
         projection=tuple(d.get("projection") or ()),
         grouping=tuple(d.get("grouping") or ()),
         filter=d.get("filter") or "",
@@ -488,7 +500,8 @@ DERIVED_KINDS = ("view", "conflated_topic")
 _DERIVED_SHAPES: dict[str, dict[str, tuple[Any, str]]] = {
     "view": {
         "name": (_is_str, "a topic name"),
-        "underlying": (_is_str, "the name of the topic it aggregates"),
+        "underlying": (_is_underlying, 'a topic name, or two: ["orders", "fills"]'),
+        "join": (_is_join, 'a field path like "/id", or one per topic: ["/id", "/order_id"]'),
         "projection": (_is_paths, 'a list like ["/sym", "COUNT(/id) AS /orders"]'),
         "grouping": (_is_paths, 'a list of field paths like ["/sym"]'),
         "filter": (_is_str, "an AMPS filter string"),
@@ -507,6 +520,34 @@ _DERIVED_SHAPES: dict[str, dict[str, tuple[Any, str]]] = {
 
 MIN_INTERVAL_MS = 10
 """The shortest conflation interval, in milliseconds."""
+
+
+def _check_underlying(where: str, kind: str, name: Any, d: dict[str, Any],
+                      problems: list[str]) -> None:
+    """``underlying`` (one topic, or two joined on ``join`` for a view) into ``d``'s
+    ``underlying``, ``joined`` and ``join`` (one field path per topic)."""
+    under = d.get("underlying")
+    names = [under] if isinstance(under, str) else list(under or [])
+    if not names or not all(names):
+        problems.append(f"{where}: 'underlying' must name the topic it reads")
+        return
+    if name in names:
+        problems.append(f"{where}: 'underlying' cannot be the {kind} itself")
+    join = d.pop("join", None)
+    if len(names) == 2:
+        if kind != "view":
+            problems.append(f"{where}: 'underlying' of a {kind} is one topic")
+        elif names[0] == names[1]:
+            problems.append(f"{where}: 'underlying' names the same topic twice")
+        elif join is None:
+            problems.append(f"{where}: a view of two topics needs 'join': the field path "
+                            'they are joined on, like "/id"')
+        else:
+            paths = [join, join] if isinstance(join, str) else list(join)
+            d["join"] = _check_paths(where, "join", paths, problems)
+        d["underlying"], d["joined"] = names
+    elif join is not None:
+        problems.append(f"{where}: 'join' needs two underlying topics")
 
 
 def _parse_derived(doc: dict[str, Any], source: str, seen: set[str],
@@ -535,10 +576,7 @@ def _parse_derived(doc: dict[str, Any], source: str, seen: set[str],
                 problems.append(f"{where}: topic defined twice")
             else:
                 seen.add(name)
-            if not d.get("underlying"):
-                problems.append(f"{where}: 'underlying' must name the topic it reads")
-            elif d["underlying"] == name:
-                problems.append(f"{where}: 'underlying' cannot be the {kind} itself")
+            _check_underlying(where, kind, name, d, problems)
             parts = d.get("partitions", 1)
             if not 1 <= parts <= 1024:
                 problems.append(f"{where}: 'partitions' must be an integer from 1 to 1024")
@@ -740,6 +778,9 @@ def to_toml(topics: list[TopicConfig]) -> str:
 def _derived_table(t: TopicConfig) -> dict[str, Any]:
     """The ``[[view]]`` or ``[[conflated_topic]]`` table of a derived topic."""
     d: dict[str, Any] = {"name": t.name, "underlying": t.underlying}
+    if t.joined:
+        d["underlying"] = [t.underlying, t.joined]
+        d["join"] = t.join[0] if t.join[0] == t.join[1] else list(t.join)
     if t.kind == "view":
         d["projection"], d["grouping"] = list(t.projection), list(t.grouping)
     else:

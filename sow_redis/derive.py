@@ -41,9 +41,12 @@ from . import keys
 from .apply.scripts import Scripts
 from .client import Sow
 from .config import TopicConfig
+from .errors import FilterEvalError
 from .feed.subscriber import Message, Subscriber
 from .model.aggregate import Aggregation
+from .model.values import canonical, get_path, split_path
 from .publish.append import append
+from .query.filter import compile_filter
 from .registry import load_topics
 from .stopping import StopEvent, stop_on_signals
 
@@ -182,6 +185,118 @@ class _ConflationFollower(_Follower):
             self.write(latest, gone)
 
 
+class _JoinFollower(_Follower):
+    """A view of two topics joined on a field: its projection over the joined rows, each
+    ``{<first topic>: record, <second topic>: record}`` for every pair of records whose
+    join fields are equal (an inner join); the filter applies to the joined rows."""
+
+    def __init__(self, sow: Sow, target: TopicConfig) -> None:
+        self.agg = Aggregation(list(target.projection), list(target.grouping),
+                               domain=target.name)
+        self.names = (target.underlying, target.joined)
+        self.paths = tuple(split_path(p) for p in target.join)
+        self.pred = compile_filter(target.filter) if target.filter else None
+        self.records: tuple[dict[str, dict[str, Any]], ...] = ({}, {})
+        self.by_value: tuple[dict[str, set[str]], ...] = ({}, {})
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.gone: set[str] = set()
+        self.ends = 0
+        self.sow, self.target = sow, target
+        self.subs = [Subscriber(sow.r, sow.topic(name), oof=True, sow=True)
+                     for name in self.names]
+        self.sub = self.subs[0]
+        self.ready = False
+
+    def step(self) -> int:
+        n = 0
+        for side, sub in enumerate(self.subs):
+            msg = sub.get(STEP_S / 2)
+            while msg is not None:
+                n += 1
+                self._take(side, msg)
+                msg = sub.get(0.0001)
+        self.flush()
+        return n
+
+    def take(self, msg: Message) -> None:  # pragma: no cover - the sides go by _take
+        raise NotImplementedError
+
+    def _take(self, side: int, msg: Message) -> None:
+        kind = msg["kind"]
+        if kind in ("sow", "publish"):
+            self._set(side, msg["sow_key"], msg["data"])
+        elif kind == "oof":
+            self._set(side, msg["sow_key"], None)
+        elif kind == "group_end":
+            self.ends += 1
+            if self.ends == 2:
+                self.rows, self.gone = {}, set()
+                self.reconcile(dict(self.agg.rows()))
+
+    def _set(self, side: int, key: str, record: dict[str, Any] | None) -> None:
+        """Take a record's new version (None: removed) on one side of the join."""
+        records, index, other = self.records[side], self.by_value[side], 1 - side
+        old = records.pop(key, None)
+        value = None if old is None else _join_value(old, self.paths[side])
+        if value is not None:
+            index.get(value, set()).discard(key)
+            for partner in self.by_value[other].get(value, ()):
+                self._changed(self.agg.remove(_pair(side, key, partner)))
+        if record is None:
+            return
+        records[key] = record
+        value = _join_value(record, self.paths[side])
+        if value is None:  # a null or missing join field joins nothing
+            return
+        index.setdefault(value, set()).add(key)
+        for partner in self.by_value[other].get(value, ()):
+            left, right = ((record, self.records[other][partner]) if side == 0
+                           else (self.records[other][partner], record))
+            row = {self.names[0]: left, self.names[1]: right}
+            if self.pred is None or _matches(self.pred, row):
+                self._changed(self.agg.upsert(_pair(side, key, partner), row))
+
+    def _changed(self, changed: list[tuple[str, str, dict[str, Any]]]) -> None:
+        if not self.ready:
+            return
+        for what, key, row in changed:
+            if what == "publish":
+                self.rows[key] = row
+                self.gone.discard(key)
+            else:
+                self.rows.pop(key, None)
+                self.gone.add(key)
+
+    def flush(self) -> None:
+        if self.ready and (self.rows or self.gone):
+            rows, gone, self.rows, self.gone = self.rows, self.gone, {}, set()
+            self.write(rows, gone)
+
+    def close(self) -> None:
+        for sub in self.subs:
+            sub.close()
+
+
+def _pair(side: int, key: str, partner: str) -> str:
+    """The key of a joined row: the first topic's SOW key, then the second's."""
+    return f"{key}|{partner}" if side == 0 else f"{partner}|{key}"
+
+
+def _join_value(record: dict[str, Any], path: tuple[str, ...]) -> str | None:
+    """A record's join field as key text; None when null or missing (it joins nothing)."""
+    value = get_path(record, path)
+    if value is None:
+        return None
+    return orjson.dumps(value).decode() if type(value) is str else canonical(value)
+
+
+def _matches(pred: Any, row: dict[str, Any]) -> bool:
+    try:
+        return bool(pred(row))
+    except (FilterEvalError, RecursionError, TypeError, ValueError):
+        return False
+
+
 _FOLLOWERS = {"view": _ViewFollower, "conflated_topic": _ConflationFollower}
 
 
@@ -233,8 +348,9 @@ class Deriver:
                 del self.followers[name]
         for name, target in derived.items():
             if name not in self.followers and self._lease(name):
+                follow = _JoinFollower if target.joined else _FOLLOWERS[target.kind]
                 try:
-                    self.followers[name] = _FOLLOWERS[target.kind](self.sow, target)
+                    self.followers[name] = follow(self.sow, target)
                 except Exception as exc:  # e.g. the underlying topic is not defined yet
                     log.warning("deriver: %s: cannot follow %s: %s", name, target.underlying,
                                 exc)

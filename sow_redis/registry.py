@@ -93,10 +93,11 @@ def _derived_problems(topics: list[TopicConfig], names: set[str], source: str) -
     for t in topics:
         if not t.derived:
             continue
-        if t.underlying not in names:
-            problems.append(f"{source}: {t.kind} '{t.name}': 'underlying' names topic "
-                            f"'{t.underlying}', which is neither in this file nor in the "
-                            "registry")
+        for under in filter(None, (t.underlying, t.joined)):
+            if under not in names:
+                problems.append(f"{source}: {t.kind} '{t.name}': 'underlying' names topic "
+                                f"'{under}', which is neither in this file nor in the "
+                                "registry")
         if t.filter:
             try:
                 compile_filter(t.filter)

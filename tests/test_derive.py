@@ -75,6 +75,21 @@ def test_definitions_parse_check_and_round_trip():
     ]
 
 
+def test_join_definitions():
+    with pytest.raises(ConfigError) as info:
+        parse_topics('[[view]]\nname = "v"\nunderlying = ["a", "b"]\n'
+                     'projection = ["COUNT(/a/id) AS /n"]\ngrouping = ["/a/sym"]\n'
+                     '[[view]]\nname = "w"\nunderlying = "a"\njoin = "/id"\n'
+                     'projection = ["COUNT(/id) AS /n"]\ngrouping = ["/sym"]\n')
+    assert info.value.problems == [
+        "<config>: view #1 'v': a view of two topics needs 'join': the field path they are "
+        'joined on, like "/id"',
+        "<config>: view #2 'w': 'join' needs two underlying topics"]
+    (v,) = parse_topics('[[view]]\nname = "v"\nunderlying = ["a", "b"]\njoin = "/id"\n'
+                        'projection = ["COUNT(/a/id) AS /n"]\ngrouping = ["/a/sym"]\n')
+    assert (v.underlying, v.joined, v.join) == ("a", "b", ("/id", "/id"))
+
+
 def test_the_registry_checks_underlying_and_filter(url, topic_name):
     sow = Sow(url)
     with pytest.raises(ConfigError) as info:
@@ -194,3 +209,51 @@ def test_cli_derive_burst_makes_derived_topics_whole(url, topic_name):
     assert [r.obj() for r in sow.sow(f"{topic_name}_by_sym")] == [
         {"sym": "A", "orders": 2, "qty": 4, "avg_px": 3.0, "lo": 2, "hi": 4}]
     assert sorted(r.obj()["id"] for r in sow.sow(f"{topic_name}_c")) == [1, 2]
+
+
+def _join_config(name: str) -> str:
+    return (f'[[topic]]\nname = "{name}_o"\nkey = ["/id"]\npartitions = 2\n'
+            f'[[topic]]\nname = "{name}_f"\nkey = ["/fill"]\npartitions = 2\n'
+            f'[[view]]\nname = "{name}_v"\nunderlying = ["{name}_o", "{name}_f"]\n'
+            'join = ["/id", "/order"]\n'
+            f'projection = ["/{name}_o/sym", "COUNT(/{name}_f/fill) AS /fills", '
+            f'"SUM(/{name}_f/qty) AS /filled", "MAX(/{name}_o/qty) AS /biggest"]\n'
+            f'grouping = ["/{name}_o/sym"]\nfilter = "/{name}_f/qty > 1"\n')
+
+
+def test_a_view_of_two_joined_topics_equals_a_recompute(sow, topic_name):
+    """Orders and fills joined on order id (an inner join, filter on the joined rows)."""
+    sow.apply_config(_join_config(topic_name))
+    o, f = f"{topic_name}_o", f"{topic_name}_f"
+    rng = random.Random(9)
+
+    def recompute() -> dict:
+        agg = Aggregation([f"/{o}/sym", f"COUNT(/{f}/fill) AS /fills",
+                           f"SUM(/{f}/qty) AS /filled", f"MAX(/{o}/qty) AS /biggest"],
+                          [f"/{o}/sym"], domain=f"{topic_name}_v")
+        orders = {rec.obj()["id"]: (rec.sow_key, rec.obj()) for rec in sow.sow(o)}
+        for fill in sow.sow(f):
+            match = orders.get(fill.obj().get("order"))
+            if match is not None and fill.obj()["qty"] > 1:
+                agg.upsert(f"{match[0]}|{fill.sow_key}", {o: match[1], f: fill.obj()})
+        return dict(agg.rows())
+
+    sow.publish(o, [{"id": i, "sym": rng.choice("ABC"), "qty": i} for i in range(10)])
+    with _Running(sow):
+        for _ in range(600):
+            roll = rng.random()
+            if roll < 0.3:
+                sow.publish(o, {"id": rng.randrange(15), "sym": rng.choice("ABC"),
+                                "qty": rng.randint(1, 50)})
+            elif roll < 0.8:
+                sow.publish(f, {"fill": rng.randrange(40), "order": rng.choice(
+                    [rng.randrange(15), None]), "qty": rng.randint(0, 9)})
+            elif roll < 0.9:
+                sow.sow_delete(o, f"/id = {rng.randrange(15)}")
+            else:
+                sow.sow_delete(f, f"/fill = {rng.randrange(40)}")
+        wait_until(lambda: _rows(sow, f"{topic_name}_v") == recompute(), 30,
+                   "the joined view equal to the recompute")
+    view = _rows(sow, f"{topic_name}_v")
+    print(f"\njoined view: {sorted((r[o]['sym'], r['fills'], r['filled']) for r in view.values())}")
+    assert len(view) == 3
