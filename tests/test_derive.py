@@ -257,3 +257,23 @@ def test_a_view_of_two_joined_topics_equals_a_recompute(sow, topic_name):
     view = _rows(sow, f"{topic_name}_v")
     print(f"\njoined view: {sorted((r[o]['sym'], r['fills'], r['filled']) for r in view.values())}")
     assert len(view) == 3
+
+
+def test_an_expired_record_leaves_its_group_and_the_conflated_topic(sow, topic_name):
+    from sow_redis.expirer import Expirer
+
+    sow.apply_config(_config(topic_name).replace(
+        "partitions = 4\n", 'partitions = 4\nexpiration = "enabled"\n', 1))
+    sow.publish(topic_name, [{"id": 1, "sym": "A", "qty": 5, "px": 1},
+                             {"id": 2, "sym": "B", "qty": 5, "px": 2}])
+    sow.publish(topic_name, {"id": 3, "sym": "B", "qty": 5, "px": 3}, expiration=0.2)
+    with _Running(sow):
+        wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name)
+                   and len(_rows(sow, f"{topic_name}_c")) == 3, 20, "the view built")
+        time.sleep(0.3)
+        assert Expirer(sow.r, sow.settings, topics=[topic_name]).run(burst=True) == 1
+        wait_until(lambda: len(_rows(sow, f"{topic_name}_c")) == 2, 20, "removed from c")
+        wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name),
+                   20, "the view after the expiry")
+    groups = {r["sym"]: r["orders"] for r in _rows(sow, f"{topic_name}_by_sym").values()}
+    assert groups == {"A": 1, "B": 1}

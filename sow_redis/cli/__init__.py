@@ -1080,8 +1080,8 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow-and-subscribe -t orders --oof
-      sow-redis sow-and-subscribe -t orders --grouping /sym --projection /sym \\
-          --projection "COUNT(/id) AS /orders" --projection "AVG(/px) AS /avg_px"
+      sow-redis --redis-url redis://127.0.0.1:6390/0 sow-and-subscribe -t orders \\
+          --grouping /sym --projection /sym --projection "COUNT(/id) AS /orders"
     """
     if projection or grouping:
         if not (projection and grouping):
