@@ -312,7 +312,6 @@ class _Regex(Protocol):
 
     def search(self, text: str) -> object:
         """The first match in ``text``, or None."""
-        ...
 
 
 def _re2_compile(source: str) -> _Regex:
