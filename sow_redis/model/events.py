@@ -48,12 +48,15 @@ published to the topic's ``dead_letter`` topic as :func:`dead_letter`.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+import json
+from collections.abc import Sequence
+from typing import TypedDict
 
 import msgpack
 import orjson
 
 from .records import MAX_EXPIRY_MS, expiry_of
+from .values import JSONObject
 
 OPS = ("publish", "delta_publish", "sow_delete")
 """``op`` of a change event."""
@@ -78,7 +81,7 @@ class ChangeEvent(TypedDict, total=False):
     id: str
     reason: str
     expiry_ms: int
-    data: dict[str, Any] | None
+    data: JSONObject | None
     error: str
 
 
@@ -97,7 +100,7 @@ EVENT_WIDTH = 7
 """Fields per change in a block."""
 
 
-def _unpack(raw: bytes) -> Any:
+def _unpack(raw: bytes) -> object:
     """The block's array; strings that are not UTF-8 keep their bytes as lone surrogates
     (``surrogateescape``) for :func:`_change` to report."""
     if raw[:1] != b"[":
@@ -105,12 +108,10 @@ def _unpack(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:  # memory://: cjson copies a string's bytes as they are
-        import json
-
         return json.loads(raw.decode("utf-8", "surrogateescape"))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A field as text: bytes (a MessagePack bin) decoded keeping bad bytes as surrogates."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
@@ -122,7 +123,7 @@ def _shown(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _change(fields: list[Any], seq: int) -> ChangeEvent:
+def _change(fields: Sequence[object], seq: int) -> ChangeEvent:
     """One change of a block, ``seq`` its position (the block's first + index)."""
     op, key, _seq, sid, reason, expiry, data = fields
     ev: ChangeEvent = {"op": _text(op), "seq": _seq if type(_seq) is int else seq,
@@ -137,7 +138,7 @@ def _change(fields: list[Any], seq: int) -> ChangeEvent:
     return ev
 
 
-def decode_change(sow_key: str, data: Any) -> ChangeEvent:
+def decode_change(sow_key: str, data: object) -> ChangeEvent:
     """``sow_key`` and ``data`` (JSON object text, str or bytes) of a change or a stored record,
     decoded as a reader can use them: ``{"sow_key", "data"}``, or with ``error`` (what cannot
     be decoded; ``data`` None, undecodable key bytes shown as ``\\xNN``). A key read with
