@@ -9,20 +9,18 @@ in the partition's chain table are :mod:`sow_redis.apply.chaining`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
 from ..config import TopicConfig
 from ..errors import MessageError
 from .sowkey import generate
-from .values import canonical, get_path
+from .values import JSONObject, canonical, get_path
 
 
 class ChainConflict(MessageError):
     """A message resolves to two or more chains (seeds/003: it is not processed)."""
 
-    def __init__(self, heads: list[str], ids: dict[str, str]):
+    def __init__(self, heads: list[str], ids: dict[str, str]) -> None:
         self.heads = heads
         self.ids = ids
         named = ", ".join(f"{path}={v!r}" for path, v in ids.items())
@@ -34,7 +32,7 @@ ChainIds = tuple["str | None", "list[str]"]
 """A message's chaining identifiers: (primary value or None, secondary values present)."""
 
 
-def chain_values(obj: dict[str, Any], topic: TopicConfig) -> ChainIds:
+def chain_values(obj: JSONObject, topic: TopicConfig) -> ChainIds:
     """``(primary value or None, secondary values present)`` as canonical text.
 
     Raises:

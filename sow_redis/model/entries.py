@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from .. import streamids
 from ..config import TopicConfig
@@ -28,6 +27,7 @@ from ..connection import Fields
 from ..errors import MessageError
 from .messages import check_expiration, decode
 from .sowkey import is_valid_user_key
+from .values import JSONObject
 
 
 class Command(enum.Enum):
@@ -61,7 +61,7 @@ class LogEntry:
     command: Command
     fields: dict[bytes, bytes]
     data: bytes | None = None
-    obj: dict[str, Any] | None = None
+    obj: JSONObject | None = None
     sow_key: str | None = None
     prepared_key: str | None = None
     expiration_s: float | None = None

@@ -54,12 +54,15 @@ published to the topic's ``dead_letter`` topic as :func:`dead_letter`.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+import json
+from collections.abc import Sequence
+from typing import TypedDict
 
 import msgpack
 import orjson
 
 from .records import MAX_EXPIRY_MS, expiry_of
+from .values import JSON, JSONObject
 
 OPS = ("publish", "delta_publish", "sow_delete")
 """``op`` of a change event."""
@@ -85,8 +88,8 @@ class ChangeEvent(TypedDict, total=False):
     id: str
     reason: str
     expiry_ms: int
-    data: dict[str, Any] | None
-    previous: dict[str, Any] | None
+    data: JSONObject | None
+    previous: JSONObject | None
     error: str
 
 
@@ -108,7 +111,7 @@ EVENT_WIDTH = 8
 _WIDTHS = (EVENT_WIDTH, 7)
 
 
-def _width(arr: list[Any]) -> int:
+def _width(arr: list[JSON]) -> int:
     """Fields per change of a block: its field count over its ``last - first + 1`` changes
     (8, or 7 for a block written before ``previous``); 0 when it is not a change block."""
     first, last = arr[2], arr[3]
@@ -119,10 +122,10 @@ def _width(arr: list[Any]) -> int:
     return width if width in _WIDTHS and width * count == fields else 0
 
 
-def _previous(raw: Any) -> tuple[bool, dict[str, Any] | None]:
+def _previous(raw: object) -> tuple[bool, JSONObject | None]:
     """``(recorded, previous record)`` of a change's ``previous`` field: not recorded for
     ``""`` or anything that is not ``null`` or a JSON object."""
-    if not raw:
+    if not raw or not isinstance(raw, (str, bytes)):
         return False, None
     try:
         obj = orjson.loads(raw)
@@ -133,7 +136,7 @@ def _previous(raw: Any) -> tuple[bool, dict[str, Any] | None]:
     return False, None
 
 
-def _unpack(raw: bytes) -> Any:
+def _unpack(raw: bytes) -> object:
     """The block's array; strings that are not UTF-8 keep their bytes as lone surrogates
     (``surrogateescape``) for :func:`_change` to report."""
     if raw[:1] != b"[":
@@ -141,12 +144,10 @@ def _unpack(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:  # memory://: cjson copies a string's bytes as they are
-        import json
-
         return json.loads(raw.decode("utf-8", "surrogateescape"))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A field as text: bytes (a MessagePack bin) decoded keeping bad bytes as surrogates."""
     if isinstance(value, bytes):
         return value.decode("utf-8", "surrogateescape")
@@ -158,7 +159,7 @@ def _shown(text: str) -> str:
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _change(fields: list[Any], seq: int) -> ChangeEvent:
+def _change(fields: Sequence[object], seq: int) -> ChangeEvent:
     """One change of a block, ``seq`` its position (the block's first + index)."""
     op, key, _seq, sid, reason, expiry, data = fields[:7]
     ev: ChangeEvent = {"op": _text(op), "seq": _seq if type(_seq) is int else seq,
@@ -173,7 +174,7 @@ def _change(fields: list[Any], seq: int) -> ChangeEvent:
     return ev
 
 
-def decode_change(sow_key: str, data: Any) -> ChangeEvent:
+def decode_change(sow_key: str, data: object) -> ChangeEvent:
     """``sow_key`` and ``data`` (JSON object text, str or bytes) of a change or a stored record,
     decoded as a reader can use them: ``{"sow_key", "data"}``, or with ``error`` (what cannot
     be decoded; ``data`` None, undecodable key bytes shown as ``\\xNN``). A key read with
@@ -216,8 +217,7 @@ def parse_block(raw: bytes) -> ChangeBlock:
         arr = _unpack(raw)
     except Exception as exc:
         raise ValueError(f"not a change block: {exc}") from None
-    width = _width(arr) if isinstance(arr, list) and len(arr) > 5 else 0
-    if not width:
+    if not isinstance(arr, list) or len(arr) <= 5 or not (width := _width(arr)):
         raise ValueError("not a change block")
     topic, partition, first, last, ms = arr[:5]
     if not isinstance(topic, (str, bytes)) or not all(
@@ -262,8 +262,7 @@ def due_times(raw: bytes) -> list[int]:
         arr = orjson.loads(raw) if raw[:1] == b"[" else msgpack.unpackb(raw, raw=False)
     except Exception:
         return []
-    width = _width(arr) if isinstance(arr, list) and len(arr) > 5 else 0
-    if not width:
+    if not isinstance(arr, list) or len(arr) <= 5 or not (width := _width(arr)):
         return []
     return [int(arr[i + 5]) for i in range(5, len(arr), width)
             if arr[i] != "sow_delete" and int(arr[i + 5]) > 0]

@@ -19,11 +19,12 @@ simplefix stays the oracle of the fuzz test (tests/test_fix.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeAlias
 
 import orjson
 
 from ..errors import MessageError
+from .values import JSONObject
 
 SOH = b"\x01"
 FRAMING_TAGS = frozenset({"8", "9", "10"})
@@ -42,6 +43,9 @@ the separator."""
 _DATA_TAGS = frozenset(DATA_FIELDS.values())
 _DATA_TAGS_B = frozenset(t.encode() for t in _DATA_TAGS)
 _NAMED_SEPARATORS = {"soh": SOH, "\\x01": SOH, "\\u0001": SOH, "^a": SOH, "pipe": b"|"}
+
+FixObject: TypeAlias = dict[str, str | list[str]]
+"""A FIX message as a record object: tag → value text, or the list of a repeated tag's values."""
 
 
 def separator(text: str) -> bytes:
@@ -142,9 +146,9 @@ def _decode_slow(msg: bytes, sep: bytes) -> list[tuple[str, str]]:
     return pairs
 
 
-def to_object(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+def to_object(pairs: list[tuple[str, str]]) -> FixObject:
     """A record object: tag → value, framing tags dropped, repeated tags as lists."""
-    obj: dict[str, Any] = {}
+    obj: FixObject = {}
     for tag, value in pairs:
         if tag in FRAMING_TAGS:
             continue
@@ -158,12 +162,12 @@ def to_object(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return obj
 
 
-def decode(line: bytes, sep: bytes = SOH) -> dict[str, Any]:
+def decode(line: bytes, sep: bytes = SOH) -> FixObject:
     """One FIX line (log prefix allowed) as a record object. Raises MessageError."""
     return to_object(decode_pairs(strip_prefix(line), sep))
 
 
-def encode(obj: dict[str, Any], sep: bytes = SOH) -> bytes:
+def encode(obj: JSONObject, sep: bytes = SOH) -> bytes:
     """A record object back to ``tag=value`` fields joined by ``sep`` (no framing tags: a FIX
     engine adds 8, 9 and 10 when it sends the message). Lists give repeated fields; nested
     values are written as JSON text."""
@@ -181,7 +185,7 @@ def encode(obj: dict[str, Any], sep: bytes = SOH) -> bytes:
 
 
 def to_message(line: bytes, sep: bytes, skip_msg_types: tuple[str, ...] | frozenset[str]
-               ) -> tuple[bytes, dict[str, Any] | None] | None:
+               ) -> tuple[bytes, FixObject | None] | None:
     """A published FIX line as ``(JSON bytes stored in the log, the decoded object)``, or None
     when its MsgType (35) is one the topic skips (session-level messages by default).
 

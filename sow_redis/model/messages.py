@@ -18,9 +18,9 @@ In a JSON Lines file a line may be an *envelope* that carries per-message option
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -29,7 +29,7 @@ from ..errors import MessageError
 from ..streamids import ms_of
 from .chains import chain_values
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
-from .values import canonical, get_path
+from .values import JSON, JSONObject, canonical, get_path
 
 COMMANDS = ("publish", "delta_publish", "sow_delete")
 
@@ -38,7 +38,7 @@ COMMANDS = ("publish", "delta_publish", "sow_delete")
 class Parsed:
     """A message ready to apply: the decoded object, its SOW key and partition."""
 
-    obj: dict[str, Any]
+    obj: JSONObject
     sow_key: str
     partition: int
 
@@ -78,8 +78,6 @@ def _int_in_range(text: str) -> int:
 
 
 def _exact_integer_check(data: bytes) -> None:
-    import json
-
     try:
         json.loads(data, parse_int=_int_in_range)
     except _OutOfRange as exc:
@@ -91,7 +89,7 @@ def _exact_integer_check(data: bytes) -> None:
         pass  # orjson accepted the text: its verdict stands
 
 
-def _depth_check(obj: Any) -> None:
+def _depth_check(obj: object) -> None:
     try:
         orjson.dumps(obj)
     except TypeError:
@@ -124,7 +122,7 @@ def _decode_error(exc: Exception) -> MessageError:
     return MessageError("bad_json", text)
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes) -> JSON:
     """Decode JSON text (orjson) with the checks every message gets: nesting depth (exact
     check only for a text over ``2 * MAX_DEPTH`` bytes with over ``MAX_DEPTH`` brackets) and
     the integer range (see :func:`check_integers`).
@@ -153,7 +151,7 @@ _WALK_MAX_BYTES = 65_536
 with a long digit run are parsed again at once."""
 
 
-def _may_hold_long_integer(obj: Any, size: int) -> bool:
+def _may_hold_long_integer(obj: JSON, size: int) -> bool:
     """Whether decoded ``obj`` may come from an integer literal outside the 64-bit range: it
     holds a float of magnitude ≥ 2^63 (or the text is too long to walk). A 19-digit integer
     inside the range (a nanosecond timestamp) thus costs a walk of the object, not a second
@@ -172,7 +170,7 @@ def _may_hold_long_integer(obj: Any, size: int) -> bool:
     return False
 
 
-def decode(data: bytes, topic: TopicConfig) -> dict[str, Any]:
+def decode(data: bytes, topic: TopicConfig) -> JSONObject:
     """Decode one message of ``topic`` (publisher and worker alike).
 
     Raises:
@@ -197,9 +195,9 @@ def _encode_reason(text: str) -> str:
     return "bad_message"
 
 
-def _non_finite(obj: Any) -> str | None:
+def _non_finite(obj: object) -> str | None:
     """Path (``/a/0/b``) of the first NaN or infinite float in ``obj``, or None."""
-    stack: list[tuple[str, Any]] = [("", obj)]
+    stack: list[tuple[str, object]] = [("", obj)]
     while stack:
         path, v = stack.pop()
         if isinstance(v, float):
@@ -212,7 +210,7 @@ def _non_finite(obj: Any) -> str | None:
     return None
 
 
-def encode(msg: Any) -> bytes:
+def encode(msg: object) -> bytes:
     """A message given to the Python API as bytes: bytes as they are, ``str`` as UTF-8, any
     other value (a dict) as JSON text.
 
@@ -243,7 +241,7 @@ def encode(msg: Any) -> bytes:
     return out
 
 
-def _values(obj: dict[str, Any], paths: tuple[str, ...], parts: tuple[tuple[str, ...], ...],
+def _values(obj: JSONObject, paths: tuple[str, ...], parts: tuple[tuple[str, ...], ...],
             what: str) -> list[str]:
     out = []
     for path, p in zip(paths, parts):
@@ -280,7 +278,7 @@ def check_supplied_key(topic: TopicConfig, supplied: str | None) -> None:
                            "a publisher cannot give one")
 
 
-def key_of(obj: dict[str, Any], topic: TopicConfig, supplied: str | None = None) -> str:
+def key_of(obj: JSONObject, topic: TopicConfig, supplied: str | None = None) -> str:
     """The SOW key of a decoded message (not for chaining topics: their key needs the chain
     table, see :mod:`sow_redis.apply.chaining`).
 
@@ -297,7 +295,7 @@ def key_of(obj: dict[str, Any], topic: TopicConfig, supplied: str | None = None)
     return generate(topic.domain, _values(obj, topic.key, topic.key_parts, "key_field"))
 
 
-def partition_for(obj: dict[str, Any], topic: TopicConfig, sow_key: str) -> int:
+def partition_for(obj: JSONObject, topic: TopicConfig, sow_key: str) -> int:
     """Partition of a message: with ``partition_by``, the hash of those field values; otherwise
     derived from the SOW key (so every update of one record lands in one partition)."""
     if topic.partitions == 1:
@@ -309,7 +307,7 @@ def partition_for(obj: dict[str, Any], topic: TopicConfig, sow_key: str) -> int:
 
 
 def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None,
-          obj: dict[str, Any] | None = None) -> Parsed:
+          obj: JSONObject | None = None) -> Parsed:
     """Decode a message, compute its SOW key and partition. Raises MessageError.
 
     Args:
@@ -330,7 +328,7 @@ def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None,
     return Parsed(obj, key, partition_for(obj, topic, key))
 
 
-def index_members(obj: dict[str, Any], topic: TopicConfig, sow_key: str) -> str:
+def index_members(obj: JSONObject, topic: TopicConfig, sow_key: str) -> str:
     """Comma-separated hash-index members of a record, one per ``hash_index`` ("" if none).
 
     A record lacking a field of an index gets no member in that index (an empty slot).
@@ -347,7 +345,7 @@ def index_members(obj: dict[str, Any], topic: TopicConfig, sow_key: str) -> str:
 ENVELOPE_PREFIX = b'{"$sow"'
 
 
-def unwrap(line: bytes) -> tuple[bytes, dict[str, Any]]:
+def unwrap(line: bytes) -> tuple[bytes, JSONObject]:
     """Split an envelope line into (message bytes, options); other lines pass through.
 
     Options: ``sow_key`` (a string; validated by :func:`key_of`), ``expiration`` (checked by
@@ -386,7 +384,7 @@ MAX_EXPIRATION_S = MAX_DURATION_MS // 1000
 ``expiration`` (:data:`sow_redis.config.MAX_DURATION_MS`)."""
 
 
-def check_expiration(value: Any) -> float | None:
+def check_expiration(value: object) -> float | None:
     """A message expiration in seconds (None when absent), from 0 to :data:`MAX_EXPIRATION_S`
     (100 years).
 
@@ -400,7 +398,8 @@ def check_expiration(value: Any) -> float | None:
         raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got the boolean "
                            f"{str(value).lower()}")
     try:
-        secs = float(value.decode() if isinstance(value, bytes) else value)
+        # float() of what is no number raises TypeError, turned into bad_expiration here
+        secs = float(value.decode() if isinstance(value, bytes) else value)  # type: ignore[arg-type]
     except (TypeError, ValueError, UnicodeDecodeError):
         raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got {value!r}") from None
     if not secs >= 0 or secs == float("inf"):
@@ -439,7 +438,7 @@ def expiry_for(topic: TopicConfig, message_ttl_s: float | None, stream_id: str) 
     return str(ms_of(stream_id) + ttl)
 
 
-def merge(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+def merge(base: JSONObject, delta: JSONObject) -> JSONObject:
     """AMPS delta_publish merge: fields in ``delta`` replace those in ``base``, nested objects
     merge recursively, other fields stay. Returns a new dict; inputs are not changed."""
     out = dict(base)

@@ -9,9 +9,10 @@ the message bytes (JSON object text).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
+
+from .values import JSONObject
 
 MAX_EXPIRY_MS = 253_402_300_799_999
 """The latest expiry a reader reports, in ms since the epoch: 9999-12-31T23:59:59.999Z (the last
@@ -45,9 +46,11 @@ class Record:
     stream_id: str
     data: bytes
 
-    def obj(self) -> dict[str, Any]:
-        """The message decoded as a JSON object."""
-        return orjson.loads(self.data)
+    def obj(self) -> JSONObject:
+        """The message decoded as a JSON object (as stored: a record written behind sow_redis's
+        back may hold another JSON value; readers that cannot rule that out check)."""
+        obj: JSONObject = orjson.loads(self.data)
+        return obj
 
 
 def decode(sow_key: str | bytes, raw: bytes, lenient: bool = False) -> Record:

@@ -14,6 +14,8 @@ import re
 import orjson
 import xxhash
 
+from ..errors import KeyListError
+
 USER_KEY = re.compile(r"[A-Za-z0-9+/=]{1,512}")
 """A publisher-supplied SOW key: 1-512 characters of the Base64 alphabet (incl. ``=``); always
 matched against the whole string (``fullmatch``: ``$`` would accept a trailing newline)."""
@@ -35,8 +37,6 @@ def check_key_list(keys: list[str]) -> list[str]:
     Raises:
         KeyListError: one line naming the bound (the count, or the first bad key's position).
     """
-    from ..errors import KeyListError
-
     if isinstance(keys, (str, bytes)):
         raise KeyListError("SOW keys must be a list of strings, not one string")
     if len(keys) > MAX_KEYS:

@@ -8,9 +8,20 @@ text of a value is what SOW keys and hash indexes are computed from (hash index 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
+
+JSON: TypeAlias = Any
+"""A decoded JSON value: object, array, string, number, boolean or null, as ``orjson.loads``
+returns it (a message, or a field value read from one). The one place the package leaves
+data untyped: a message's shape is the topic's business, and readers index into it by field
+paths (``obj["px"]``, :func:`get_path`) on hot paths, where a recursive union would ask for an
+``isinstance`` at every step. What is not decoded JSON gets a precise type (or ``object`` when
+a function takes whatever it is given)."""
+
+JSONObject: TypeAlias = dict[str, JSON]
+"""A decoded JSON object: a message, or a record's data."""
 
 MISSING = None
 
@@ -25,7 +36,7 @@ def split_path(path: str) -> tuple[str, ...]:
     return parts
 
 
-def get_path(record: Any, parts: tuple[str, ...]) -> Any:
+def get_path(record: JSON, parts: tuple[str, ...]) -> JSON:
     """Value at ``parts`` in a decoded JSON object, or None when any step is missing."""
     value = record
     for step in parts:
@@ -43,7 +54,7 @@ def get_path(record: Any, parts: tuple[str, ...]) -> Any:
     return value
 
 
-def canonical(value: Any) -> str | None:
+def canonical(value: JSON) -> str | None:
     """Canonical text of a JSON value, or None for a missing / null value.
 
     Strings are themselves; booleans ``true``/``false``; integral numbers without a

@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Protocol, TypeAlias
 
 import re2
 from lark import Lark, Token, Tree
@@ -56,7 +56,7 @@ from lark.exceptions import (
 )
 
 from ..errors import FilterEvalError, FilterSyntaxError
-from ..model.values import canonical, get_path, split_path
+from ..model.values import JSON, JSONObject, canonical, get_path, split_path
 
 __all__ = ["MAX_DEPTH", "MAX_FILTER_CHARS", "Filter", "compile_filter"]
 
@@ -70,8 +70,15 @@ MAX_FILTER_CHARS = 131_072
 could hold a query or a subscriber for seconds; a sow_delete filter also travels in every
 partition's log. Longer is a :class:`FilterSyntaxError` before anything is parsed."""
 
-Evaluator = Callable[[Any], Any]
-"""A compiled node: record → value (``None`` is NULL / UNKNOWN, ``True``/``False`` logic)."""
+Evaluator: TypeAlias = Callable[[JSON], JSON]
+"""A compiled node: record (a decoded JSON object) → value (a JSON value: ``None`` is NULL /
+UNKNOWN, ``True``/``False`` logic)."""
+
+Comparison: TypeAlias = Callable[[JSON, JSON], bool]
+"""A comparison operator (``operator.eq``, …) applied to two non-NULL values."""
+
+Arithmetic: TypeAlias = Callable[[float, float], float]
+"""An arithmetic operator applied to two numbers (ints or floats)."""
 
 
 # --------------------------------------------------------------------------- values
@@ -92,11 +99,12 @@ def _to_number(text: str) -> int | float | None:
         return float(text)
 
 
-def _as_number(value: Any) -> int | float | None:
+def _as_number(value: JSON) -> int | float | None:
     """``value`` as a number for arithmetic: numbers as-is, numeric strings parsed, else None."""
     t = type(value)
     if t is int or t is float:
-        return value
+        number: int | float = value  # typed: a test of ``t`` does not narrow ``value``
+        return number
     if t is str:
         return _to_number(value)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -104,7 +112,7 @@ def _as_number(value: Any) -> int | float | None:
     return None
 
 
-def _as_text(value: Any) -> str | None:
+def _as_text(value: JSON) -> str | None:
     """``value`` as text for LIKE and string functions: strings as-is, scalars canonical."""
     if type(value) is str:
         return value
@@ -116,7 +124,7 @@ def _as_text(value: Any) -> str | None:
 _NUM, _STR, _BOOL, _OTHER = 0, 1, 2, 3
 
 
-def _kind(value: Any) -> int:
+def _kind(value: object) -> int:
     t = type(value)
     if t is int or t is float:
         return _NUM
@@ -133,7 +141,7 @@ def _kind(value: Any) -> int:
     return _OTHER
 
 
-_COMPARE_OPS: dict[str, Callable[[Any, Any], bool]] = {
+_COMPARE_OPS: dict[str, Comparison] = {
     "=": operator.eq,
     "!=": operator.ne,
     "<>": operator.ne,
@@ -146,7 +154,7 @@ _FLIPPED = {"=": "=", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">
 _EQUALITY = (operator.eq, operator.ne)
 
 
-def _compare(op: Callable[[Any, Any], bool], left: Any, right: Any) -> bool | None:
+def _compare(op: Comparison, left: JSON, right: JSON) -> bool | None:
     """Three-valued comparison ``left op right`` with the filter language's coercions."""
     if left is None or right is None:
         return None
@@ -168,7 +176,7 @@ def _compare(op: Callable[[Any, Any], bool], left: Any, right: Any) -> bool | No
     return None
 
 
-def _and3(a: Any, b: Any) -> bool | None:
+def _and3(a: object, b: object) -> bool | None:
     if a is False or b is False:
         return False
     if a is True and b is True:
@@ -188,7 +196,7 @@ def _c_mod(a: int | float, b: int | float) -> int | float:
     return math.fmod(a, b)
 
 
-_ARITH_OPS: dict[str, Callable[[Any, Any], Any]] = {
+_ARITH_OPS: dict[str, Arithmetic] = {
     "+": operator.add,
     "-": operator.sub,
     "*": operator.mul,
@@ -197,7 +205,7 @@ _ARITH_OPS: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-def _arith(fn: Callable[[Any, Any], Any], left: Any, right: Any) -> int | float | None:
+def _arith(fn: Arithmetic, left: JSON, right: JSON) -> int | float | None:
     a = _as_number(left)
     if a is None:
         return None
@@ -216,28 +224,28 @@ def _arith(fn: Callable[[Any, Any], Any], left: Any, right: Any) -> int | float 
 # ------------------------------------------------------------------------ functions
 
 
-def _fn_upper(value: Any) -> str | None:
+def _fn_upper(value: JSON) -> str | None:
     text = _as_text(value)
     return None if text is None else text.upper()
 
 
-def _fn_lower(value: Any) -> str | None:
+def _fn_lower(value: JSON) -> str | None:
     text = _as_text(value)
     return None if text is None else text.lower()
 
 
-def _fn_len(value: Any) -> int | None:
+def _fn_len(value: JSON) -> int | None:
     text = _as_text(value)
     return None if text is None else len(text)
 
 
-def _fn_abs(value: Any) -> int | float | None:
+def _fn_abs(value: JSON) -> int | float | None:
     number = _as_number(value)
     return None if number is None else abs(number)
 
 
 # name → (min args, max args or None, implementation taking the argument values)
-_FUNCTIONS: dict[str, tuple[int, int | None, Callable[..., Any] | None]] = {
+_FUNCTIONS: dict[str, tuple[int, int | None, Callable[[JSON], JSON] | None]] = {
     "upper": (1, 1, _fn_upper),
     "lower": (1, 1, _fn_lower),
     "len": (1, 1, _fn_len),
@@ -299,20 +307,28 @@ def _like_error_what(message: str) -> str:
     return f"invalid LIKE regular expression ({message})"
 
 
-def _re2_compile(source: str) -> Any:
+class _Regex(Protocol):
+    """What LIKE uses of a compiled RE2 pattern (google-re2 ships no type information)."""
+
+    def search(self, text: str) -> object:
+        """The first match in ``text``, or None."""
+
+
+def _re2_compile(source: str) -> _Regex:
     """Compile ``source`` with RE2. Raises ValueError(what) with a one-line description."""
     try:
-        return re2.compile(source, _RE2_OPTIONS)
+        regex: _Regex = re2.compile(source, _RE2_OPTIONS)
     except re2.error as exc:
         raw = exc.args[0] if exc.args else "invalid pattern"
         message = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
         raise ValueError(_like_error_what(message.replace("\n", " "))) from None
+    return regex
 
 
 _UNANCHORED = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
 
 
-def _searcher(regex: Any) -> Callable[[str], bool]:
+def _searcher(regex: _Regex) -> Callable[[str], bool]:
     """``text → bool``: does ``regex`` match anywhere in the text (time linear in its length).
 
     Calls the compiled RE2 object directly (one UTF-8 encode, no span bookkeeping: about
@@ -320,7 +336,9 @@ def _searcher(regex: Any) -> Callable[[str], bool]:
     ``search`` if a google-re2 release no longer has that object.
     """
     low = getattr(regex, "_regexp", None)
-    match = getattr(low, "Match", None)
+    # (anchor, UTF-8 text, start, end) → spans of the match and its groups, (-1, -1) for none
+    match: Callable[[object, bytes, int, int], list[tuple[int, int]]] | None = getattr(
+        low, "Match", None)
     if match is None or _UNANCHORED is None:
         search = regex.search
         return lambda text: search(text) is not None
@@ -351,7 +369,7 @@ class _Expr:
     fn: Evaluator
     pos: int  # 0-based offset of its first character in the filter text
     const: bool = False  # value does not depend on the record
-    value: Any = None  # the value when const
+    value: JSON = None  # the value when const
     literal: bool = False  # a literal as written (string, number, -number, true, false, NULL)
     raw: str | None = None  # a string literal's body with only quote escapes undone (for LIKE)
     path: str | None = None  # the path text when the expression is a field path
@@ -361,7 +379,7 @@ class _Expr:
     members: tuple[Evaluator, ...] = ()
 
 
-def _constant(value: Any, pos: int, literal: bool = False, raw: str | None = None) -> _Expr:
+def _constant(value: JSON, pos: int, literal: bool = False, raw: str | None = None) -> _Expr:
     return _Expr(
         fn=lambda record: value, pos=pos, const=True, value=value, literal=literal, raw=raw
     )
@@ -444,48 +462,55 @@ def _error(text: str, pos: int, what: str) -> FilterSyntaxError:
     return FilterSyntaxError(f'filter syntax error at column {pos + 1}: {what} in "{_shown(text)}"')
 
 
+_Rule: TypeAlias = Callable[[list[Token], list[_Expr]], _Expr]
+"""A rule method of :class:`_Compiler`: (the node's kept tokens, its compiled sub-expressions),
+each in order → the node's expression."""
+
+
 class _Compiler:
     """Bottom-up: turns each parse-tree node into an :class:`_Expr` holding a closure.
 
     :meth:`compile` walks the tree with an explicit stack (no recursion); each rule method
-    gets the already compiled children (and the rule's kept tokens) in order.
+    (named as the grammar's rule) gets the node's kept tokens (operators, literals, names) and
+    its already compiled sub-expressions, each in order.
     """
 
-    def __init__(self, text: str):
+    def __init__(self, text: str) -> None:
         self.text = text
 
-    def compile(self, tree: Tree) -> _Expr:
+    def compile(self, tree: Tree[Token]) -> _Expr:
         """Compile a parse tree (nesting already checked by :func:`_check_depth`)."""
-        done: list[Any] = []  # compiled children / tokens, in order
-        todo: list[tuple[Any, bool]] = [(tree, False)]
+        done: list[_Expr] = []  # compiled sub-expressions, in order
+        todo: list[tuple[Tree[Token], bool]] = [(tree, False)]
         while todo:
             node, children_done = todo.pop()
-            if not isinstance(node, Tree):
-                done.append(node)
-            elif children_done:
-                n = len(node.children)
-                children = done[len(done) - n:] if n else []
+            if children_done:
+                tokens = [child for child in node.children if isinstance(child, Token)]
+                n = len(node.children) - len(tokens)
+                exprs = done[len(done) - n:]
                 del done[len(done) - n:]
-                done.append(getattr(self, str(node.data))(children))
+                rule: _Rule = getattr(self, str(node.data))
+                done.append(rule(tokens, exprs))
             else:
                 todo.append((node, True))
-                todo.extend((child, False) for child in reversed(node.children))
+                todo.extend((child, False) for child in reversed(node.children)
+                            if isinstance(child, Tree))
         (expr,) = done
         return expr
 
-    def group(self, children: list[Any]) -> _Expr:
+    def group(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
         """Parentheses: the inner expression (kept as a node only to count nesting)."""
-        return children[0]
+        return exprs[0]
 
     # -- atoms ----------------------------------------------------------------
 
-    def string(self, children: list[Token]) -> _Expr:
-        (tok,) = children
+    def string(self, tokens: list[Token], _exprs: list[_Expr]) -> _Expr:
+        (tok,) = tokens
         value, raw = _unquote(str(tok))
         return _constant(value, (tok.start_pos or 0), literal=True, raw=raw)
 
-    def number(self, children: list[Token]) -> _Expr:
-        (tok,) = children
+    def number(self, tokens: list[Token], _exprs: list[_Expr]) -> _Expr:
+        (tok,) = tokens
         text = str(tok)
         try:
             value: int | float = int(text) if text.isdigit() else float(text)
@@ -493,23 +518,23 @@ class _Compiler:
             value = float(text)
         return _constant(value, (tok.start_pos or 0), literal=True)
 
-    def true(self, children: list[Token]) -> _Expr:
-        return _constant(True, (children[0].start_pos or 0), literal=True)
+    def true(self, tokens: list[Token], _exprs: list[_Expr]) -> _Expr:
+        return _constant(True, (tokens[0].start_pos or 0), literal=True)
 
-    def false(self, children: list[Token]) -> _Expr:
-        return _constant(False, (children[0].start_pos or 0), literal=True)
+    def false(self, tokens: list[Token], _exprs: list[_Expr]) -> _Expr:
+        return _constant(False, (tokens[0].start_pos or 0), literal=True)
 
-    def null(self, children: list[Token]) -> _Expr:
-        return _constant(None, (children[0].start_pos or 0), literal=True)
+    def null(self, tokens: list[Token], _exprs: list[_Expr]) -> _Expr:
+        return _constant(None, (tokens[0].start_pos or 0), literal=True)
 
-    def path(self, children: list[Token]) -> _Expr:
-        (tok,) = children
+    def path(self, tokens: list[Token], _exprs: list[_Expr]) -> _Expr:
+        (tok,) = tokens
         text = str(tok)
         parts = split_path(text)
         if len(parts) == 1:
             key = parts[0]
 
-            def get(record: Any) -> Any:
+            def get(record: JSON) -> JSON:
                 try:
                     return record.get(key)
                 except AttributeError:
@@ -518,8 +543,8 @@ class _Compiler:
             return _Expr(fn=get, pos=(tok.start_pos or 0), path=text, key=key)
         return _Expr(fn=lambda record: get_path(record, parts), pos=(tok.start_pos or 0), path=text)
 
-    def func(self, children: list[Any]) -> _Expr:
-        name_tok, args = children[0], children[1:]
+    def func(self, tokens: list[Token], args: list[_Expr]) -> _Expr:
+        (name_tok,) = tokens
         name = str(name_tok).lower()
         if name not in _FUNCTIONS:
             raise _error(self.text, name_tok.start_pos or 0,
@@ -537,7 +562,7 @@ class _Compiler:
         if name == "coalesce":
             fns = [a.fn for a in args]
 
-            def coalesce(record: Any) -> Any:
+            def coalesce(record: JSON) -> JSON:
                 for f in fns:
                     value = f(record)
                     if value is not None:
@@ -552,44 +577,43 @@ class _Compiler:
 
     # -- arithmetic -----------------------------------------------------------
 
-    def neg(self, children: list[Any]) -> _Expr:
-        sign, arg = children
+    def neg(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        (sign,), (arg,) = tokens, exprs
         af = arg.fn
 
-        def negate(record: Any) -> Any:
+        def negate(record: JSON) -> int | float | None:
             number = _as_number(af(record))
             return None if number is None else -number
 
-        out = _folded(negate, sign.start_pos, arg)
+        out = _folded(negate, sign.start_pos or 0, arg)
         if arg.literal and type(arg.value) in (int, float):
             out.literal = True
         return out
 
-    def pos(self, children: list[Any]) -> _Expr:
-        sign, arg = children
+    def pos(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        (sign,), (arg,) = tokens, exprs
         af = arg.fn
-        out = _folded(lambda record: _as_number(af(record)), sign.start_pos, arg)
+        out = _folded(lambda record: _as_number(af(record)), sign.start_pos or 0, arg)
         if arg.literal and type(arg.value) in (int, float):
             out.literal = True
         return out
 
-    def arith(self, children: list[Any]) -> _Expr:
+    def arith(self, operators: list[Token], operands: list[_Expr]) -> _Expr:
         """``a op b op c …`` (flat, same precedence): evaluated left to right."""
-        operands = children[0::2]
         first = operands[0].fn
         steps = tuple(
             (_ARITH_OPS[str(op_tok)], operand.fn)
-            for op_tok, operand in zip(children[1::2], operands[1:])
+            for op_tok, operand in zip(operators, operands[1:])
         )
         if len(steps) == 1:
             ((fn, rf),) = steps
 
-            def arith2(record: Any) -> Any:
+            def arith2(record: JSON) -> int | float | None:
                 return _arith(fn, first(record), rf(record))
 
             return _folded(arith2, operands[0].pos, *operands)
 
-        def arith_n(record: Any) -> Any:
+        def arith_n(record: JSON) -> JSON:
             value = first(record)
             for fn, rf in steps:
                 if value is None:
@@ -601,8 +625,8 @@ class _Compiler:
 
     # -- predicates -----------------------------------------------------------
 
-    def compare(self, children: list[Any]) -> _Expr:
-        left, op_tok, right = children
+    def compare(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        (op_tok,), (left, right) = tokens, exprs
         op_text = str(op_tok)
         if left.const and not right.const:
             left, right, op_text = right, left, _FLIPPED[op_text]
@@ -619,16 +643,16 @@ class _Compiler:
             out.terms = {left.path: [canonical(right.value) or ""]}
         return out
 
-    def is_null(self, children: list[Any]) -> _Expr:
-        af = children[0].fn
-        return _folded(lambda record: af(record) is None, children[0].pos, children[0])
+    def is_null(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        af = exprs[0].fn
+        return _folded(lambda record: af(record) is None, exprs[0].pos, exprs[0])
 
-    def is_not_null(self, children: list[Any]) -> _Expr:
-        af = children[0].fn
-        return _folded(lambda record: af(record) is not None, children[0].pos, children[0])
+    def is_not_null(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        af = exprs[0].fn
+        return _folded(lambda record: af(record) is not None, exprs[0].pos, exprs[0])
 
-    def in_(self, children: list[Any]) -> _Expr:
-        left, items = children[0], children[1:]
+    def in_(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        left, items = exprs[0], exprs[1:]
         out = _Expr(fn=_in_list(left, items), pos=left.pos)
         if all(item.const for item in items) and left.const:
             out = _constant(out.fn({}), left.pos)
@@ -641,15 +665,15 @@ class _Compiler:
             out.terms = {left.path: values}
         return out
 
-    def not_in(self, children: list[Any]) -> _Expr:
-        return self._negate(self.in_(children))
+    def not_in(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._negate(self.in_(tokens, exprs))
 
-    def between(self, children: list[Any]) -> _Expr:
-        value, lo, hi = children
+    def between(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        value, lo, hi = exprs
         vf, lf, hf = value.fn, lo.fn, hi.fn
         ge, le = operator.ge, operator.le
 
-        def between(record: Any) -> bool | None:
+        def between(record: JSON) -> bool | None:
             v = vf(record)
             if v is None:
                 return None
@@ -657,11 +681,11 @@ class _Compiler:
 
         return _folded(between, value.pos, value, lo, hi)
 
-    def not_between(self, children: list[Any]) -> _Expr:
-        return self._negate(self.between(children))
+    def not_between(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._negate(self.between(tokens, exprs))
 
-    def like(self, children: list[Any]) -> _Expr:
-        value, pattern = children
+    def like(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        value, pattern = exprs
         vf = value.fn
         if pattern.const:
             if pattern.value is None:
@@ -674,7 +698,7 @@ class _Compiler:
             except ValueError as exc:
                 raise _error(self.text, pattern.pos, str(exc)) from None
 
-            def like_const(record: Any) -> bool | None:
+            def like_const(record: JSON) -> bool | None:
                 v = vf(record)
                 if type(v) is not str:
                     v = _as_text(v)
@@ -685,7 +709,7 @@ class _Compiler:
             return _folded(like_const, value.pos, value)
         pf = pattern.fn
 
-        def like_dynamic(record: Any) -> bool | None:
+        def like_dynamic(record: JSON) -> bool | None:
             text, source = _as_text(vf(record)), _as_text(pf(record))
             if text is None or source is None:
                 return None
@@ -694,22 +718,22 @@ class _Compiler:
 
         return _folded(like_dynamic, value.pos, value, pattern)
 
-    def not_like(self, children: list[Any]) -> _Expr:
-        return self._negate(self.like(children))
+    def not_like(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._negate(self.like(tokens, exprs))
 
     # -- logic ----------------------------------------------------------------
 
-    def and_(self, children: list[Any]) -> _Expr:
+    def and_(self, _tokens: list[Token], children: list[_Expr]) -> _Expr:
         out = self._chain("and", _and_all, children)
         if all(child.terms is not None for child in children):
             out.terms = _merge_terms([child.terms for child in children if child.terms])
         return out
 
-    def or_(self, children: list[Any]) -> _Expr:
+    def or_(self, _tokens: list[Token], children: list[_Expr]) -> _Expr:
         return self._chain("or", _or_all, children)
 
-    def not_(self, children: list[Any]) -> _Expr:
-        return self._negate(children[0])
+    def not_(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._negate(exprs[0])
 
     # -- helpers --------------------------------------------------------------
 
@@ -733,7 +757,7 @@ class _Compiler:
     def _negate(arg: _Expr) -> _Expr:
         af = arg.fn
 
-        def negate(record: Any) -> bool | None:
+        def negate(record: JSON) -> bool | None:
             value = af(record)
             if value is True:
                 return False
@@ -748,7 +772,7 @@ def _and_all(fns: tuple[Evaluator, ...]) -> Evaluator:
     if len(fns) == 2:
         f, g = fns
 
-        def and2(record: Any) -> bool | None:
+        def and2(record: JSON) -> bool | None:
             a = f(record)
             if a is False:
                 return False
@@ -761,7 +785,7 @@ def _and_all(fns: tuple[Evaluator, ...]) -> Evaluator:
 
         return and2
 
-    def and_n(record: Any) -> bool | None:
+    def and_n(record: JSON) -> bool | None:
         result: bool | None = True
         for fn in fns:
             value = fn(record)
@@ -778,7 +802,7 @@ def _or_all(fns: tuple[Evaluator, ...]) -> Evaluator:
     if len(fns) == 2:
         f, g = fns
 
-        def or2(record: Any) -> bool | None:
+        def or2(record: JSON) -> bool | None:
             a = f(record)
             if a is True:
                 return True
@@ -791,7 +815,7 @@ def _or_all(fns: tuple[Evaluator, ...]) -> Evaluator:
 
         return or2
 
-    def or_n(record: Any) -> bool | None:
+    def or_n(record: JSON) -> bool | None:
         result: bool | None = False
         for fn in fns:
             value = fn(record)
@@ -804,60 +828,72 @@ def _or_all(fns: tuple[Evaluator, ...]) -> Evaluator:
     return or_n
 
 
-def _compare_const(left: _Expr, op: Callable[[Any, Any], bool], const: Any) -> Evaluator:
+def _compare_const(left: _Expr, op: Comparison, const: JSON) -> Evaluator:
     """Fast closure for ``<expression> op <constant>`` (the common ``/path = literal``)."""
     if const is None:
         return lambda record: None
-    lf, key = left.fn, left.key
     kind = _kind(const)
     if kind == _NUM:
-        if key is not None:
+        return _compare_number(left, op, const)
+    if kind == _STR:
+        return _compare_text(left, op, const)
+    lf = left.fn
+    return lambda record: _compare(op, lf(record), const)
 
-            def cmp_key_num(record: Any) -> bool | None:
-                try:
-                    v = record.get(key)
-                except AttributeError:
-                    v = lf(record)
-                t = type(v)
-                if t is int or t is float:
-                    return op(v, const)
-                if t is str:
-                    n = _to_number(v)
-                    return None if n is None else op(n, const)
-                return _compare(op, v, const)
 
-            return cmp_key_num
+def _compare_number(left: _Expr, op: Comparison, const: int | float) -> Evaluator:
+    """:func:`_compare_const` for a number: a number read compares at once, text as a number."""
+    lf, key = left.fn, left.key
+    if key is not None:
 
-        def cmp_num(record: Any) -> bool | None:
-            v = lf(record)
+        def cmp_key_num(record: JSON) -> bool | None:
+            try:
+                v = record.get(key)
+            except AttributeError:
+                v = lf(record)
             t = type(v)
             if t is int or t is float:
                 return op(v, const)
+            if t is str:
+                n = _to_number(v)
+                return None if n is None else op(n, const)
             return _compare(op, v, const)
 
-        return cmp_num
-    if kind == _STR:
-        if key is not None:
+        return cmp_key_num
 
-            def cmp_key_str(record: Any) -> bool | None:
-                try:
-                    v = record.get(key)
-                except AttributeError:
-                    v = lf(record)
-                if type(v) is str:
-                    return op(v, const)
-                return _compare(op, v, const)
+    def cmp_num(record: JSON) -> bool | None:
+        v = lf(record)
+        t = type(v)
+        if t is int or t is float:
+            return op(v, const)
+        return _compare(op, v, const)
 
-            return cmp_key_str
+    return cmp_num
 
-        def cmp_str(record: Any) -> bool | None:
-            v = lf(record)
+
+def _compare_text(left: _Expr, op: Comparison, const: str) -> Evaluator:
+    """:func:`_compare_const` for a string: a string read compares at once."""
+    lf, key = left.fn, left.key
+    if key is not None:
+
+        def cmp_key_str(record: JSON) -> bool | None:
+            try:
+                v = record.get(key)
+            except AttributeError:
+                v = lf(record)
             if type(v) is str:
                 return op(v, const)
             return _compare(op, v, const)
 
-        return cmp_str
-    return lambda record: _compare(op, lf(record), const)
+        return cmp_key_str
+
+    def cmp_str(record: JSON) -> bool | None:
+        v = lf(record)
+        if type(v) is str:
+            return op(v, const)
+        return _compare(op, v, const)
+
+    return cmp_str
 
 
 def _in_list(left: _Expr, items: list[_Expr]) -> Evaluator:
@@ -871,7 +907,7 @@ def _in_list(left: _Expr, items: list[_Expr]) -> Evaluator:
         only_strs = len(strs) == len(consts)
         only_nums = len(nums) == len(consts)
 
-        def in_consts(record: Any) -> bool | None:
+        def in_consts(record: JSON) -> bool | None:
             v = lf(record)
             if v is None:
                 return None
@@ -892,7 +928,7 @@ def _in_list(left: _Expr, items: list[_Expr]) -> Evaluator:
         return in_consts
     fns = [item.fn for item in items]
 
-    def in_exprs(record: Any) -> bool | None:
+    def in_exprs(record: JSON) -> bool | None:
         v = lf(record)
         if v is None:
             return None
@@ -926,12 +962,12 @@ class Filter:
 
     __slots__ = ("_fn", "_terms", "text")
 
-    def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None):
+    def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None) -> None:
         self.text = text
         self._fn = fn
         self._terms = terms
 
-    def __call__(self, record: dict) -> bool:
+    def __call__(self, record: JSONObject) -> bool:
         """True only when the filter evaluates to TRUE for ``record`` (not FALSE or UNKNOWN).
 
         Raises:
@@ -943,7 +979,7 @@ class Filter:
         except Exception as exc:
             raise self._eval_error(exc) from exc
 
-    def evaluate(self, record: dict) -> bool | None:
+    def evaluate(self, record: JSONObject) -> bool | None:
         """Three-valued result for ``record``: True, False, or None for UNKNOWN.
 
         Raises:
@@ -1026,12 +1062,12 @@ def _depth_error(text: str) -> FilterSyntaxError:
     )
 
 
-def _check_depth(text: str, tree: Tree) -> None:
+def _check_depth(text: str, tree: Tree[Token]) -> None:
     """Raise FilterSyntaxError when the parse tree is more than MAX_DEPTH levels deep.
 
     Iterative (explicit stack), so any depth is measured without recursion.
     """
-    todo: list[tuple[Tree, int]] = [(tree, 1)]
+    todo: list[tuple[Tree[Token], int]] = [(tree, 1)]
     while todo:
         node, depth = todo.pop()
         if depth > MAX_DEPTH:

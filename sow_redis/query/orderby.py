@@ -13,11 +13,11 @@ its key, so NULLs come first. Values are compared by their JSON type: the string
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TypeAlias, TypeVar
 
 from ..errors import FilterSyntaxError
-from ..model.values import canonical, get_path, split_path
+from ..model.values import JSON, canonical, get_path, split_path
 
 __all__ = ["parse_order_by", "sort_records"]
 
@@ -84,8 +84,13 @@ def parse_order_by(text: str) -> OrderBy:
 
 _NULL_RANK = 4
 
+_SortKey: TypeAlias = tuple[int, int | float | str]
+"""(type rank, a value comparable with the others of that rank)."""
 
-def _sort_key(value: Any) -> tuple[int, Any]:
+_T = TypeVar("_T")
+
+
+def _sort_key(value: JSON) -> _SortKey:
     """Ascending sort key: (type rank, comparable value); NULL ranks last."""
     if value is None:
         return (_NULL_RANK, 0)
@@ -95,12 +100,12 @@ def _sort_key(value: Any) -> tuple[int, Any]:
         return (0, value)
     if isinstance(value, str):
         return (1, value)
-    return (3, canonical(value))
+    return (3, canonical(value) or "")  # canonical() is None only for null, handled above
 
 
 def sort_records(
-    records: list, order: OrderBy, data: Callable[[Any], Any] = lambda r: r
-) -> list:
+    records: Iterable[_T], order: OrderBy, data: Callable[[_T], JSON] = lambda r: r
+) -> list[_T]:
     """Stable sort of ``records`` by an order-by clause; returns a new list.
 
     Args:
@@ -116,7 +121,7 @@ def sort_records(
     # Stable sorts applied from the least to the most significant key give the combined
     # order; ``reverse=True`` keeps ties in input order, so mixed directions just work.
     for parts, descending in reversed(order):
-        def key(r: Any, p: tuple[str, ...] = parts) -> Any:
+        def key(r: _T, p: tuple[str, ...] = parts) -> _SortKey:
             return _sort_key(get_path(data(r), p))
 
         items.sort(key=key, reverse=descending)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import orjson
 from redis.exceptions import OutOfMemoryError
@@ -22,6 +22,11 @@ from ..connection import Client, server_ms
 from ..model.records import Record
 from ..model.records import decode as decode_record
 from ..model.sowkey import generate, index_hash, partition_of_key
+from ..model.values import JSONObject
+from .orderby import parse_order_by, sort_records
+
+if TYPE_CHECKING:
+    from .filter import Filter
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +112,25 @@ def index_keys(r: Client, topic: TopicConfig, terms: dict[str, list[str]]) -> li
     return None
 
 
+def _source(r: Client, topic: TopicConfig, pred: Filter | None,
+            sow_keys: list[str] | None) -> Iterator[Record]:
+    """The records a query reads: those with ``sow_keys`` when given; else those whose SOW keys
+    the filter's equality terms give (:func:`key_lookup`, then :func:`index_keys`); else every
+    record of the topic."""
+    if sow_keys is not None:
+        return get_records(r, topic, sow_keys)
+    via_index = None
+    terms = pred.equality_terms() if pred is not None else None
+    if terms:
+        via_index = key_lookup(topic, terms)
+        if via_index is None:
+            via_index = index_keys(r, topic, terms)
+    if via_index is not None:
+        return get_records(r, topic, via_index)
+    return itertools.chain.from_iterable(
+        scan_partition(r, topic, p, lenient=True) for p in range(topic.partitions))
+
+
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
           sow_keys: list[str] | None = None,
           top_n: int | None = None, order_by: str | None = None) -> list[Record]:
@@ -130,8 +154,9 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
     A record whose data is no JSON object (written behind sow_redis's back) matches no filter
     and no order-by (a warning is logged); without either it is returned as stored.
     """
+    # start-up time: the filter compiler loads lark and re2 (about 20 ms), and every CLI
+    # command imports this module; only a query pays for them
     from .filter import compile_filter
-    from .orderby import parse_order_by, sort_records
 
     if top_n is not None and top_n < 0:
         raise ValueError(f"top_n must be 0 or more, got {top_n}")
@@ -143,22 +168,9 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
     order = parse_order_by(order_by) if order_by else None
     if top_n == 0:
         return []
-    if sow_keys is not None:
-        source: Iterator[Record] = get_records(r, topic, sow_keys)
-    else:
-        via_index = None
-        terms = pred.equality_terms() if pred is not None else None
-        if terms:
-            via_index = key_lookup(topic, terms)
-            if via_index is None:
-                via_index = index_keys(r, topic, terms)
-        if via_index is not None:
-            source = get_records(r, topic, via_index)
-        else:
-            source = itertools.chain.from_iterable(
-                scan_partition(r, topic, p, lenient=True) for p in range(topic.partitions))
+    source = _source(r, topic, pred, sow_keys)
     out: list[Record] = []
-    objs: dict[str, dict[str, Any]] = {}
+    objs: dict[str, JSONObject] = {}
     now_ms = server_ms(r) if topic.expiration_enabled else 0
     for rec in source:
         if now_ms and 0 < rec.expiry_ms <= now_ms:
