@@ -83,6 +83,7 @@ local function write_deferred(P, S)
     if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
   end
   S.deferred = new_deferred()
+  S.stored_before = nil  -- the records written are the stored ones now
 end
 
 -- the ms part of a stream id "<ms>-<n>"
@@ -105,12 +106,16 @@ local function live_record(P, S, key, id)
 end
 
 -- The JSON text of key's record before this write, for the change event of a topic with
--- change_previous: the batch's own last write of key (bulk mode), else the stored record
--- (old: already read by live_record on an expiring topic, where nil means none), "null" when
--- there is none.
+-- change_previous: the batch's own last write of key (bulk mode), else the stored record (read
+-- ahead for the batch by prefetch_previous; or old, read by live_record on an expiring topic,
+-- where nil means none), "null" when there is none.
 local function previous_data(P, S, d, key, old)
   if d and d.seq[key] then return d.data[key] end
-  if not S.expiring then old = redis.call("HGET", P.rec, key) end
+  if S.stored_before and S.stored_before[key] ~= nil then
+    old = S.stored_before[key]  -- false: no record (HMGET's nil)
+  elseif not S.expiring then
+    old = redis.call("HGET", P.rec, key)
+  end
   if not old then return "null" end
   return string.sub(old, string.find(old, "\n", 1, true) + 1)
 end
