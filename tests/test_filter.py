@@ -387,10 +387,13 @@ def test_booleans() -> None:
     assert ev("/b > false", {"b": True}) is None
 
 
-def test_objects_and_arrays_compare_unknown() -> None:
+def test_objects_compare_unknown_and_arrays_element_by_element() -> None:
     rec = {"o": {"k": 1}, "l": [1, 2]}
-    for text in ("/o = 1", "/o != 1", "/o = 'x'", "/l = 1", "/l != 'x'", "/o = /o", "/o IN (1)"):
+    for text in ("/o = 1", "/o != 1", "/o = 'x'", "/o = /o", "/o IN (1)"):
         assert ev(text, rec) is None, text
+    # issue 25: an array matches when any element does (tests/test_filter_more.py)
+    assert ev("/l = 1", rec) is True and ev("/l = 3", rec) is False
+    assert ev("/l != 'x'", rec) is None  # no element is comparable with 'x
 
 
 def test_big_numeric_strings() -> None:

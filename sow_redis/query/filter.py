@@ -22,6 +22,13 @@ Semantics, in short:
   field as text), UNKNOWN if it does not parse; string vs string compares
   lexicographically; booleans equal only booleans, or the strings ``"true"``/``"false"``;
   any other mix of types (objects, arrays, bool vs number) is UNKNOWN.
+* Arrays: a comparison, ``IN``, ``LIKE``, ``BEGINS WITH`` or ``ENDS WITH`` on a field
+  holding an array is TRUE when any element satisfies it (``/tags = 'y'`` matches
+  ``["x", "y"]``; FIX repeating groups are stored as lists), UNKNOWN when no element does
+  but one is UNKNOWN, else FALSE.
+* Functions: ``UPPER``, ``LOWER``, ``LEN``, ``ABS``, ``COALESCE``, ``CONCAT(a, b, …)``,
+  ``INSTR(text, part)`` (1-based position, 0 when absent); ``BEGINS WITH (…)`` and
+  ``ENDS WITH (…)`` take one or more texts.
 * ``LIKE`` takes a regular expression and searches anywhere in the text (unanchored) —
   use ``^``/``$`` to anchor. AMPS uses PCRE syntax; here the pattern runs on RE2
   (``google-re2``), a linear-time engine: a search takes time proportional to the text
@@ -155,9 +162,14 @@ _EQUALITY = (operator.eq, operator.ne)
 
 
 def _compare(op: Comparison, left: JSON, right: JSON) -> bool | None:
-    """Three-valued comparison ``left op right`` with the filter language's coercions."""
+    """Three-valued comparison ``left op right`` with the filter language's coercions; an
+    array on either side compares element by element (TRUE when any element does)."""
     if left is None or right is None:
         return None
+    if type(left) is list:
+        return _any(left, lambda item: _compare(op, item, right))
+    if type(right) is list:
+        return _any(right, lambda item: _compare(op, left, item))
     kl, kr = _kind(left), _kind(right)
     if kl == kr:
         if kl in (_NUM, _STR):
@@ -174,6 +186,19 @@ def _compare(op: Comparison, left: JSON, right: JSON) -> bool | None:
     if op in _EQUALITY and {kl, kr} == {_BOOL, _STR}:
         return op(_as_text(left), _as_text(right))
     return None
+
+
+def _any(items: list[JSON], test: Callable[[JSON], bool | None]) -> bool | None:
+    """Three-valued ANY over an array's elements: TRUE when a test is TRUE, else UNKNOWN when
+    one is UNKNOWN, else FALSE (an empty array: FALSE)."""
+    result: bool | None = False
+    for item in items:
+        r = test(item)
+        if r is True:
+            return True
+        if r is None:
+            result = None
+    return result
 
 
 def _and3(a: object, b: object) -> bool | None:
@@ -244,14 +269,31 @@ def _fn_abs(value: JSON) -> int | float | None:
     return None if number is None else abs(number)
 
 
-# name → (min args, max args or None, implementation taking the argument values)
+def _fn_concat(values: list[JSON]) -> str | None:
+    texts = [_as_text(v) for v in values]
+    return None if any(x is None for x in texts) else "".join(x for x in texts if x is not None)
+
+
+def _fn_instr(values: list[JSON]) -> int | None:
+    text, search = _as_text(values[0]), _as_text(values[1])
+    return None if text is None or search is None else text.find(search) + 1
+
+
+# name → (min args, max args or None, implementation taking the argument value)
 _FUNCTIONS: dict[str, tuple[int, int | None, Callable[[JSON], JSON] | None]] = {
     "upper": (1, 1, _fn_upper),
     "lower": (1, 1, _fn_lower),
     "len": (1, 1, _fn_len),
     "abs": (1, 1, _fn_abs),
     "coalesce": (1, None, None),  # special-cased: lazy, first non-NULL argument
+    "concat": (2, None, None),  # _NARY: the argument values as a list
+    "instr": (2, 2, None),
 }
+
+_NARY: dict[str, Callable[[list[JSON]], JSON]] = {"concat": _fn_concat, "instr": _fn_instr}
+"""Functions of several arguments: NULL when any argument is NULL, else the function of the
+argument values. ``CONCAT(a, b, …)``: the texts joined; ``INSTR(text, part)``: the 1-based
+position of the first ``part`` in ``text``, 0 when it is not there."""
 
 
 # ----------------------------------------------------------------------------- LIKE
@@ -570,6 +612,9 @@ class _Compiler:
                 return None
 
             return _folded(coalesce, pos, *args)
+        if name in _NARY:
+            nary, afs = _NARY[name], [a.fn for a in args]
+            return _folded(lambda record: nary([f(record) for f in afs]), pos, *args)
         (arg,) = args
         af = arg.fn
         assert impl is not None
@@ -677,7 +722,11 @@ class _Compiler:
             v = vf(record)
             if v is None:
                 return None
-            return _and3(_compare(ge, v, lf(record)), _compare(le, v, hf(record)))
+            low, high = lf(record), hf(record)
+            if type(v) is list:  # one element within the bounds
+                return _any(v, lambda item: _and3(_compare(ge, item, low),
+                                                  _compare(le, item, high)))
+            return _and3(_compare(ge, v, low), _compare(le, v, high))
 
         return _folded(between, value.pos, value, lo, hi)
 
@@ -698,9 +747,15 @@ class _Compiler:
             except ValueError as exc:
                 raise _error(self.text, pattern.pos, str(exc)) from None
 
+            def like_text(v: JSON) -> bool | None:
+                text = _as_text(v)
+                return None if text is None else search(text)
+
             def like_const(record: JSON) -> bool | None:
                 v = vf(record)
                 if type(v) is not str:
+                    if type(v) is list:
+                        return _any(v, like_text)
                     v = _as_text(v)
                     if v is None:
                         return None
@@ -720,6 +775,48 @@ class _Compiler:
 
     def not_like(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
         return self._negate(self.like(tokens, exprs))
+
+    def begins_with(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._affix(exprs, str.startswith)
+
+    def not_begins_with(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._negate(self.begins_with(tokens, exprs))
+
+    def ends_with(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._affix(exprs, str.endswith)
+
+    def not_ends_with(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
+        return self._negate(self.ends_with(tokens, exprs))
+
+    def _affix(self, exprs: list[_Expr], test: Callable[[str, str], bool]) -> _Expr:
+        """``value BEGINS WITH (a, b, …)`` / ``ENDS WITH``: TRUE when the value's text starts
+        (ends) with any of the texts; UNKNOWN when it is NULL or every text is NULL; an array
+        value when any element does."""
+        value, items = exprs[0], exprs[1:]
+        vf, fns = value.fn, [item.fn for item in items]
+
+        def one(v: JSON, affixes: list[str | None]) -> bool | None:
+            text = _as_text(v)
+            if text is None:
+                return None
+            result: bool | None = False
+            for affix in affixes:
+                if affix is None:
+                    result = None
+                elif test(text, affix):
+                    return True
+            return result
+
+        def affix(record: JSON) -> bool | None:
+            v = vf(record)
+            if v is None:
+                return None
+            affixes = [_as_text(f(record)) for f in fns]
+            if type(v) is list:
+                return _any(v, lambda item: one(item, affixes))
+            return one(v, affixes)
+
+        return _folded(affix, value.pos, value, *items)
 
     # -- logic ----------------------------------------------------------------
 
