@@ -355,19 +355,28 @@ class Sow:
 
     # reading -------------------------------------------------------------------------
     def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
-            top_n: int | None = None, order_by: str | None = None) -> list[Record]:
+            top_n: int | None = None, order_by: str | None = None, skip_n: int = 0,
+            select: list[str] | None = None) -> list[Record]:
         """SOW query (seeds/004 "Queries"): records matching an AMPS content filter.
+
+        Args:
+            top_n / skip_n: a page: at most ``top_n`` records after leaving out the first
+                ``skip_n`` matches (after ``order_by``).
+            select: the field paths each record keeps (a select list), e.g.
+                ``["/id", "/px"]``; None: whole records.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, KeyListError (more than
-            :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have).
+            :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have),
+            ValueError (a negative ``top_n`` or ``skip_n``, a ``select`` path that is no
+            field path).
         """
         if keys is not None:
             check_key_list(keys)
         t = self.topic(topic)
         if t.idle_ms:
             touch(self.r, t.name)
-        return query(self.r, t, filter, keys, top_n, order_by)
+        return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select)
 
     # deleting ------------------------------------------------------------------------
     def sow_delete(self, topic: str, filter: str | None = None, keys: list[str] | None = None,

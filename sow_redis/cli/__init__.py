@@ -839,6 +839,10 @@ def _split_keys(keys: str | None) -> list[str] | None:
 @click.option("-t", "--topic", required=True, help="SOW topic.")
 @click.option("-f", "--filter", "filter_", help="AMPS content filter, e.g. \"/price > 100\".")
 @click.option("--top-n", type=click.IntRange(min=0), help="Return at most N records.")
+@click.option("--skip-n", type=click.IntRange(min=0), default=0,
+              help="Leave out the first N matches (after --order-by): with --top-n, a page.")
+@click.option("--select", "select", multiple=True, help="Return only this field path of each "
+              "record (a select list); repeat the option.")
 @click.option("--order-by", help="e.g. \"/price DESC, /orderId\".")
 @click.option("--keys", help="Only these SOW keys (comma-separated).")
 @click.option("--with-key", is_flag=True, help="Print {\"sow_key\":…, \"data\":…} per record.")
@@ -848,16 +852,21 @@ def _split_keys(keys: str | None) -> list[str] | None:
 @click.pass_context
 @_friendly
 def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
-        order_by: str | None, keys: str | None, with_key: bool, fmt: str,
-        separator: str | None) -> None:
+        skip_n: int, select: tuple[str, ...], order_by: str | None, keys: str | None,
+        with_key: bool, fmt: str, separator: str | None) -> None:
     """Query the SOW of a topic: one JSON record per line.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights -f "/carrier = 'UA' AND /dep_delay > 60" --top-n 5
+      sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights --order-by /tailnum --skip-n 20 --top-n 10 --select /tailnum --select /carrier
     """
     client = _sow(ctx)
-    records = client.sow(topic, filter_, _split_keys(keys), top_n, order_by)
+    try:
+        records = client.sow(topic, filter_, _split_keys(keys), top_n, order_by,
+                             skip_n=skip_n, select=list(select) if select else None)
+    except ValueError as exc:  # a --select path that is no field path
+        raise click.ClickException(f"--select: {exc}") from None
     if fmt == "table":
         _print_table(topic, records, with_key)
         return

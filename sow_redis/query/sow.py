@@ -8,6 +8,7 @@ still checked on every record read.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from ..connection import Client, server_ms
 from ..model.records import Record
 from ..model.records import decode as decode_record
 from ..model.sowkey import generate, index_hash, partition_of_key
-from ..model.values import JSONObject
+from ..model.values import JSON, JSONObject, split_path
 from .orderby import parse_order_by, sort_records
 
 if TYPE_CHECKING:
@@ -133,15 +134,21 @@ def _source(r: Client, topic: TopicConfig, pred: Filter | None,
 
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
           sow_keys: list[str] | None = None,
-          top_n: int | None = None, order_by: str | None = None) -> list[Record]:
+          top_n: int | None = None, order_by: str | None = None, skip_n: int = 0,
+          select: list[str] | None = None) -> list[Record]:
     """Run a SOW query.
 
     Args:
         filter: AMPS content filter (``None`` = every record).
         sow_keys: only these SOW keys.
-        top_n: at most this many records (after ordering); ``0`` returns none (the filter
-            and order-by are still checked), ``None`` every match.
+        top_n: at most this many records (after ordering and ``skip_n``); ``0`` returns
+            none (the filter and order-by are still checked), ``None`` every match.
         order_by: ``"/f DESC, /g"``.
+        skip_n: leave out the first ``skip_n`` matches (after ordering): with ``top_n``, a
+            page (AMPS ``skip_n``).
+        select: the field paths each record is returned with (a select list; AMPS
+            ``select``): every other field is left out, nested paths keep their objects;
+            ``None`` the whole record.
 
     Returns:
         The matching records.
@@ -149,7 +156,8 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
     Raises:
         FilterSyntaxError: the filter or order-by does not parse, or nests too deeply.
         FilterEvalError: evaluating the filter on a record failed.
-        ValueError: ``top_n`` is negative.
+        ValueError: ``top_n`` or ``skip_n`` is negative, or a ``select`` path is no field
+            path.
 
     A record whose data is no JSON object (written behind sow_redis's back) matches no filter
     and no order-by (a warning is logged); without either it is returned as stored.
@@ -160,6 +168,9 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
 
     if top_n is not None and top_n < 0:
         raise ValueError(f"top_n must be 0 or more, got {top_n}")
+    if skip_n < 0:
+        raise ValueError(f"skip_n must be 0 or more, got {skip_n}")
+    selected = [split_path(p) for p in select] if select is not None else None
     try:
         r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
     except OutOfMemoryError:  # a query reads: it never fails for want of memory to count it
@@ -188,10 +199,43 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
                 continue
             objs[rec.sow_key] = obj
         out.append(rec)
-        if top_n is not None and order is None and len(out) >= top_n:
+        if top_n is not None and order is None and len(out) >= skip_n + top_n:
             break
     if order is not None:
         out = sort_records(out, order, data=lambda rec: objs[rec.sow_key])
-        if top_n is not None:
-            out = out[:top_n]
-    return out
+    out = out[skip_n:] if top_n is None else out[skip_n:skip_n + top_n]
+    return out if selected is None else [_selected(rec, selected) for rec in out]
+
+
+def _selected(rec: Record, paths: list[tuple[str, ...]]) -> Record:
+    """``rec`` with only the fields at ``paths`` (a select list); a record that is no JSON
+    object is returned as it is."""
+    try:
+        obj = rec.obj()
+    except orjson.JSONDecodeError:
+        return rec
+    if not isinstance(obj, dict):
+        return rec
+    out: JSONObject = {}
+    for path in paths:
+        value, found = _lookup(obj, path)
+        if found:
+            target = out
+            for step in path[:-1]:
+                nested = target.setdefault(step, {})
+                if not isinstance(nested, dict):
+                    break
+                target = nested
+            else:
+                target[path[-1]] = value
+    return dataclasses.replace(rec, data=orjson.dumps(out))
+
+
+def _lookup(obj: JSONObject, path: tuple[str, ...]) -> tuple[JSON, bool]:
+    """The value at ``path`` and whether it is there (a null field is there)."""
+    value: JSON = obj
+    for step in path:
+        if not isinstance(value, dict) or step not in value:
+            return None, False
+        value = value[step]
+    return value, True
