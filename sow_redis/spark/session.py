@@ -116,6 +116,7 @@ def _get_session(master: str, app: str, quiet: bool, conf: dict[str, str]
         warnings.filterwarnings("ignore", message=r"PySpark does not yet fully support pandas",
                                 category=FutureWarning)
     try:
+        # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
         from pyspark.sql import SparkSession
     except ImportError:
         raise RuntimeError(INSTALL_HINT) from None
@@ -145,6 +146,7 @@ def mute_query_context_loggers() -> None:
     Java stack on stderr (``SQLQueryContextLogger``, ``DataFrameQueryContextLogger``) before
     the exception reaches the caller: for a caller that reports it (the CLI)."""
     try:
+        # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
         from pyspark.logger import PySparkLogger
     except ImportError:  # an older pyspark: no such loggers
         return
@@ -200,7 +202,10 @@ def error_line(exc: BaseException) -> tuple[str, bool] | None:
     of its traceback: the exception the task raised), whitespace collapsed."""
     if "pyspark" not in sys.modules:
         return None
+    # start-up time: py4j comes with pyspark (the optional [spark] extra)
     from py4j.protocol import Py4JError, Py4JJavaError
+
+    # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
     from pyspark.errors import PySparkException
 
     if isinstance(exc, PySparkException):

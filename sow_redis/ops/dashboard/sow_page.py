@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as _dt
 import hmac
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from redis.exceptions import RedisError
 
 from ...client import Sow
 from ...errors import SowError
+from ...model.records import Record
 from ...registry import load_topics
 from ...settings import QUEUE_NAME
 from ..status import partition_table
@@ -76,7 +78,7 @@ def rejections(entries: list[dict[str, Any]], samples: int = SAMPLES_PER_REASON
             for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def record_table(records: list[Any]) -> tuple[list[str], list[list[str]]]:
+def record_table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
     """Query results as a table: the columns (``SOW key``, then the top-level fields in the
     order first seen, at most :data:`FIELDS_MAX`, and ``data`` when a record is no JSON
     object) and one row of texts per record (strings as they are, other values as JSON)."""
@@ -168,32 +170,7 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
 
     @bp.route("/topic")
     def topic() -> Any:
-        name = request.args.get("name", "")
-        try:
-            topics = load_topics(sow.r)
-        except (RedisError, SowError) as exc:
-            return _page(render_template("sow/topic.html", name=name, t=None,
-                                         error=f"cannot read the topics: {one_line(exc)}",
-                                         **common()))
-        t = topics.get(name)
-        if t is None:
-            return _page(render_template("sow/topic.html", name=name, t=None,
-                                         error=f"no topic {name!r} is defined", **common()),
-                         404)
-        ctx: dict[str, Any] = {"name": name, "t": t, "error": None, "query": None}
-        try:
-            x = sampler.latest(name)
-            if x is None:  # not read yet (the dashboard just started): read it now
-                first = reading(sow.r, t)
-                x = dict(first, rates=rates([first]))
-            ctx.update(x=x, partitions=partition_table(sow.r, t),
-                       rejections=rejections(sow.errors(name, REJECTIONS_READ)),
-                       rejections_read=REJECTIONS_READ)
-        except (RedisError, SowError) as exc:
-            ctx["error"] = f"cannot read topic {name!r}: {one_line(exc)}"
-        if "filter" in request.args:
-            ctx["query"] = _query(sow, name)
-        return _page(render_template("sow/topic.html", uplot=True, **ctx, **common()))
+        return _topic_page(sow, sampler, common)
 
     @bp.route("/data/series.json")
     def series() -> Any:
@@ -202,6 +179,38 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
                         headers={"Cache-Control": "no-store"})
 
     return bp
+
+
+def _topic_page(sow: Sow, sampler: Sampler, common: Callable[[], dict[str, Any]]) -> Response:
+    """The topic page of the request's ``name`` (404 for an unknown topic), with the result
+    of the request's ``sow`` query when it has a ``filter``; ``common()``: the values every
+    page shows."""
+    name = request.args.get("name", "")
+    try:
+        topics = load_topics(sow.r)
+    except (RedisError, SowError) as exc:
+        return _page(render_template("sow/topic.html", name=name, t=None,
+                                     error=f"cannot read the topics: {one_line(exc)}",
+                                     **common()))
+    t = topics.get(name)
+    if t is None:
+        return _page(render_template("sow/topic.html", name=name, t=None,
+                                     error=f"no topic {name!r} is defined", **common()),
+                     404)
+    ctx: dict[str, Any] = {"name": name, "t": t, "error": None, "query": None}
+    try:
+        x = sampler.latest(name)
+        if x is None:  # not read yet (the dashboard just started): read it now
+            first = reading(sow.r, t)
+            x = dict(first, rates=rates([first]))
+        ctx.update(x=x, partitions=partition_table(sow.r, t),
+                   rejections=rejections(sow.errors(name, REJECTIONS_READ)),
+                   rejections_read=REJECTIONS_READ)
+    except (RedisError, SowError) as exc:
+        ctx["error"] = f"cannot read topic {name!r}: {one_line(exc)}"
+    if "filter" in request.args:
+        ctx["query"] = _query(sow, name)
+    return _page(render_template("sow/topic.html", uplot=True, **ctx, **common()))
 
 
 def _query(sow: Sow, name: str) -> dict[str, Any]:
