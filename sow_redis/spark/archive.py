@@ -74,7 +74,7 @@ from ..streamids import compare, ms_of, parse, reached
 from .snapshot import CHAINS_DIR, CHAINS_SCHEMA, PARTITIONS_DIR
 
 if TYPE_CHECKING:  # pyspark is the optional [spark] extra
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Row, SparkSession
 
 _log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def _take_lease(scripts: Scripts, topic: str, p: int, owner: str, lease_ms: int,
 
 
 def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str],
-                      rows: Iterable[tuple[str, Any]],
+                      rows: Iterable[tuple[str, Row]],
                       chains: bool = False) -> Iterator[dict[str, int]]:
     """Executor side of a rebuild of partition ``p`` (steps 1–3 of the module docstring).
 
@@ -273,15 +273,15 @@ def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str
     yield out
 
 
-def _sort_rows(rows: Iterable[tuple[str, Any]], cursor: str
-               ) -> tuple[list[Any], dict[str, dict[str, bytes]], dict[str, str]]:
+def _sort_rows(rows: Iterable[tuple[str, Row]], cursor: str
+               ) -> tuple[list[Row], dict[str, dict[str, bytes]], dict[str, str]]:
     """The items of :func:`rebuild_partition` by kind.
 
     Returns:
         ``(snapshot rows, archived log entries after ``cursor`` (stream id → fields),
         chain table (identifier → head))``.
     """
-    snap: list[Any] = []
+    snap: list[Row] = []
     archived: dict[str, dict[str, bytes]] = {}
     chain: dict[str, str] = {}
     for kind, row in rows:
@@ -294,7 +294,7 @@ def _sort_rows(rows: Iterable[tuple[str, Any]], cursor: str
     return snap, archived, chain
 
 
-def _restore_records(r: Client, topic: TopicConfig, p: int, snap: list[Any],
+def _restore_records(r: Client, topic: TopicConfig, p: int, snap: list[Row],
                      chain: dict[str, str] | None) -> int:
     """Step 1: replace partition ``p``'s records, expiry set, index members and indexes by
     the snapshot rows ``snap`` (and its chain table by ``chain``, unless None), in
@@ -398,7 +398,7 @@ def rebuild(spark: SparkSession, url: str, topic: TopicConfig, snapshot: str,
     topic_json, parts = topic.to_json(), topic.partitions
     keyed = items.partitionBy(parts, lambda p: p)
 
-    def task(p: int, it: Iterable[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+    def task(p: int, it: Iterable[tuple[int, tuple[str, Row]]]) -> Iterator[dict[str, int]]:
         return rebuild_partition(url, topic_json, p, states[p], (v for _p, v in it), chains)
 
     counts = keyed.mapPartitionsWithIndex(task).collect()

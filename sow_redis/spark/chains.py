@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import keys
 from ..config import TopicConfig
-from ..connection import connect
+from ..connection import Fields, connect
 from ..errors import MessageError
 from ..model.chains import chain_values
 from ..model.messages import decode
@@ -51,7 +51,7 @@ from .rows import Prepared, input_rows, prepare_rows
 
 if TYPE_CHECKING:  # pyspark is the optional [spark] extra
     from pyspark import RDD
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
 WRITE_BATCH = 5000
 """Chain-table entries written per HSET."""
@@ -107,11 +107,11 @@ def read_table(url: str, topic: str, p: int) -> Iterator[tuple[int, str, str]]:
         yield p, k.decode(), v.decode()
 
 
-def write_table(url: str, topic: str, rows: Iterable[Any]) -> Iterator[int]:
+def write_table(url: str, topic: str, rows: Iterable[Row]) -> Iterator[int]:
     """Executor side: HSET ``(p, id, head)`` rows into the chain tables; yields the count."""
     r = connect(url)
     pipe = r.pipeline(transaction=False)
-    pending: dict[int, dict[Any, Any]] = {}
+    pending: dict[int, Fields] = {}
     n = queued = 0
     for row in rows:
         pending.setdefault(row[0], {})[row[1]] = row[2]
@@ -128,7 +128,7 @@ def write_table(url: str, topic: str, rows: Iterable[Any]) -> Iterator[int]:
     yield n
 
 
-def pointer_jump(parents: Any) -> tuple[Any, int]:
+def pointer_jump(parents: DataFrame) -> tuple[DataFrame, int]:
     """Roots of a forest given as a DataFrame ``(p, id, parent)`` (a root is its own parent).
 
     Returns:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import TopicConfig
 from .load import LoadResult, load_rows
 
 if TYPE_CHECKING:  # pyspark is the optional [spark] extra
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 ID_FILE = "_sow_stream_id"
 """The file in a checkpoint folder that holds the checkpoint's id (:func:`checkpoint_id`)."""
@@ -96,7 +97,7 @@ def batch_loader(url: str, topic: TopicConfig, stream_id: str,
 
 def stream(spark: SparkSession, url: str, topic: TopicConfig, directory: str, checkpoint: str,
            once: bool = False, trigger_s: float = 1.0, separator: bytes | None = None,
-           on_batch: Callable[[int, LoadResult], None] | None = None) -> Any:
+           on_batch: Callable[[int, LoadResult], None] | None = None) -> StreamingQuery:
     """Start the streaming query (returns it); with ``once``, process what the folder holds
     (``availableNow``) and wait for the end."""
     reader = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(directory)

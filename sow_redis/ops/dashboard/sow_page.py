@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from flask import Blueprint, Flask, Response, redirect, render_template, request, url_for
 from redis.exceptions import RedisError
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from ...client import Sow
 from ...errors import SowError
@@ -156,7 +157,7 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
                 "top_n_default": TOP_N_DEFAULT}
 
     @bp.route("/")
-    def overview() -> Any:
+    def overview() -> Response:
         error = None
         rows = []
         try:
@@ -169,11 +170,11 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
         return _page(render_template("sow/overview.html", rows=rows, error=error, **common()))
 
     @bp.route("/topic")
-    def topic() -> Any:
+    def topic() -> Response:
         return _topic_page(sow, sampler, common)
 
     @bp.route("/data/series.json")
-    def series() -> Any:
+    def series() -> Response:
         body = orjson.dumps(sampler.series(request.args.get("name", "")))
         return Response(body, mimetype="application/json",
                         headers={"Cache-Control": "no-store"})
@@ -263,7 +264,7 @@ def _jobs_on_sow(app: Flask) -> None:
     sow_redis never uses: send it to the queue ``sow`` instead."""
 
     @app.before_request
-    def jobs_on_sow() -> Any:
+    def jobs_on_sow() -> WerkzeugResponse | None:
         args = request.view_args or {}
         if request.endpoint == "rq_dashboard.jobs_overview" and args.get("queue_name") is None:
             return redirect(url_for("rq_dashboard.jobs_overview",
