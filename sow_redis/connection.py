@@ -32,7 +32,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from .errors import BadURLError, ControlURLError
 
 if TYPE_CHECKING:  # redis is imported lazily: `sow-redis --help` and URL checks stay fast
-    # start-up time: fakeredis (~0.45 s) loads only for memory://
     import fakeredis
     import redis
     import redis.client
