@@ -36,11 +36,13 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import orjson
+import tomli_w
 
 from .errors import ConfigError, DerivedTopicError
 from .model.aggregate import ProjectionError, parse_projection
@@ -252,7 +254,15 @@ class TopicConfig:
 _KEY_GENERATOR_FIELDS = {"type", "primary", "secondary", "validation"}
 
 
-def _is_str(v: Any) -> bool:
+Table: TypeAlias = "dict[str, Any]"
+"""A TOML table as :mod:`tomllib` reads it (strings, numbers, booleans, arrays, tables),
+or the ``[[topic]]`` fields as :func:`_build` takes them."""
+
+_Shape: TypeAlias = "tuple[Callable[[object], bool], str]"
+"""A field's type check on its TOML value, and what the field must be (for error lines)."""
+
+
+def _is_str(v: object) -> bool:
     return isinstance(v, str)
 
 
@@ -264,39 +274,39 @@ def _is_join(v: Any) -> bool:
     return isinstance(v, str) or (_is_paths(v) and len(v) == 2)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_bool(v: Any) -> bool:
+def _is_bool(v: object) -> bool:
     return isinstance(v, bool)
 
 
-def _is_retention(v: Any) -> bool:
+def _is_retention(v: object) -> bool:
     return isinstance(v, (dict, str, int, float)) and not isinstance(v, bool)
 
 
-def _is_duration(v: Any) -> bool:
+def _is_duration(v: object) -> bool:
     return isinstance(v, str) or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
-def _is_paths(v: Any) -> bool:
+def _is_paths(v: object) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
-def _is_indexes(v: Any) -> bool:
+def _is_indexes(v: object) -> bool:
     return isinstance(v, list) and all(_is_paths(x) for x in v)
 
 
-def _is_table(v: Any) -> bool:
+def _is_table(v: object) -> bool:
     return isinstance(v, dict)
 
 
-def _is_primary(v: Any) -> bool:
+def _is_primary(v: object) -> bool:
     return isinstance(v, str) or _is_paths(v)
 
 
-_SHAPES: dict[str, tuple[Any, str]] = {
+_SHAPES: dict[str, _Shape] = {
     "name": (_is_str, "a string"),
     "key": (_is_paths, 'a list of field paths like ["/orderId"]'),
     "key_domain": (_is_str, "a string"),
@@ -322,7 +332,7 @@ field is type-checked here first, so the value checks below only ever see the ri
 
 _FIELDS = set(_SHAPES)
 
-_KEY_GENERATOR_SHAPES: dict[str, tuple[Any, str]] = {
+_KEY_GENERATOR_SHAPES: dict[str, _Shape] = {
     "type": (_is_str, 'a string ("default" or "chaining")'),
     "primary": (_is_primary, 'one field path like "/11"'),
     "secondary": (_is_paths, 'a list of field paths like ["/41"]'),
@@ -330,7 +340,7 @@ _KEY_GENERATOR_SHAPES: dict[str, tuple[Any, str]] = {
 }
 
 
-def _kind(v: Any) -> str:
+def _kind(v: object) -> str:
     """The TOML kind of a value, for error lines (``inf``/``nan`` named as such)."""
     if isinstance(v, float) and (v != v or abs(v) == float("inf")):
         return repr(v)
@@ -342,8 +352,8 @@ def _kind(v: Any) -> str:
     return names.get(type(v), f"a {type(v).__name__}")
 
 
-def _check_shapes(where: str, table: dict[str, Any], shapes: dict[str, tuple[Any, str]],
-                  prefix: str, problems: list[str]) -> dict[str, Any]:
+def _check_shapes(where: str, table: Table, shapes: dict[str, _Shape],
+                  prefix: str, problems: list[str]) -> Table:
     """Type-check every known field of ``table``; returns the table without the fields of the
     wrong type (they are reported, and the value checks then use the defaults)."""
     out = dict(table)
@@ -355,7 +365,7 @@ def _check_shapes(where: str, table: dict[str, Any], shapes: dict[str, tuple[Any
     return out
 
 
-def _build(d: dict[str, Any]) -> TopicConfig:
+def _build(d: Table) -> TopicConfig:
     key = tuple(d.get("key") or ())
     hash_index = tuple(tuple(ix) for ix in d.get("hash_index") or ())
     partition_by = tuple(d.get("partition_by") or ())
@@ -442,46 +452,8 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
             problems.append(f"{source}: topic #{i}: 'topic' must be an array of tables "
                             f"([[topic]]), got {_kind(raw)} in the array")
             continue
-        name = raw.get("name")
-        where = f"{source}: topic #{i}" + (f" '{name}'" if isinstance(name, str) else "")
         before = len(problems)
-        t = _check_shapes(where, raw, _SHAPES, "", problems)
-        if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name):
-            if "name" in t or "name" not in raw:
-                problems.append(
-                    f"{where}: 'name' must be 1-200 characters of A-Z a-z 0-9 _ . - /")
-        elif name in seen:
-            problems.append(f"{where}: topic defined twice")
-        else:
-            seen.add(name)
-        for u in sorted(set(raw) - _FIELDS):
-            problems.append(f"{where}: unknown field '{u}'")
-        d = dict(t)
-        d["key"] = _check_paths(where, "key", t.get("key", []), problems)
-        d["partition_by"] = _check_paths(where, "partition_by", t.get("partition_by", []),
-                                         problems)
-        d["hash_index"] = [_check_paths(where, "hash_index", ix, problems)
-                           for ix in t.get("hash_index", [])]
-        if any(not ix for ix in d["hash_index"]):
-            problems.append(f"{where}: 'hash_index': an index needs at least one field path")
-        if "key_domain" in t and not t["key_domain"]:
-            problems.append(f"{where}: 'key_domain' must be a non-empty string")
-        mt = t.get("message_type", "json")
-        if mt not in MESSAGE_TYPES:
-            problems.append(
-                f"{where}: 'message_type' must be one of {', '.join(MESSAGE_TYPES)}, got {mt!r}"
-            )
-        _check_key_generator(where, t, d, problems)
-        _check_fix(where, t, d, problems)
-        parts = d.get("partitions", DEFAULT_PARTITIONS)
-        if not 1 <= parts <= 1024:
-            problems.append(f"{where}: 'partitions' must be an integer from 1 to 1024")
-        mmb = t.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
-        if not 16 <= mmb <= MAX_MESSAGE_BYTES:
-            problems.append(f"{where}: 'max_message_bytes' must be an integer from 16 to "
-                            f"{MAX_MESSAGE_BYTES} (512 MiB)")
-        _check_expiration(where, t, d, problems)
-        _check_change_retention(where, t, d, problems)
+        d = _check_topic(source, i, raw, seen, problems)
         if len(problems) == before:
             topics.append(_build(d))
     topics += _parse_derived(doc, source, seen, problems)
@@ -601,7 +573,66 @@ def _parse_derived(doc: dict[str, Any], source: str, seen: set[str],
     return out
 
 
-def _check_key_generator(where: str, t: dict[str, Any], d: dict[str, Any],
+def _check_topic(source: str, i: int, raw: Table, seen: set[str],
+                 problems: list[str]) -> Table:
+    """Check the ``i``-th ``[[topic]]`` table ``raw`` of ``source`` (``seen``: the names of
+    the topics before it, this one's added), appending one line per problem to
+    ``problems``.
+
+    Returns:
+        The topic's fields as :func:`_build` takes them (meaningful only when no problem was
+        appended).
+    """
+    name = raw.get("name")
+    where = f"{source}: topic #{i}" + (f" '{name}'" if isinstance(name, str) else "")
+    t = _check_shapes(where, raw, _SHAPES, "", problems)
+    if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name):
+        if "name" in t or "name" not in raw:
+            problems.append(
+                f"{where}: 'name' must be 1-200 characters of A-Z a-z 0-9 _ . - /")
+    elif name in seen:
+        problems.append(f"{where}: topic defined twice")
+    else:
+        seen.add(name)
+    for u in sorted(set(raw) - _FIELDS):
+        problems.append(f"{where}: unknown field '{u}'")
+    d = dict(t)
+    d["key"] = _check_paths(where, "key", t.get("key", []), problems)
+    d["partition_by"] = _check_paths(where, "partition_by", t.get("partition_by", []),
+                                     problems)
+    d["hash_index"] = [_check_paths(where, "hash_index", ix, problems)
+                       for ix in t.get("hash_index", [])]
+    if any(not ix for ix in d["hash_index"]):
+        problems.append(f"{where}: 'hash_index': an index needs at least one field path")
+    if "key_domain" in t and not t["key_domain"]:
+        problems.append(f"{where}: 'key_domain' must be a non-empty string")
+    mt = t.get("message_type", "json")
+    if mt not in MESSAGE_TYPES:
+        problems.append(
+            f"{where}: 'message_type' must be one of {', '.join(MESSAGE_TYPES)}, got {mt!r}"
+        )
+    _check_key_generator(where, t, d, problems)
+    _check_fix(where, t, d, problems)
+    _check_sizes(where, t, d, problems)
+    _check_expiration(where, t, d, problems)
+    _check_change_retention(where, t, d, problems)
+    return d
+
+
+def _check_sizes(where: str, t: Table, d: Table,
+                 problems: list[str]) -> None:
+    """Check ``partitions`` (1 to 1024) and ``max_message_bytes`` (16 bytes to
+    :data:`MAX_MESSAGE_BYTES`)."""
+    parts = d.get("partitions", DEFAULT_PARTITIONS)
+    if not 1 <= parts <= 1024:
+        problems.append(f"{where}: 'partitions' must be an integer from 1 to 1024")
+    mmb = t.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)
+    if not 16 <= mmb <= MAX_MESSAGE_BYTES:
+        problems.append(f"{where}: 'max_message_bytes' must be an integer from 16 to "
+                        f"{MAX_MESSAGE_BYTES} (512 MiB)")
+
+
+def _check_key_generator(where: str, t: Table, d: Table,
                          problems: list[str]) -> None:
     """Resolve ``key_generator`` into the flat ``chain_*`` fields of ``d`` (seeds/003).
 
@@ -653,7 +684,7 @@ def _check_key_generator(where: str, t: dict[str, Any], d: dict[str, Any],
         d["partitions"] = 1
 
 
-def _check_fix(where: str, t: dict[str, Any], d: dict[str, Any], problems: list[str]) -> None:
+def _check_fix(where: str, t: Table, d: Table, problems: list[str]) -> None:
     """``field_separator`` (one character, default SOH) and ``skip_msg_types`` (MsgType 35
     values skipped at publish; default: FIX session-level messages) for FIX topics."""
     is_fix = t.get("message_type", "json") == "fix"
@@ -674,7 +705,7 @@ def _check_fix(where: str, t: dict[str, Any], d: dict[str, Any], problems: list[
     d["skip_msg_types"] = skip
 
 
-def _check_expiration(where: str, t: dict[str, Any], d: dict[str, Any],
+def _check_expiration(where: str, t: Table, d: Table,
                       problems: list[str]) -> None:
     """``expiration``, ``expiration_policy``, ``dead_letter`` (a topic name; whether it is
     defined is checked against the registry by :func:`apply_topics`) and ``idle_expiration``.
@@ -702,7 +733,7 @@ def _check_expiration(where: str, t: dict[str, Any], d: dict[str, Any],
             problems.append(f"{where}: 'idle_expiration': {exc}")
 
 
-def _check_change_retention(where: str, t: dict[str, Any], d: dict[str, Any],
+def _check_change_retention(where: str, t: Table, d: Table,
                             problems: list[str]) -> None:
     """``change_retention``: a duration (age; the count stays the default), 0 (no change
     feed: changes are published only), or ``{ age = …, count = N }`` (either or both; a table
@@ -741,16 +772,14 @@ def to_toml(topics: list[TopicConfig]) -> str:
     """The topics as a configuration file that :func:`parse_topics` reads back to the same
     definitions: one ``[[topic]]`` table each, with ``name``, ``key`` and every field that
     differs from its default (``key_generator`` and ``change_retention`` as tables)."""
-    import tomli_w
-
     default = TopicConfig(name="-")
-    out: list[dict[str, Any]] = []
-    derived: dict[str, list[dict[str, Any]]] = {kind: [] for kind in DERIVED_KINDS}
+    out: list[Table] = []
+    derived: dict[str, list[Table]] = {kind: [] for kind in DERIVED_KINDS}
     for t in topics:
         if t.derived:
             derived[t.kind].append(_derived_table(t))
             continue
-        d: dict[str, Any] = {"name": t.name, "key": list(t.key)}
+        d: Table = {"name": t.name, "key": list(t.key)}
         for name in ("key_domain", "message_type", "partitions", "hash_index",
                      "max_message_bytes", "partition_by", "expiration", "expiration_policy",
                      "dead_letter", "idle_expiration", "field_separator", "skip_msg_types",
@@ -819,7 +848,7 @@ what finds it: changing one strands what a topic holds (issue 7.4), and an index
 changed would cover only records written after it, see :func:`shape_changes`."""
 
 
-def _show(v: Any) -> str:
+def _show(v: object) -> str:
     return str(v) if isinstance(v, int) else orjson.dumps(v).decode()
 
 
@@ -833,7 +862,7 @@ def shape_changes(old: TopicConfig, new: TopicConfig) -> list[str]:
     """
     out = []
 
-    def diff(name: str, a: Any, b: Any) -> None:
+    def diff(name: str, a: object, b: object) -> None:
         if a != b:
             out.append(f"'{name}' {_show(a)} → {_show(b)}")
 

@@ -23,7 +23,10 @@ of :data:`TLS_ENV` fill in the options the URL does not give, for a ``rediss://`
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, TypeAlias
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import BadURLError, ControlURLError
@@ -32,6 +35,7 @@ if TYPE_CHECKING:  # redis is imported lazily: `sow-redis --help` and URL checks
     import fakeredis
     import redis
     import redis.client
+    from redis.connection import ConnectionPool
     from redis.typing import EncodableT, FieldT
 
 Client: TypeAlias = "redis.Redis"
@@ -56,6 +60,10 @@ StreamEntry: TypeAlias = "tuple[bytes, dict[bytes, bytes]]"
 """One entry of a :data:`Client`'s XRANGE / XREVRANGE reply: ``(stream id, {field: value})``,
 all bytes. redis-py types these replies as ``bytes | str`` (it cannot know
 ``decode_responses``): read sites ``cast`` the reply to this shape once."""
+
+Info: TypeAlias = "dict[str, Any]"
+"""One ``INFO`` section as redis-py parses it: field → number, text, or a dict of
+sub-fields (``slave0``: ``{"ip": …, "offset": …}``)."""
 
 MEMORY = "memory://"
 """Scheme prefix of the in-process backend."""
@@ -123,9 +131,9 @@ def is_cluster_url(url: str) -> bool:
 
 def is_cluster(r: Client) -> bool:
     """Whether client ``r`` is a ``redis.cluster.RedisCluster`` (without importing redis
-    when it is not loaded)."""
-    import sys
-
+    when it is not loaded). Callers outside this module use the primitives below instead
+    (:func:`single_pool`, :func:`get_many`, :func:`clients_by_node`, …), which keep the
+    difference between a server and a cluster in one place."""
     mod = sys.modules.get("redis.cluster")
     return mod is not None and isinstance(r, mod.RedisCluster)
 
@@ -155,6 +163,7 @@ def _cluster_client(url: str) -> Client:
     """
     plain = _node_url(url)
     _redis_client(plain)  # the same URL checks as a single server's (nothing is sent)
+    # start-up time: redis loads at the first connect (`sow-redis --help`, URL checks)
     from redis.cluster import RedisCluster
 
     return RedisCluster.from_url(plain, **tls_options(url))  # type: ignore[return-value]
@@ -168,6 +177,7 @@ def _redis_client(url: str) -> Client:
     """
     if not url.startswith(URL_SCHEMES):
         raise BadURLError(redact(url), _USAGE)
+    # start-up time: redis loads at the first connect (`sow-redis --help`, URL checks)
     from redis import Redis
 
     try:
@@ -213,6 +223,7 @@ def connect(url: str) -> Client:
     if is_cluster_url(url):
         return _cluster_client(url)
     if is_memory(url):
+        # start-up time: fakeredis (~0.45 s) loads only for memory://
         import fakeredis
 
         name = url[len(MEMORY):] or "default"
@@ -297,23 +308,14 @@ def server_ms(r: Client) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
-__all__ = ["CLUSTER_SCHEMES", "MEMORY", "TLS_ENV", "URL_SCHEMES", "Client", "Fields", "Pipeline",
-           "StreamEntry", "check_url", "connect", "connect_pair", "control_of",
-           "control_url_for", "data_of", "is_cluster", "is_cluster_url", "is_memory", "node_for_key", "redact",
-           "server_ms", "set_control", "tls_options"]
-
-
 def primaries_without_replica(r: Client) -> list[str]:
     """The primaries of ``r`` that no replica is connected to (``INFO replication``:
     ``connected_slaves:0``): ``host:port`` of each on a cluster, ``["the server"]`` for a
     server without one; [] when every primary has a replica. On such a primary a ``WAIT 1``
     (``publish --durable``) can only time out."""
-    if is_cluster(r):
-        infos = r.info("replication", target_nodes=r.PRIMARIES)  # type: ignore[attr-defined]
-        return sorted(node for node, info in infos.items()
-                      if int(info.get("connected_slaves", 0)) < 1)
-    info = r.info("replication")
-    return [] if int(info.get("connected_slaves", 0)) >= 1 else ["the server"]
+    infos = info_per_primary(r, "replication")
+    return sorted(node for node, info in infos.items()
+                  if int(info.get("connected_slaves", 0)) < 1)
 
 
 def node_for_key(r: Client, key: str) -> tuple[Client, str]:
@@ -323,3 +325,145 @@ def node_for_key(r: Client, key: str) -> tuple[Client, str]:
         node = r.get_node_from_key(key)  # type: ignore[attr-defined]
         return r.get_redis_connection(node), node.name  # type: ignore[attr-defined]
     return r, "the server"
+
+
+# -- one interface over a server and a cluster ------------------------------------------------
+# A server (or memory://) holds every key on one connection pool: multi-key commands, MULTI and
+# raw commands on one pooled connection reach every key. A cluster client routes each command
+# by its key's slot, one node at a time. The primitives below keep that difference here.
+
+def single_pool(r: Client) -> ConnectionPool | None:
+    """The connection pool of ``r`` when one pool reaches every key (a server or
+    ``memory://``): a connection taken from it may carry raw or multi-key commands of any
+    keys. None for a cluster client (one pool per node; commands routed by slot)."""
+    if is_cluster(r):
+        return None
+    return r.connection_pool
+
+
+def get_many(r: Client, names: Sequence[str]) -> list[bytes | None]:
+    """``GET`` of each key (one round trip; on a cluster, one per node): what ``MGET`` does
+    on one server, without its same-slot rule."""
+    if not is_cluster(r):
+        return cast("list[bytes | None]", r.mget(names))
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.get(name)
+    return cast("list[bytes | None]", pipe.execute())
+
+
+def write_in_stages(r: Client, stages: Sequence[Callable[[Pipeline], object]]) -> list[Any]:
+    """Queue each stage's commands on a pipeline and send them: all stages in one
+    ``MULTI``/``EXEC`` on a server (atomic); on a cluster, where one transaction cannot span
+    slots, stage after stage, each a pipeline sent once the one before it was answered (so a
+    reader that sees a later stage's writes finds the earlier ones).
+
+    Returns:
+        The replies of every stage's commands, in order.
+    """
+    if not is_cluster(r):
+        pipe = r.pipeline(transaction=True)
+        for stage in stages:
+            stage(pipe)
+        return pipe.execute()
+    replies: list[Any] = []
+    for stage in stages:
+        pipe = r.pipeline(transaction=False)
+        stage(pipe)
+        replies.extend(pipe.execute())
+    return replies
+
+
+def xread_any(r: Client, streams: Mapping[str, str], block_ms: int) -> bool:
+    """Whether any of ``streams`` (key → stream id) has an entry after its id, waiting up to
+    ``block_ms`` milliseconds: one blocking ``XREAD`` on a server (or for one stream); on a
+    cluster, where one ``XREAD`` cannot name keys of several slots, a non-blocking ``XREAD``
+    of each (one pipeline), then a sleep of ``block_ms`` when none has one."""
+    if is_cluster(r) and len(streams) > 1:
+        pipe = r.pipeline(transaction=False)
+        for k, v in streams.items():
+            pipe.xread({k: v}, count=1)
+        if any(pipe.execute()):
+            return True
+        time.sleep(block_ms / 1000)
+        return False
+    return bool(r.xread(dict(streams), count=1, block=block_ms))  # type: ignore[arg-type]
+
+
+def clients_by_node(r: Client, names: Sequence[str]) -> list[tuple[Client, list[str]]]:
+    """``(client of one node, its names)``: the primary serving each key's or channel's hash
+    slot on a cluster (in order of first appearance), the server itself with every name
+    otherwise."""
+    if not is_cluster(r):
+        return [(r, list(names))]
+    groups: dict[str, tuple[Client, list[str]]] = {}
+    for name in names:
+        node = r.get_node_from_key(name)  # type: ignore[attr-defined]
+        if node.name not in groups:
+            groups[node.name] = (r.get_redis_connection(node), [])  # type: ignore[attr-defined]
+        groups[node.name][1].append(name)
+    return list(groups.values())
+
+
+def reload_slot_map(r: Client) -> None:
+    """On a cluster client, read the slot map again (after a node was lost, its replica may
+    serve its slots now); nothing on a server.
+
+    Raises:
+        redis.exceptions.RedisError / OSError: no node answered.
+    """
+    if is_cluster(r):
+        r.nodes_manager.initialize()  # type: ignore[attr-defined]
+
+
+def server_info(r: Client, section: str) -> Info | None:
+    """``INFO <section>`` of the server behind ``r``; None for a cluster client, which has one
+    per primary (:func:`info_per_primary`)."""
+    if is_cluster(r):
+        return None
+    return r.info(section)
+
+
+def info_per_primary(r: Client, section: str) -> dict[str, Info]:
+    """``INFO <section>`` of each primary: by ``host:port`` on a cluster, as
+    ``{"the server": …}`` on a server."""
+    if is_cluster(r):
+        return r.info(section, target_nodes=r.PRIMARIES)  # type: ignore[attr-defined]
+    return {"the server": r.info(section)}
+
+
+def connect_primaries(url: str, socket_timeout_s: float | None = None
+                      ) -> list[tuple[str | None, Client]]:
+    """A client of each primary behind ``url``: ``[(None, client)]`` for a server (a plain
+    redis-py client with ``socket_timeout_s``; nothing sent yet), ``(host:port, client)`` of
+    each primary of a cluster (:func:`connect` reads the slot map now; its own timeouts).
+
+    Raises:
+        redis.exceptions.RedisError / OSError: no node of a cluster answers; ValueError: a
+            server URL redis-py cannot parse.
+    """
+    if is_cluster_url(url):
+        return [(name, client) for name, client in primary_clients(connect(url))]
+    # start-up time: redis loads at the first connect (`sow-redis --help`, URL checks)
+    from redis import Redis
+
+    return [(None, Redis.from_url(url, socket_timeout=socket_timeout_s, **tls_options(url)))]
+
+
+def primary_clients(r: Client) -> list[tuple[str, Client]]:
+    """``(host:port, client)`` of each primary of a cluster client; ``[("the server", r)]``
+    for a server."""
+    if is_cluster(r):
+        return [(node.name, r.get_redis_connection(node))  # type: ignore[attr-defined]
+                for node in r.get_primaries()]  # type: ignore[attr-defined]
+    return [("the server", r)]
+
+
+__all__ = ["CLUSTER_SCHEMES", "MEMORY", "TLS_ENV", "URL_SCHEMES", "Client", "Fields", "Info",
+           "Pipeline",
+           "StreamEntry", "check_url", "clients_by_node", "connect", "connect_pair",
+           "connect_primaries",
+           "control_of", "control_url_for", "data_of", "get_many", "info_per_primary",
+           "is_cluster", "is_cluster_url", "is_memory", "node_for_key", "primaries_without_replica",
+           "primary_clients", "redact", "reload_slot_map", "server_info", "server_ms",
+           "set_control", "single_pool", "tls_options", "write_in_stages", "xread_any"]

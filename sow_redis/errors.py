@@ -19,7 +19,7 @@ class SowError(Exception):
 class ConfigError(SowError):
     """A topic configuration is invalid. ``problems`` lists one line per problem."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("; ".join(self.problems))
 
@@ -32,7 +32,7 @@ class MessageError(SowError):
     """A message cannot be accepted: bad JSON, not an object, missing key field, too large,
     bad SOW key. ``reason`` is a short machine-readable code, the message text says why."""
 
-    def __init__(self, reason: str, detail: str):
+    def __init__(self, reason: str, detail: str) -> None:
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}")
@@ -63,7 +63,7 @@ class BadURLError(SowError):
     :func:`sow_redis.connection.connect` before anything is sent. ``url`` has its password
     masked, ``reason`` says what is wrong; the message is one line."""
 
-    def __init__(self, url: str, reason: str):
+    def __init__(self, url: str, reason: str) -> None:
         self.url = url
         self.reason = reason
         super().__init__(f"invalid Redis URL {url!r}: {reason}")
@@ -72,6 +72,7 @@ class BadURLError(SowError):
 def refusal(exc: Exception) -> str:
     """One line for an error reply of Redis, with the code redis-py takes off its own
     exception classes put back (``OOM …``, ``READONLY …``, ``NOPERM …``)."""
+    # start-up time: the CLI loads this module; redis only when a Redis error is mapped
     from redis import exceptions as rex
 
     codes = ((rex.OutOfMemoryError, "out of memory: OOM"), (rex.ReadOnlyError, "READONLY"),

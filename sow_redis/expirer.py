@@ -35,10 +35,12 @@ from .apply.scripts import Scripts
 from .client import Sow
 from .config import TopicConfig
 from .connection import Client, StreamEntry, connect_pair, server_ms
+from .errors import UnknownTopicError
 from .feed.live import ShardListener, topic_subscribers
 from .logs import fields
 from .model import events
 from .outage import reporter
+from .publish.append import append
 from .registry import TopicCache
 from .settings import Settings
 from .stopping import StopEvent, stop_on_signals
@@ -106,9 +108,6 @@ def forward_dead_letters(r: Client, topic: TopicConfig, sow: Sow | None = None) 
     While the dead-letter topic is not defined, the entries stay in the outbox. Returns the
     number forwarded.
     """
-    from .errors import UnknownTopicError
-    from .publish.append import append
-
     if sow is None:
         sow = Sow(client=r)
     try:
@@ -188,7 +187,7 @@ class Expirer:
     """
 
     def __init__(self, r: Client, settings: Settings | None = None,
-                 topics: Iterable[str] | None = None, inline: bool | None = None):
+                 topics: Iterable[str] | None = None, inline: bool | None = None) -> None:
         self.r = r
         self.settings = settings or Settings.from_env()
         self.sow = Sow(client=r, settings=self.settings, inline=inline)

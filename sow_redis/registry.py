@@ -18,7 +18,7 @@ from redis.exceptions import NoPermissionError
 
 from . import keys
 from .config import TOPIC_NAME, TopicConfig, shape_changes
-from .connection import Client, is_cluster
+from .connection import Client, Pipeline, write_in_stages
 from .errors import ConfigError, FilterSyntaxError, UnknownTopicError
 from .partition_state import read_partitions
 from .query.filter import compile_filter
@@ -112,18 +112,19 @@ def store_topics(r: Client, topics: list[TopicConfig]) -> int:
     Returns:
         The new registry version.
     """
-    cluster = is_cluster(r)
+    sec, usec = r.time()
+
+    def definitions(pipe: Pipeline) -> None:
+        for t in topics:
+            pipe.hset(keys.REGISTRY, t.name, t.to_json())
+            pipe.hset(keys.LAST_USED, t.name, int(sec) * 1000 + int(usec) // 1000)
+
+    def bump(pipe: Pipeline) -> None:
+        pipe.incr(keys.REGISTRY_VERSION)
+
     # one MULTI on a server; on a cluster the three keys lie in different slots: the
     # definitions first, then the version bump that makes readers load them
-    pipe = r.pipeline(transaction=not cluster)
-    sec, usec = r.time()
-    for t in topics:
-        pipe.hset(keys.REGISTRY, t.name, t.to_json())
-        pipe.hset(keys.LAST_USED, t.name, int(sec) * 1000 + int(usec) // 1000)
-    if cluster:
-        pipe.execute()
-    pipe.incr(keys.REGISTRY_VERSION)
-    version = pipe.execute()[-1]
+    version = write_in_stages(r, [definitions, bump])[-1]
     store_fingerprints(r, topics)
     r.publish(keys.REGISTRY_CHANNEL, str(version))
     return int(version)
@@ -202,7 +203,7 @@ def get_topic(r: Client, name: str) -> TopicConfig:
 class TopicCache:
     """Registry reader for long-running workers: re-reads only when the version changed."""
 
-    def __init__(self, r: Client):
+    def __init__(self, r: Client) -> None:
         self._r = r
         self._version: bytes | None = None
         self._topics: dict[str, TopicConfig] = {}

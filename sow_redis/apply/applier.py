@@ -28,6 +28,7 @@ from typing import Any, cast
 
 import orjson
 from redis import Redis
+from redis.connection import ConnectionPool
 from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
@@ -41,7 +42,7 @@ from redis.exceptions import (
 
 from .. import keys, streamids
 from ..config import TopicConfig
-from ..connection import Client, StreamEntry, is_cluster
+from ..connection import Client, StreamEntry, single_pool
 from ..errors import ConflictError, FencedError, FilterSyntaxError, MessageError, ScriptArgsError
 from ..logs import fields as event_fields
 from ..model import chains
@@ -50,6 +51,7 @@ from ..model.entries import Command, LogEntry, decode_entry, original
 from ..model.messages import expiry_for, index_members, merge
 from ..model.records import decode as decode_record
 from ..partition_state import read_cursor
+from ..query.sow import scan_partition
 from .keying import KeyResolver, Resolved, check_members, resolver, verified_prepared
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .scripts import LogApplied, PendingCall, Scripts, attached
@@ -58,22 +60,23 @@ log = logging.getLogger(__name__)
 
 
 # -- reading ----------------------------------------------------------------------------------
-def _raw_xrange_client(r: Client) -> Client:
-    raw = Redis(connection_pool=r.connection_pool)
+def _raw_xrange_client(pool: ConnectionPool) -> Client:
+    raw = Redis(connection_pool=pool)
     raw.set_response_callback("XRANGE", lambda response, **_options: response)
     return raw
 
 
-def read_log(r: Client, topic: str, p: int, cursor: str, count: int) -> list[tuple[bytes, dict]]:
+def read_log(r: Client, topic: str, p: int, cursor: str, count: int) -> list[StreamEntry]:
     """Up to ``count`` log entries after ``cursor``, as ``(id, fields)``.
 
     Uses a sibling client (same connection pool) whose XRANGE reply is left raw: building the
     field dicts here costs half of what redis-py's generic stream parser does.
     """
-    if is_cluster(r):  # redis-py's parser; the cluster client follows slot redirections
+    pool = single_pool(r)
+    if pool is None:  # redis-py's parser; the cluster client follows slot redirections
         return [(sid, dict(fields)) for sid, fields in cast(
             "list[StreamEntry]", r.xrange(keys.log(topic, p), min="(" + cursor, count=count))]
-    raw = attached(r, "raw_xrange", _raw_xrange_client)
+    raw = attached(r, "raw_xrange", lambda _c: _raw_xrange_client(pool))
     out = []
     for sid, flat in raw.xrange(keys.log(topic, p), min="(" + cursor, count=count):
         it = iter(flat)
@@ -157,7 +160,7 @@ class _Planner:
     planned so far (``state``: SOW key → (object or None, expiry ms or 0)) and the version the
     worker read it at (``checks``, compare-and-set in apply.lua)."""
 
-    def __init__(self, r: Client, topic: TopicConfig, p: int, keyer: KeyResolver):
+    def __init__(self, r: Client, topic: TopicConfig, p: int, keyer: KeyResolver) -> None:
         self.r, self.topic, self.p, self.keyer = r, topic, p, keyer
         self.state: dict[str, tuple[dict[str, Any] | None, int]] = {}
         self.checks: dict[str, int] = {}
@@ -257,8 +260,8 @@ class _Planner:
     def filter_delete(self, e: LogEntry) -> _Segment:
         """A ``sow_delete`` by filter: every stored record it matches (records due at the
         entry's time are expired by apply.lua instead of deleted)."""
+        # start-up time: the filter grammar (lark, re2: ~0.13 s) loads only for a filter
         from ..query.filter import compile_filter
-        from ..query.sow import scan_partition
 
         assert e.delete_filter is not None
         pred = compile_filter(e.delete_filter)
@@ -358,7 +361,7 @@ class PartitionApplier:
     """Records whose planned state is kept at most; past that the planner starts afresh."""
 
     def __init__(self, r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
-                 batch_size: int):
+                 batch_size: int) -> None:
         self.r, self.scripts, self.topic, self.p = r, scripts, topic, p
         self.fence, self.batch_size = fence, batch_size
         self._planner: _Planner | None = None
@@ -366,7 +369,7 @@ class PartitionApplier:
         # planned, not sent yet: a segment for apply.lua, or a run of verified publishes for
         # apply.lua (log) (how many, the stream id of the last)
         self._planned: tuple[_Segment | _LogRun, list] | None = None
-        self._inflight: tuple[PendingCall, _Segment | _LogRun, list] | None = None
+        self._inflight: tuple[PendingCall[object], _Segment | _LogRun, list] | None = None
         self.drained = False
         """True after a :meth:`step` that found the log drained with nothing left to apply."""
         self._in_redis = not topic.chaining  # the next batch may start with prepared publishes
@@ -381,6 +384,7 @@ class PartitionApplier:
             return
         seg, entries = self._planned
         self._planned = None
+        call: PendingCall[object]
         if isinstance(seg, _LogRun):
             call = self.scripts.send_apply_log(self.topic, self.p, self.fence, seg.count,
                                                seg.upto)
@@ -450,14 +454,14 @@ class PartitionApplier:
         self.drained = True
         return 0
 
-    def _settle_log_run(self, call: PendingCall, run: _LogRun) -> int:
+    def _settle_log_run(self, call: PendingCall[object], run: _LogRun) -> int:
         """The reply of an apply.lua (log) call: the entries it applied. When it did not reach
         the run's last entry (an entry Lua would not take, a write-through that moved the
         cursor meanwhile) or failed, everything planned after it is dropped and planning
         starts again from the cursor in Redis (the planned path applies those entries,
         rejecting what it must)."""
         try:
-            res: LogApplied = call.result()
+            res = cast(LogApplied, call.result())  # the reply of send_apply_log
         except Exception as exc:
             self._reset()
             if _transient(exc):
@@ -505,23 +509,9 @@ class PartitionApplier:
             return self._sequentially(done + self._flush())
         self._send()  # batch k runs on Redis while batch k+1 is verified or planned here
         if self._in_redis:
-            n = 0
-            for e, _raw in run:
-                if not (isinstance(e, LogEntry) and verified_prepared(e, self.topic, self.p)):
-                    break
-                n += 1
-            if n:
-                done += self._settle()
-                if self._cursor is None:  # batch k failed: read again from Redis
-                    return done
-                upto = entries[n - 1][0].decode()
-                self._planned = (_LogRun(n, upto), entries[:n])
-                self._cursor = upto
-                self._planner = None  # the run writes records the planner may have read
-                # the rest of this batch (if any) is planned in the next step
-                self._in_redis = n == len(entries)
-                return done
-            self._in_redis = False
+            verified = self._verified_run(run, entries, done)
+            if verified is not None:
+                return verified
         if self._planner is None or len(self._planner.state) > self.STATE_MAX:
             self._planner = _Planner(self.r, self.topic, self.p,
                                      resolver(self.r, self.topic, self.p))
@@ -540,6 +530,35 @@ class PartitionApplier:
         self._planned = (seg, entries)
         self._cursor = seg.last
         self._in_redis = _prepared_publish(run[-1][0], self.topic)
+        return done
+
+    def _verified_run(self, run: list[tuple[LogEntry | Exception, StreamEntry]],
+                      entries: list[StreamEntry], done: int) -> int | None:
+        """Plan the plain publishes at the head of ``entries`` that this worker verified
+        (:func:`~sow_redis.apply.keying.verified_prepared`) as a run apply.lua (log) applies
+        unread; the rest of the batch (if any) is planned in the next step. ``done``: entries
+        already applied in this step.
+
+        Returns:
+            ``done`` plus the entries whose apply completed meanwhile; None when the batch
+            does not start with such a publish (it is planned as usual).
+        """
+        n = 0
+        for e, _raw in run:
+            if not (isinstance(e, LogEntry) and verified_prepared(e, self.topic, self.p)):
+                break
+            n += 1
+        if not n:
+            self._in_redis = False
+            return None
+        done += self._settle()
+        if self._cursor is None:  # batch k failed: read again from Redis
+            return done
+        upto = entries[n - 1][0].decode()
+        self._planned = (_LogRun(n, upto), entries[:n])
+        self._cursor = upto
+        self._planner = None  # the run writes records the planner may have read
+        self._in_redis = n == len(entries)
         return done
 
     def _sequentially(self, done: int) -> int:

@@ -54,7 +54,7 @@ class ChainResolver:
     identifier introduced earlier in the same batch.
     """
 
-    def __init__(self, r: Client, topic: TopicConfig, p: int):
+    def __init__(self, r: Client, topic: TopicConfig, p: int) -> None:
         self.r = r
         self.topic = topic
         self.key = keys.chain(topic.name, p)

@@ -47,7 +47,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
 from ..config import TopicConfig
-from ..connection import Client, control_of, data_of, is_cluster
+from ..connection import Client, control_of, data_of, get_many, single_pool, xread_any
 from ..errors import FencedError, UnknownTopicError, WaitTimeout
 from ..logs import fields
 from ..outage import reporter
@@ -79,17 +79,6 @@ QUEUE_KEY = f"rq:queue:{QUEUE_NAME}"
 def _tools(r: Client) -> tuple[Scripts, TopicCache]:
     """The scripts and registry cache of client ``r`` (made once per client)."""
     return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
-
-
-def get_many(r: Client, names: list[str]) -> list[bytes | None]:
-    """``GET`` of each key (one round trip; on a cluster, one per node): what ``MGET`` does
-    on one server, without its same-slot rule."""
-    if not is_cluster(r):
-        return cast("list[bytes | None]", r.mget(names))
-    pipe = r.pipeline(transaction=False)
-    for name in names:
-        pipe.get(name)
-    return cast("list[bytes | None]", pipe.execute())
 
 
 BEHIND_COUNT_MAX = 1_000
@@ -124,8 +113,10 @@ def enqueue_job(r: Client, topic: str, p: int, behind: int | None = None,
     Returns:
         The job id.
     """
+    # start-up time: rq (~0.3 s) loads only when a job is enqueued, not with the Sow facade
     from rq import Queue
 
+    # start-up time: safejob imports rq
     from .safejob import SERIALIZER
 
     shown = f"{behind:,}" if behind is not None else None
@@ -416,12 +407,13 @@ class LagScanner:
     def lagging(self, r: Client, topics: Mapping[str, TopicConfig]) -> dict[str, list[int]]:
         """Topic name → its partitions with entries after the applied cursor (topics without
         any are left out)."""
-        if is_cluster(r):
+        pool = single_pool(r)
+        if pool is None:  # one XREAD cannot name logs of several slots
             return {n: lag for n, t in sorted(topics.items()) if (lag := lagging_partitions(r, t))}
         self._layout(topics)
         if not self._logs:
             return {}
-        conn = r.connection_pool.get_connection()
+        conn = pool.get_connection()
         try:
             conn.send_packed_command([self._command(c) for c in range(len(self._keys))],
                                      check_health=False)
@@ -430,7 +422,7 @@ class LagScanner:
             conn.disconnect()
             raise
         finally:
-            r.connection_pool.release(conn)
+            pool.release(conn)
         # RESP3 answers a map of log key → entries, RESP2 an array of [log key, entries]
         moved = [self._index[name if isinstance(reply, dict) else name[0]]
                  for reply in replies if reply for name in reply]
@@ -514,8 +506,6 @@ def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
     """
     deadline = time.monotonic() + wait_ms / 1000
     streams: dict[str, str] = {k: v for k, v in logs.items() if v is not None}
-    # on a cluster one XREAD cannot name logs of several slots: look at each, then sleep
-    polled = is_cluster(r) and len(streams) > 1
     while True:
         if needed is not None:
             why = needed()
@@ -524,14 +514,7 @@ def _linger(r: Client, logs: Mapping[str, str | None], wait_ms: int,
         left_ms = int((deadline - time.monotonic()) * 1000)
         if left_ms <= 0:
             return None
-        if polled:
-            pipe = r.pipeline(transaction=False)
-            for k, v in streams.items():
-                pipe.xread({k: v}, count=1)
-            if any(pipe.execute()):
-                return "entry"
-            time.sleep(min(left_ms, LINGER_SLICE_MS) / 1000)
-        elif r.xread(streams, count=1, block=min(left_ms, LINGER_SLICE_MS)):  # type: ignore[arg-type]
+        if xread_any(r, streams, min(left_ms, LINGER_SLICE_MS)):
             return "entry"
 
 
@@ -667,10 +650,138 @@ class _Held:
     """One partition a job holds: its fencing token and its applier."""
 
     def __init__(self, r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
-                 settings: Settings):
+                 settings: Settings) -> None:
         self.p, self.fence = p, fence
         self.applier = PartitionApplier(r, scripts, topic, p, fence, settings.batch_size)
         self.done = 0
+
+
+class _Drain:
+    """One :func:`drain_partitions` call: the partitions it holds under their leases, and
+    its clocks (``time.monotonic()`` seconds)."""
+
+    def __init__(self, r: Client, topic: TopicConfig, settings: Settings,
+                 budget_s: float | None, owner: str, linger_ms: int | None, adopt: bool,
+                 job_id: str | None) -> None:
+        self.r, self.topic, self.settings = r, topic, settings
+        self.scripts = _tools(r)[0]
+        self.budget_s = settings.job_budget_s if budget_s is None else budget_s
+        self.owner, self.linger_ms, self.adopt, self.job_id = owner, linger_ms, adopt, job_id
+        self.held: dict[int, _Held] = {}
+        self.renew_every = settings.lease_ms / 3000  # seconds
+        self.start(time.monotonic())
+
+    def start(self, now: float) -> None:
+        """Start the clocks at ``now``: the budget, lease renewal, adoption and giving way."""
+        self.deadline = now + self.budget_s
+        self.renewed = now
+        self.next_adopt = now if self.adopt else float("inf")
+        self.next_yield = now + YIELD_EVERY_S
+        self.busy = now  # when a step last applied something: lingering counts from there
+        self.share = len(self.held)
+
+    def take(self, q: int) -> bool:
+        """Lease partition ``q`` and hold it; False when another worker holds it."""
+        name = self.topic.name
+        with _active_lock:  # marked before leasing: the sweeper leaves our leases alone
+            _active.add((name, q))
+        fence = self.scripts.lease_acquire(keys.lease(name, q), keys.state(name, q),
+                                           self.owner, self.settings.lease_ms)
+        if fence is None:
+            with _active_lock:
+                _active.discard((name, q))
+            return False
+        self.held[q] = _Held(self.r, self.scripts, self.topic, q, fence, self.settings)
+        if self.adopt:  # a worker's job: the marker says "served" from now on, and the job
+            # that waited for q leaves the queue (a publisher enqueues none for q now)
+            _set_marker(self.r, name, q, held_marker_value(self.owner, fence),
+                        self.settings.marker_ttl_ms, keep=self.job_id)
+        log.debug("lease taken", extra=fields("lease_taken", topic=name, partition=q,
+                                               fence=fence))
+        return True
+
+    def adopt_free(self, now: float) -> None:
+        """Take free partitions of the topic up to this job's fair share (partitions /
+        registered workers)."""
+        self.next_adopt = now + ADOPT_EVERY_S
+        self.share = -(-self.topic.partitions // _workers(self.r))
+        for q in range(self.topic.partitions):
+            if len(self.held) >= self.share:
+                break
+            if q not in self.held:
+                self.take(q)
+
+    def step(self) -> int:
+        """One apply step of every held partition; the entries they consumed."""
+        n = 0
+        for h in self.held.values():
+            k = h.applier.step()
+            h.done += k
+            n += k
+        return n
+
+    def upkeep(self, now: float) -> None:
+        """Renew the leases when due (also while lingering); with ``adopt``, serve a job of
+        another topic that waits, in passing (round robin), when due.
+
+        Raises:
+            FencedError: a lease was taken over.
+        """
+        if now - self.renewed >= self.renew_every:
+            _renew(self.r, self.scripts, self.topic, self.held, self.owner, self.settings)
+            self.renewed = now
+        if self.adopt and now >= self.next_yield:
+            self.next_yield = now + YIELD_EVERY_S
+            if control_of(self.r).llen(QUEUE_KEY):
+                _help_queued(self.r, self.topic.name, self.settings)
+
+    def linger(self, now: float) -> str | None:
+        """Every held partition drained (nothing in flight): wait briefly for more on every
+        held log. A live publisher keeps one job busy instead of paying for a new rq job per
+        burst. A job serving its share of a topic does not give way to queued jobs (mostly
+        its own partitions': they find the lease taken and end at once). New entries a
+        publisher's write-through applied (nothing left to do) do not extend it: a job that
+        only wakes for those retires after the linger.
+
+        Returns:
+            As :func:`_linger`, or ``"budget"`` when the budget ran out before the linger.
+        """
+        linger = self.settings.linger_ms if self.linger_ms is None else self.linger_ms
+        linger_left = linger - int((now - self.busy) * 1000)
+        budget_left = int((self.deadline - now) * 1000)
+        logs = {keys.log(self.topic.name, h.p): h.applier.cursor for h in self.held.values()}
+        needed: Callable[[], str | None] | None = None
+        if self.linger_ms is None:  # a worker's job: give way to a job that needs a worker
+            if self.adopt:  # free partitions of its topic: adopt them, up to its share
+                needed = functools.partial(_queued_work, self.r, self.topic.name,
+                                           len(self.held) < self.share)
+            else:
+                needed = functools.partial(_queue_waits, self.r)
+        why = None if None in logs.values() else _linger(
+            self.r, logs, min(linger_left, budget_left), needed)
+        if why is None and budget_left < linger_left:
+            why = "budget"  # the budget ran out first: decided at the top
+        return why
+
+    def finish(self) -> None:
+        """Read the call in flight of every held partition and trim its log."""
+        for h in self.held.values():
+            h.done += h.applier.finish()
+            _trim(self.r, self.topic, h.p, self.settings)
+
+    def release(self) -> None:
+        """Read any call still in flight and release every lease (after an error too: the
+        first error is the one raised, later ones are logged)."""
+        for h in self.held.values():
+            try:
+                h.applier.finish()  # never leave a call unread (no-op after finish())
+            except Exception as exc:  # the first error is the one raised
+                log.warning("%s[%d]: finishing the batch in flight failed: %s",
+                            self.topic.name, h.p, exc)
+            finally:
+                with _active_lock:  # first: releasing fails when Redis is gone
+                    _active.discard((self.topic.name, h.p))
+                _release(self.scripts, keys.lease(self.topic.name, h.p), self.owner)
 
 
 def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
@@ -700,122 +811,47 @@ def drain_partitions(r: Client, topic: TopicConfig, p: int, settings: Settings,
     Raises:
         FencedError: a held lease was taken over (the others are released).
     """
-    scripts = _tools(r)[0]
-    held: dict[int, _Held] = {}
-
-    def take(q: int) -> bool:
-        with _active_lock:  # marked before leasing: the sweeper leaves our leases alone
-            _active.add((topic.name, q))
-        fence = scripts.lease_acquire(keys.lease(topic.name, q), keys.state(topic.name, q),
-                                      owner, settings.lease_ms)
-        if fence is None:
-            with _active_lock:
-                _active.discard((topic.name, q))
-            return False
-        held[q] = _Held(r, scripts, topic, q, fence, settings)
-        if adopt:  # a worker's job: the marker says "served" from now on, and the job that
-            # waited for q leaves the queue (a publisher enqueues none for q now)
-            _set_marker(r, topic.name, q, held_marker_value(owner, fence),
-                        settings.marker_ttl_ms, keep=job_id)
-        log.debug("lease taken", extra=fields("lease_taken", topic=topic.name, partition=q,
-                                               fence=fence))
-        return True
-
+    d = _Drain(r, topic, settings, budget_s, owner, linger_ms, adopt, job_id)
     # a job whose own partition another job holds still serves its topic: it adopts free
     # partitions (below) rather than ending, so a worker that starts while the queue holds
     # jobs of partitions already taken finds its share at once, not after one rq job each
-    if not take(p) and not adopt:
+    if not d.take(p) and not adopt:
         return {}
     now = time.monotonic()
-    deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
-    renew_every = settings.lease_ms / 3000  # seconds
-    renewed = now
-    next_adopt = now if adopt else float("inf")
-    next_yield = now + YIELD_EVERY_S
+    d.start(now)
     drained = False
-    busy = now  # when a step last applied something: lingering counts from there
-    share = len(held)
     try:
         while True:
-            if now >= next_adopt:
-                next_adopt = now + ADOPT_EVERY_S
-                share = -(-topic.partitions // _workers(r))  # this job's fair share
-                for q in range(topic.partitions):
-                    if len(held) >= share:
-                        break
-                    if q not in held:
-                        take(q)
-                if not held:  # its partition is another job's, and no other one is free
+            if now >= d.next_adopt:
+                d.adopt_free(now)
+                if not d.held:  # its partition is another job's, and no other one is free
                     return {}
-            n = 0
-            for h in held.values():
-                k = h.applier.step()
-                h.done += k
-                n += k
+            n = d.step()
             if GATHER_MIN <= n < settings.batch_size // 4:
                 time.sleep(GATHER_S)  # let a live publisher's entries gather (see GATHER_S)
             now = time.monotonic()
             if n:
-                busy = now
-            all_drained = all(h.applier.drained for h in held.values())
-            if now - renewed >= renew_every:  # also while lingering, which loops from below
-                _renew(r, scripts, topic, held, owner, settings)
-                renewed = now
-            if adopt and now >= next_yield:
-                # round robin: a job of another topic waits: serve it in passing
-                next_yield = now + YIELD_EVERY_S
-                if control_of(r).llen(QUEUE_KEY):
-                    _help_queued(r, topic.name, settings)
-            if now >= deadline:
+                d.busy = now
+            all_drained = all(h.applier.drained for h in d.held.values())
+            d.upkeep(now)
+            if now >= d.deadline:
                 if not adopt or _queued_work(r, topic.name, False) == "elsewhere":
                     drained = all_drained
                     break
                 # nobody else waits for this worker: keep serving (no hand-over gap)
-                deadline = now + (settings.job_budget_s if budget_s is None else budget_s)
+                d.deadline = now + d.budget_s
             if all_drained:
-                # drained (nothing in flight): linger briefly for more on every held log; a
-                # live publisher keeps one job busy instead of paying for a new rq job per
-                # burst. A job serving its share of a topic does not give way to queued jobs
-                # (mostly its own partitions': they find the lease taken and end at once).
-                # new entries a publisher's write-through applied (nothing left to do) do
-                # not extend it: a job that only wakes for those retires after the linger
-                linger = settings.linger_ms if linger_ms is None else linger_ms
-                linger_left = linger - int((now - busy) * 1000)
-                budget_left = int((deadline - now) * 1000)
-                logs = {keys.log(topic.name, h.p): h.applier.cursor for h in held.values()}
-                needed: Callable[[], str | None] | None = None
-                if linger_ms is None:  # a worker's job: give way to a job that needs a worker
-                    if adopt:  # free partitions of its topic: adopt them, up to its share
-                        needed = functools.partial(_queued_work, r, topic.name,
-                                                   len(held) < share)
-                    else:
-                        needed = functools.partial(_queue_waits, r)
-                why = None if None in logs.values() else _linger(
-                    r, logs, min(linger_left, budget_left), needed)
-                if why is None and budget_left < linger_left:
-                    why = "budget"  # the budget ran out first: decided at the top
+                why = d.linger(now)
                 if why is None or why == "elsewhere":
                     drained = True
                     break
                 if why == "adopt":  # free partitions of this topic wait: take them now
-                    next_adopt = time.monotonic()
+                    d.next_adopt = time.monotonic()
                 now = time.monotonic()
-                continue
-        for h in held.values():
-            h.done += h.applier.finish()
-            _trim(r, topic, h.p, settings)
+        d.finish()
     finally:
-        for h in held.values():
-            try:
-                h.applier.finish()  # never leave a call unread (no-op after the finish above)
-            except Exception as exc:  # the first error is the one raised
-                log.warning("%s[%d]: finishing the batch in flight failed: %s", topic.name,
-                            h.p, exc)
-            finally:
-                with _active_lock:  # first: releasing fails when Redis is gone
-                    _active.discard((topic.name, h.p))
-                _release(scripts, keys.lease(topic.name, h.p), owner)
-    return {q: (h.done, drained) for q, h in held.items()}
+        d.release()
+    return {q: (h.done, drained) for q, h in d.held.items()}
 
 
 def _renew(r: Client, scripts: Scripts, topic: TopicConfig, held: Mapping[int, _Held],
@@ -924,6 +960,7 @@ def ingest_job(topic: str, partition: int) -> int:
     Returns:
         Log entries consumed by this job.
     """
+    # start-up time: rq loads only in a worker (not with the Sow facade)
     from rq import get_current_job
 
     job = get_current_job()

@@ -93,7 +93,7 @@ def check_members(entry: LogEntry, topic: TopicConfig, key: str) -> None:
 class PlainKeys:
     """Generated keys (key fields + key domain) or publisher-supplied keys."""
 
-    def __init__(self, topic: TopicConfig, p: int):
+    def __init__(self, topic: TopicConfig, p: int) -> None:
         self.topic, self.p = topic, p
 
     def prepare(self, entries: Sequence[LogEntry]) -> None:
@@ -113,7 +113,7 @@ class PlainKeys:
 class ChainKeys:
     """The chaining key generator over the partition's chain table (seeds/003)."""
 
-    def __init__(self, r: Client, topic: TopicConfig, p: int):
+    def __init__(self, r: Client, topic: TopicConfig, p: int) -> None:
         self.topic, self.p = topic, p
         self.chains = ChainResolver(r, topic, p)
         self._ids: dict[str, ChainIds] = {}

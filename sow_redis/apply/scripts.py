@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import msgpack
 from redis.exceptions import NoScriptError, ResponseError
 
 from .. import keys
-from ..connection import Client, Fields, Pipeline, is_cluster
+from ..connection import Client, Fields, Pipeline, single_pool
 from ..errors import from_script_error
 from ..model.messages import expiry_for
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
@@ -29,6 +29,16 @@ if TYPE_CHECKING:
     from ..config import TopicConfig
 
 INCLUDE = re.compile(r"^--@include (\w+)$", re.M)
+
+T_co = TypeVar("T_co", covariant=True)
+"""What a :class:`PendingCall` returns."""
+
+ScriptArg: TypeAlias = "str | bytes | int | float"
+"""One ARGV value of a script call, as redis-py sends it (numbers as their decimal text)."""
+
+Reply: TypeAlias = Any
+"""A script's reply as redis-py parses it (integers, bytes, nested lists): each wrapper
+reads the shape its script documents in its header (``Output:``)."""
 
 
 @cache
@@ -45,9 +55,10 @@ def expanded_source(name: str) -> str:
     return INCLUDE.sub(include, script_source(name))
 
 
-def attached(r: Client, name: str, make: Any) -> Any:
+def attached(r: Client, name: str, make: Callable[[Client], Any]) -> Any:
     """A helper object kept on the client ``r`` itself (made once by ``make(r)``), so it lives
-    exactly as long as the client and can never be handed to another client."""
+    exactly as long as the client and can never be handed to another client. (Typed
+    ``Any``: callers ``cast`` the object to what their ``make`` builds.)"""
     attr = f"_sow_{name}"
     value = getattr(r, attr, None)
     if value is None:
@@ -67,7 +78,7 @@ def script_names() -> list[str]:
 class Scripts:
     """The bundled scripts registered on one Redis client."""
 
-    def __init__(self, r: Client):
+    def __init__(self, r: Client) -> None:
         self._r = r
         self._scripts = {name: r.register_script(expanded_source(name)) for name in script_names()}
         self._packing: str | None = None
@@ -81,14 +92,15 @@ class Scripts:
             self._packing = _packing(self._r)
         return self._packing
 
-    def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    def call(self, name: str, keys: list[str], args: Sequence[ScriptArg]) -> Reply:
         """Run script ``name``; ``SOW_<CODE>`` error replies raise their SowError class."""
         try:
             return self._scripts[name](keys=keys, args=args)
         except ResponseError as exc:
             raise from_script_error(exc) from None
 
-    def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
+    def queue(self, pipe: Pipeline, name: str, keys: list[str], args: Sequence[ScriptArg]
+              ) -> None:
         """Queue script ``name`` on a pipeline as a bare EVALSHA (its reply comes from
         :meth:`execute`; no SCRIPT EXISTS round trip per pipeline)."""
         # execute_command, not pipe.evalsha: redis-py's cluster pipeline refuses the method
@@ -100,24 +112,24 @@ class Scripts:
             pipe._sow_calls = calls  # type: ignore[attr-defined]
         calls.append((name, keys, args))
 
-    def execute(self, pipe: Pipeline) -> list[Any]:
-        """Execute a pipeline of :meth:`queue` calls, loading the scripts once if the server
-        lost them (restart, SCRIPT FLUSH) and running the pipeline again."""
-        commands = list(pipe.command_stack)
+    def execute(self, pipe: Pipeline) -> list[Reply]:
+        """Execute a non-transactional pipeline of :meth:`queue` calls only, loading the
+        scripts once if the server lost them (restart, SCRIPT FLUSH) and running the calls
+        again in a new pipeline (the calls that ran on nodes of a cluster holding the
+        scripts run again, as on a restart).
+
+        Raises:
+            redis.exceptions.RedisError: as ``Pipeline.execute``.
+        """
         try:
             return pipe.execute()
         except NoScriptError:
             for script in self._scripts.values():
                 self._r.script_load(script.script)
-            if is_cluster(self._r):
-                # a cluster pipeline keeps its commands elsewhere: queue the calls anew (the
-                # calls that ran on nodes holding the scripts run again, as on a restart)
-                again = self._r.pipeline(transaction=False)
-                for name, ks, args in getattr(pipe, "_sow_calls", []):
-                    self.queue(again, name, ks, args)
-                return again.execute()
-            pipe.command_stack = commands
-            return pipe.execute()
+            again = self._r.pipeline(transaction=False)
+            for name, ks, args in getattr(pipe, "_sow_calls", []):
+                self.queue(again, name, ks, args)
+            return again.execute()
 
     def apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
               rejects: Sequence[Reject], ops: Sequence[Op]) -> tuple[int, str]:
@@ -151,14 +163,15 @@ class Scripts:
         return _log_applied(self.call("apply", ks, argv))
 
     def send_apply_log(self, topic: TopicConfig, p: int, fence: int, count: int,
-                       upto: str) -> PendingCall:
+                       upto: str) -> PendingCall[LogApplied]:
         """Send the :meth:`apply_log` call now and read its reply later
         (:meth:`PendingCall.result`, a :class:`LogApplied`), on a connection of its own."""
         ks, argv = apply_log_args(topic, p, fence, count, upto)
         return PendingCall(self, "apply", ks, argv, _log_applied)
 
     def apply_appended_call(self, topic: TopicConfig, p: int, packed: bytes, marker_ttl_ms: int,
-                            through: bool, marker: str) -> tuple[str, list[str], list[Any]]:
+                            through: bool, marker: str
+                            ) -> tuple[str, list[str], list[ScriptArg]]:
         """``(sha, KEYS, ARGV)`` of apply.lua's operation ``appended`` for partition ``p``
         (include apply_appended): a publisher's
         append of the entries of one chunk to ``p`` (``packed``: :func:`pack_entries`),
@@ -198,7 +211,7 @@ class Scripts:
         self._r.script_load(self._scripts[name].script)
 
     def send_apply(self, topic: TopicConfig, p: int, fence: int, first: str, last: str,
-                   rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingCall:
+                   rejects: Sequence[Reject], ops: Sequence[Op]) -> PendingCall[tuple[int, str]]:
         """Send the :meth:`apply` call now and read its reply later
         (:meth:`PendingCall.result`), on a connection of its own: the caller can prepare the
         next batch while Redis runs this one."""
@@ -327,7 +340,7 @@ def retention_args(topic: TopicConfig) -> tuple[int, int]:
     return topic.change_retention_count, topic.change_retention_ms
 
 
-def _pack_op(op: Op) -> tuple[Any, ...]:
+def _pack_op(op: Op) -> tuple[ScriptArg, ...]:
     """apply.lua's 7 ARGV fields of one op: kind, stream id, SOW key (chain: identifier),
     data (chain: head), expiry ("" none, "now", or absolute ms), expected seq ("" unchecked),
     index members."""
@@ -355,11 +368,11 @@ def _packing(r: Client) -> str:
 
 def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
                rejects: Sequence[Reject], ops: Sequence[Op],
-               packing: str = "flat") -> tuple[list[str], list[Any]]:
+               packing: str = "flat") -> tuple[list[str], list[ScriptArg]]:
     """KEYS and ARGV of apply.lua's operation ``planned`` (include apply_planned); with
     ``packing`` ``"msgpack"`` the rejected entries' and ops' fields go as one MessagePack
     array (every field as a string: Redis's cmsgpack takes no binary type)."""
-    fields: list[Any] = []
+    fields: list[ScriptArg] = []
     for rj in rejects:
         fields += (rj.id, rj.reason, rj.detail, rj.cmd, rj.data, rj.sow_key)
     for op in ops:
@@ -372,7 +385,7 @@ def apply_args(topic: TopicConfig, p: int, fence: int, first: str, last: str,
 
 
 def apply_log_args(topic: TopicConfig, p: int, fence: int, count: int,
-                   upto: str) -> tuple[list[str], list[Any]]:
+                   upto: str) -> tuple[list[str], list[ScriptArg]]:
     """KEYS and ARGV of apply.lua's operation ``log`` (include apply_from_log)."""
     return partition(topic, p).args("log", fence, count, upto)
 
@@ -397,7 +410,7 @@ class Partition:
         return keys.partition_keys(self.topic.name, self.p, len(self.topic.hash_index))
 
     @cached_property
-    def head(self) -> tuple[Any, ...]:
+    def head(self) -> tuple[ScriptArg, ...]:
         """ARGV[2 ..] of the head (ARGV[1] is the operation)."""
         t = self.topic
         return (keys.partition_channel(t.name, self.p), t.name, self.p, len(t.hash_index),
@@ -405,7 +418,7 @@ class Partition:
                 *retention_args(t), expiry_for(t, None, "0-0"), t.fingerprint,
                 "1" if t.change_previous else "0")
 
-    def args(self, op: str, *rest: Any) -> tuple[list[str], list[Any]]:
+    def args(self, op: str, *rest: ScriptArg) -> tuple[list[str], list[ScriptArg]]:
         """``(KEYS, ARGV)`` of operation ``op`` with its own arguments ``rest``
         (ARGV[OP + 1 ..])."""
         return self.keys, [op, *self.head, *rest]
@@ -423,32 +436,31 @@ def partition(topic: TopicConfig, p: int) -> Partition:
     return Partition(topic, p)
 
 
-def _log_applied(reply: Any) -> LogApplied:
+def _log_applied(reply: Reply) -> LogApplied:
     applied, cursor, more = reply
     return LogApplied(int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor,
                       int(more) == 1, int(more) == 2)
 
 
-def _apply_reply(reply: Any) -> tuple[int, str]:
+def _apply_reply(reply: Reply) -> tuple[int, str]:
     applied, cursor = reply
     return int(applied), cursor.decode() if isinstance(cursor, bytes) else cursor
 
 
-class PendingCall:
+class PendingCall(Generic[T_co]):
     """A script call sent on a pooled connection of its own, whose reply ``parse(reply)`` is
     read by :meth:`result` (exactly once): the caller prepares the next batch meanwhile."""
 
-    def __init__(self, scripts: Scripts, name: str, ks: list[str], argv: list[Any],
-                 parse: Any):
+    def __init__(self, scripts: Scripts, name: str, ks: list[str], argv: list[ScriptArg],
+                 parse: Callable[[Reply], T_co]) -> None:
         self._scripts, self._name, self._ks, self._argv, self._parse = (
             scripts, name, ks, argv, parse)
-        if is_cluster(scripts._r):
+        pool = single_pool(scripts._r)
+        self._pool = pool
+        if pool is None:
             # a cluster client has no single connection: the call runs in result(), through
             # the client's redirection and failover handling (no overlap on a cluster)
-            self._pool = None
             return
-        pool = scripts._r.connection_pool
-        self._pool = pool
         self._conn = pool.get_connection()
         try:
             self._conn.send_command("EVALSHA", scripts._scripts[name].sha, len(ks), *ks, *argv)
@@ -457,7 +469,7 @@ class PendingCall:
             pool.release(self._conn)
             raise
 
-    def result(self) -> Any:
+    def result(self) -> T_co:
         """The parsed reply of the call; raises as :meth:`Scripts.call` does."""
         if self._pool is None:
             return self._parse(self._scripts.call(self._name, self._ks, self._argv))

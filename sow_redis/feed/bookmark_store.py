@@ -63,7 +63,7 @@ class SubscriptionState:
     """What the store knows of one subscription: per partition, the position up to which every
     change is processed, and the changes received but not processed yet, in order."""
 
-    def __init__(self, store: BookmarkStore, sub_id: str, partitions: int):
+    def __init__(self, store: BookmarkStore, sub_id: str, partitions: int) -> None:
         self.store, self.sub_id = store, sub_id
         self.started = False
         """True once the subscription started: a subscription that failed to start (e.g. a
@@ -130,7 +130,7 @@ class BookmarkStore:
     """
 
     def __init__(self, r: Client, client_name: str, persist_every: int = 10,
-                 persisted: bool = True, settings: Settings | None = None):
+                 persisted: bool = True, settings: Settings | None = None) -> None:
         if persist_every < 1:
             raise ValueError("persist_every must be 1 or more")
         self.client_name, self.persist_every, self.persisted = client_name, persist_every, persisted

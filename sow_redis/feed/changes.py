@@ -24,7 +24,7 @@ PAGE = 64
 class FeedGap(Exception):
     """The change feed no longer holds (or never held) the changes after a position."""
 
-    def __init__(self, partition: int, after: int, oldest: int | None):
+    def __init__(self, partition: int, after: int, oldest: int | None) -> None:
         self.partition, self.after, self.oldest = partition, after, oldest
         held = f"its oldest retained change is seq {oldest}" if oldest else "it holds nothing"
         super().__init__(f"partition {partition}: changes after seq {after} are not in the "

@@ -24,7 +24,8 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..connection import Client, is_cluster
+from .. import keys
+from ..connection import Client, clients_by_node, reload_slot_map
 
 SELECT_SLICE_S = 0.1
 """Longest single wait on the sockets; the connections are polled again after it (a TLS
@@ -102,20 +103,6 @@ class _Replies:
         self.reader.feed(self._buf, 0, n)
 
 
-def _by_node(r: Client, channels: Sequence[str]) -> list[tuple[Any, list[str]]]:
-    """``(client of one node, its channels)``: the primary serving each channel's hash slot
-    on a cluster, the server itself otherwise."""
-    if not is_cluster(r):
-        return [(r, list(channels))]
-    groups: dict[str, tuple[Any, list[str]]] = {}
-    for ch in channels:
-        node = r.get_node_from_key(ch)  # type: ignore[attr-defined]
-        if node.name not in groups:
-            groups[node.name] = (r.get_redis_connection(node), [])  # type: ignore[attr-defined]
-        groups[node.name][1].append(ch)
-    return list(groups.values())
-
-
 class ShardListener:
     """Subscribed to ``channels`` (sharded) once constructed: each node has confirmed its
     subscriptions, so every message published on them from now on is read by :meth:`get`
@@ -126,11 +113,11 @@ class ShardListener:
             ``confirm_timeout_s`` seconds (``TimeoutError``).
     """
 
-    def __init__(self, r: Client, channels: Sequence[str], confirm_timeout_s: float = 10.0):
+    def __init__(self, r: Client, channels: Sequence[str], confirm_timeout_s: float = 10.0) -> None:
         self._client = r  # kept: a client that is collected closes its pool's connections
-        self._subs: list[Any] = []
+        self._subs: list[Any] = []  # redis-py types PubSub.connection as None
         try:
-            for client, chans in _by_node(r, channels):
+            for client, chans in clients_by_node(r, channels):
                 ps = client.pubsub()
                 self._subs.append(ps)
                 for ch in chans:  # one command per channel: a cluster node refuses channels
@@ -232,11 +219,10 @@ class ShardListener:
 def refresh_topology(r: Client) -> None:
     """On a cluster client, read the slot map again (after a node was lost, its replica may
     serve its slots now); nothing on a single server. Errors are left for the next attempt."""
-    if is_cluster(r):
-        try:
-            r.nodes_manager.initialize()  # type: ignore[attr-defined]
-        except Exception:
-            pass
+    try:
+        reload_slot_map(r)
+    except Exception:
+        pass
 
 
 def shard_subscribers(r: Client, channels: Sequence[str]) -> dict[str, int]:
@@ -244,7 +230,7 @@ def shard_subscribers(r: Client, channels: Sequence[str]) -> dict[str, int]:
     slot on a cluster, one command per channel as a node refuses channels of several slots
     in one; one round trip per node)."""
     out: dict[str, int] = {}
-    for client, chans in _by_node(r, channels):
+    for client, chans in clients_by_node(r, channels):
         pipe = client.pipeline(transaction=False)
         for ch in chans:
             pipe.pubsub_shardnumsub(ch)
@@ -257,7 +243,5 @@ def shard_subscribers(r: Client, channels: Sequence[str]) -> dict[str, int]:
 def topic_subscribers(r: Client, topics: Sequence[str]) -> dict[str, int]:
     """topic → its subscribers: those of its partition 0's channel (a subscriber listens to
     every partition's channel, a topic has a partition 0)."""
-    from .. import keys
-
     counts = shard_subscribers(r, [keys.partition_channel(t, 0) for t in topics])
     return {t: counts.get(keys.partition_channel(t, 0), 0) for t in topics}

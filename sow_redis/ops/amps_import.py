@@ -44,9 +44,11 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import parse_topics
 from ..errors import ConfigError
 
 CHAINING_LIBRARY = "libamps_id_chaining_key_generator"
@@ -122,7 +124,7 @@ def _fragment(block: str, what: str) -> ET.Element:
         raise ConfigError([f"{what}: not well-formed XML: {exc}"]) from None
 
 
-def _chaining_modules(modules: Any) -> set[str]:
+def _chaining_modules(modules: Iterable[ET.Element]) -> set[str]:
     """Names of the ``Module`` elements whose ``Library`` is the chaining key generator."""
     return {_text(m.find("Name")) for m in modules
             if CHAINING_LIBRARY in _text(m.find("Library")) and _text(m.find("Name"))}
@@ -168,8 +170,6 @@ def import_amps(text: str) -> Imported:
     Raises:
         ConfigError: no ``<SOW>`` section, not well-formed XML, or DOCTYPE/ENTITY declared.
     """
-    from ..config import parse_topics
-
     sows, chaining, notes = _parse(text)
     out = Imported(skipped=list(notes))
     seen: set[str] = set()
@@ -289,6 +289,21 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
             t["expiration"] = amps_interval(exp)
         except ValueError as exc:
             out.skipped.append(f"{where}/Expiration: not translated: {exc}")
+    indexes = _hash_indexes(topic, where, out)
+    if indexes:
+        t["hash_index"] = indexes
+    kg = topic.find("KeyGenerator")
+    if kg is not None:
+        reason = _key_generator(kg, chaining, t, where, out)
+        if reason:
+            out.skipped.append(f"{where}: {reason}: topic skipped")
+            return None
+    return t
+
+
+def _hash_indexes(topic: ET.Element, where: str, out: Imported) -> list[list[str]]:
+    """The key lists of a ``<Topic>``'s ``<HashIndex>`` elements (what is not translated,
+    and an index without a Key, appended to ``out.skipped``)."""
     indexes = []
     for i, hi in enumerate(topic.findall("HashIndex"), 1):
         for child in hi:
@@ -299,15 +314,7 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
             indexes.append(ix)
         else:
             out.skipped.append(f"{where}/HashIndex[{i}]: no Key: not translated")
-    if indexes:
-        t["hash_index"] = indexes
-    kg = topic.find("KeyGenerator")
-    if kg is not None:
-        reason = _key_generator(kg, chaining, t, where, out)
-        if reason:
-            out.skipped.append(f"{where}: {reason}: topic skipped")
-            return None
-    return t
+    return indexes
 
 
 def _key_generator(kg: ET.Element, chaining: set[str], t: dict[str, Any], where: str,
@@ -347,7 +354,7 @@ def _key_generator(kg: ET.Element, chaining: set[str], t: dict[str, Any], where:
     return ""
 
 
-def _toml_value(v: Any) -> str:
+def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):

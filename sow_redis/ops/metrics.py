@@ -40,6 +40,7 @@ from .. import keys
 from ..connection import Client
 from ..model.events import ChangeBlock, parse_block
 from ..registry import load_topics
+from .status import topic_stats
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +71,10 @@ COUNTERS = {
 class StatsCollector:
     """Reads every topic's figures at scrape time (a prometheus-client custom collector)."""
 
-    def __init__(self, r: Client):
+    def __init__(self, r: Client) -> None:
         self.r = r
 
     def collect(self) -> Iterator[Metric]:
-        from .status import topic_stats
-
         gauges = {k: GaugeMetricFamily(name, doc, labels=["topic"])
                   for k, (name, doc) in GAUGES.items()}
         lag_age = GaugeMetricFamily("sow_lag_age_seconds",
@@ -108,7 +107,7 @@ class StatsCollector:
 class ChangeObserver:
     """Fills the latency histograms from the change blocks of every topic."""
 
-    def __init__(self, registry: CollectorRegistry):
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.publish_to_applied = Histogram(
             "sow_publish_to_applied_seconds",
             "Per change: time from its log entry to the apply call that made it.",
@@ -152,7 +151,7 @@ FEED_READ_COUNT = 1000
 class FeedFollower:
     """Reads the blocks appended to every topic's change feed since it began following it."""
 
-    def __init__(self, r: Client):
+    def __init__(self, r: Client) -> None:
         self.r = r
         self._after: dict[str, bytes] = {}  # feed stream → id of the last block read
         self._streams: list[str] = []

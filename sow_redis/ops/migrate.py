@@ -115,7 +115,7 @@ class Migration:
 class _Leases:
     """The leases of partitions ``0..n-1`` of a topic, held by one migration owner."""
 
-    def __init__(self, r: Client, scripts: Scripts, topic: str, n: int, settings: Settings):
+    def __init__(self, r: Client, scripts: Scripts, topic: str, n: int, settings: Settings) -> None:
         self.r, self.scripts, self.topic, self.settings = r, scripts, topic, settings
         self.owner = f"migrate:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.fences: dict[int, int] = {}

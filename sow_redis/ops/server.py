@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,8 +28,21 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import click
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from rq import Worker
 
-from ..connection import Client, connect, control_url_for, is_cluster_url, redact, tls_options
+from ..client import Sow
+from ..connection import (
+    Client,
+    connect,
+    connect_primaries,
+    control_url_for,
+    is_cluster_url,
+    redact,
+    tls_options,
+)
 from ..errors import SowError
 from ..settings import Settings
 
@@ -37,8 +51,6 @@ REDIS_START_TIMEOUT_S = 10.0
 
 
 def _ping(url: str) -> bool:
-    from redis import Redis
-    from redis.exceptions import ConnectionError as RedisConnectionError
 
     if url.startswith(("redis+cluster://", "rediss+cluster://")):
         url = url.replace("+cluster://", "://", 1)  # the node it names
@@ -64,8 +76,6 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> No
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -75,8 +85,6 @@ def free_cluster_port(taken: Sequence[int] = ()) -> int:
     """A port for a Redis Cluster node on 127.0.0.1: free right now, and so is its cluster
     bus port (port + 10000), neither of them one of ``taken``'s ports or bus ports (a node
     whose bus port another node listens on does not start: "Address already in use")."""
-    import socket
-
     used = set(taken) | {p + 10000 for p in taken}
     while True:
         port = free_port()
@@ -164,8 +172,6 @@ class LocalCluster:
 def _cluster_ok(ports: list[int], replicas: int) -> bool:
     """Whether every node answers ``cluster_state:ok``, knows every other node and sees
     ``replicas`` replicas of each primary, and every replica is in sync with its primary."""
-    from redis import Redis
-    from redis.exceptions import RedisError
 
     for port in ports:
         try:
@@ -267,7 +273,7 @@ REDIS_RESTART_TIMEOUT_S = 120.0
 class _Child:
     """One supervised process of ``up``: its command, label and restart schedule."""
 
-    def __init__(self, label: str, args: list[str], env: dict[str, str]):
+    def __init__(self, label: str, args: list[str], env: dict[str, str]) -> None:
         self.label, self.args, self.env = label, args, env
         self.quick_deaths = 0
         self.restart_at: float | None = None
@@ -311,25 +317,16 @@ def redis_warnings(url: str) -> list[str]:
     drop records under memory pressure), or no persistence at all (neither AOF nor RDB
     snapshots: a restart loses everything). [] when it cannot be asked (e.g. CONFIG is
     renamed or refused by the ACL)."""
-    from redis import Redis
-    from redis.exceptions import RedisError
-
-    if is_cluster_url(url):
-        try:
-            cluster = connect(url)
-            nodes = cluster.get_primaries()  # type: ignore[attr-defined]
-            return [w for node in nodes for w in _config_warnings(
-                cluster.get_redis_connection(node),  # type: ignore[attr-defined]
-                f"{redact(url)} (primary {node.name})")]
-        except (RedisError, OSError):
-            return []
-    return _config_warnings(Redis.from_url(url, socket_timeout=2, **tls_options(url)),
-                            redact(url))
+    try:
+        primaries = connect_primaries(url, socket_timeout_s=2)
+    except (RedisError, OSError):
+        return []
+    return [w for name, node in primaries for w in _config_warnings(
+        node, redact(url) if name is None else f"{redact(url)} (primary {name})")]
 
 
 def _config_warnings(r: Client, where: str) -> list[str]:
     """:func:`redis_warnings` of one server (client ``r``, named ``where`` in the lines)."""
-    from redis.exceptions import RedisError
 
     try:
         cfg = r.config_get("maxmemory-policy", "appendonly", "save")
@@ -362,43 +359,13 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
     ``HEALTHY_S``); a redis-server started here that dies is started again on the same port
     and data dir, which reloads its AOF. Each event is one line on stderr.
     """
-    redis_proc = None
+    redis_proc: _LocalRedis | None = None
     local_cluster: LocalCluster | None = None
     control_proc: subprocess.Popen[bytes] | None = None
     if cluster is not None:
-        local_cluster = spawn_cluster(cluster[0], cluster[1], Path(data_dir, "cluster"),
-                                      persist=True)
-        cport = free_port()
-        try:
-            control_proc = spawn_redis(cport, Path(data_dir, "control"))
-        except BaseException:
-            local_cluster.stop()
-            raise
-        settings = replace(settings, redis_url=local_cluster.url,
-                           control_url=f"redis://127.0.0.1:{cport}/0")
-        click.echo(f"started a Redis Cluster of {cluster[0]} primaries with {cluster[1]} "
-                   f"replica(s) each (ports {' '.join(map(str, local_cluster.ports))}; data in "
-                   f"{data_dir}/cluster) and a control Redis", err=True)
-        click.echo(f"SOW_REDIS_URL={local_cluster.url}")
-        click.echo(f"SOW_CONTROL_URL={settings.control_url}")
-        sys.stdout.flush()
-    elif not _ping(settings.redis_url):
-        if is_cluster_url(settings.redis_url):
-            raise SowError(f"no Redis Cluster node answers at {redact(settings.redis_url)}: "
-                           "start the cluster first, or let `up --cluster N` start one")
-        redis_proc = start_redis(settings.redis_url, data_dir)
-        click.echo(f"started redis-server at {redact(settings.redis_url)} (data in {data_dir})", err=True)
-    elif is_cluster_url(settings.redis_url):
-        from redis.exceptions import RedisClusterException
-
-        try:
-            connect(settings.redis_url)  # reads the slot map: a plain server fails here
-        except RedisClusterException as exc:
-            raise SowError(f"{redact(settings.redis_url)} does not answer as a Redis Cluster: "
-                           f"{' '.join(str(exc).split())}") from None
-        click.echo(f"using the Redis Cluster at {redact(settings.redis_url)} (control Redis "
-                   f"{redact(control_url_for(settings.redis_url, settings.control_url))})",
-                   err=True)
+        local_cluster, control_proc, settings = _start_cluster(cluster, data_dir, settings)
+    else:
+        redis_proc = _start_or_check_redis(settings, data_dir)
     for warning in redis_warnings(settings.redis_url) if local_cluster is None else []:
         click.echo(f"warning: {warning}", err=True)
     children: list[_Child] = []
@@ -411,36 +378,15 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
     signal.signal(signal.SIGTERM, stop)
     try:
         if apply_config and os.path.exists(settings.config_path):
-            from ..client import Sow
-
             Sow(settings=settings).apply_config(settings.config_path)
             click.echo(f"applied {settings.config_path}", err=True)
-        env = dict(os.environ, SOW_REDIS_URL=settings.redis_url)
-        if settings.control_url:
-            env["SOW_CONTROL_URL"] = settings.control_url
-        cli = [sys.executable, "-m", "sow_redis.cli"]
-        for i in range(workers):
-            children.append(_Child(f"worker {i}", cli + ["worker", "--name", f"sow-{i}"], env))
-        children.append(_Child("expirer", cli + ["expirer"], env))
-        children.append(_Child("deriver", cli + ["derive"], env))
+        _spawn_children(children, settings, workers)
         click.echo(f"{workers} worker(s), the expirer and the deriver running; Ctrl-C stops "
                    "everything", err=True)
-        redis_deaths, redis_retry_at = 0, 0.0
         write_pidfile(data_dir, settings.redis_url, [c.proc.pid for c in children[:workers]])
         while not stopping:
-            if redis_proc is not None and redis_proc.poll() is not None \
-                    and time.monotonic() >= redis_retry_at:
-                click.echo(f"redis-server at {redact(settings.redis_url)} exited ({redis_proc.returncode});"
-                           f" restarting it (data in {data_dir})", err=True)
-                try:
-                    redis_proc = _respawn_redis(settings.redis_url, data_dir)
-                    redis_deaths = 0
-                    click.echo(f"redis-server restarted at {redact(settings.redis_url)}", err=True)
-                except SowError as exc:
-                    redis_deaths += 1
-                    delay = min(RESTART_MAX_S, RESTART_MIN_S * 2 ** (redis_deaths - 1))
-                    redis_retry_at = time.monotonic() + delay
-                    click.echo(f"{exc}; retrying in {delay:.1f} s", err=True)
+            if redis_proc is not None:
+                redis_proc.check()
             for child in children:
                 child.check()
             time.sleep(0.1)
@@ -450,20 +396,131 @@ def run_up(settings: Settings, workers: int, data_dir: str, apply_config: bool =
         remove_pidfile(data_dir)
         stop_processes([c.proc for c in children], timeout_s=15)
         if redis_proc is not None:
-            _shutdown_redis(settings.redis_url)
-            try:
-                redis_proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                redis_proc.kill()
+            redis_proc.shutdown()
         if local_cluster is not None:
             local_cluster.stop()
         if control_proc is not None:
-            control_proc.terminate()
-            try:
-                control_proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                control_proc.kill()
+            _terminate(control_proc)
         click.echo("stopped", err=True)
+
+
+def _start_cluster(cluster: tuple[int, int], data_dir: str, settings: Settings
+                   ) -> tuple[LocalCluster, subprocess.Popen[bytes], Settings]:
+    """``up --cluster N R``: start the Redis Cluster and its control Redis; print both URLs.
+
+    Returns:
+        The cluster, the control Redis's process and ``settings`` naming both.
+
+    Raises:
+        SowError: as :func:`spawn_cluster` and :func:`spawn_redis` (the cluster is stopped
+            when the control Redis does not start).
+    """
+    local_cluster = spawn_cluster(cluster[0], cluster[1], Path(data_dir, "cluster"),
+                                  persist=True)
+    cport = free_port()
+    try:
+        control_proc = spawn_redis(cport, Path(data_dir, "control"))
+    except BaseException:
+        local_cluster.stop()
+        raise
+    settings = replace(settings, redis_url=local_cluster.url,
+                       control_url=f"redis://127.0.0.1:{cport}/0")
+    click.echo(f"started a Redis Cluster of {cluster[0]} primaries with {cluster[1]} "
+               f"replica(s) each (ports {' '.join(map(str, local_cluster.ports))}; data in "
+               f"{data_dir}/cluster) and a control Redis", err=True)
+    click.echo(f"SOW_REDIS_URL={local_cluster.url}")
+    click.echo(f"SOW_CONTROL_URL={settings.control_url}")
+    sys.stdout.flush()
+    return local_cluster, control_proc, settings
+
+
+def _start_or_check_redis(settings: Settings, data_dir: str) -> _LocalRedis | None:
+    """Start a local redis-server when none answers at ``settings.redis_url``; check that a
+    cluster URL answers as a Redis Cluster.
+
+    Returns:
+        The redis-server started here, None when one already answered.
+
+    Raises:
+        SowError: no node of a cluster URL answers, or it does not answer as a cluster; as
+            :func:`start_redis`.
+    """
+    url = settings.redis_url
+    if not _ping(url):
+        if is_cluster_url(url):
+            raise SowError(f"no Redis Cluster node answers at {redact(url)}: "
+                           "start the cluster first, or let `up --cluster N` start one")
+        proc = _LocalRedis(url, data_dir, start_redis(url, data_dir))
+        click.echo(f"started redis-server at {redact(url)} (data in {data_dir})", err=True)
+        return proc
+    if is_cluster_url(url):
+        try:
+            connect(url)  # reads the slot map: a plain server fails here
+        except RedisClusterException as exc:
+            raise SowError(f"{redact(url)} does not answer as a Redis Cluster: "
+                           f"{' '.join(str(exc).split())}") from None
+        click.echo(f"using the Redis Cluster at {redact(url)} (control Redis "
+                   f"{redact(control_url_for(url, settings.control_url))})", err=True)
+    return None
+
+
+def _spawn_children(children: list[_Child], settings: Settings, workers: int) -> None:
+    """Start ``workers`` worker processes, the expirer and the deriver, appending each to ``children``
+    as it starts (so the ones started are stopped when a later one fails to start)."""
+    env = dict(os.environ, SOW_REDIS_URL=settings.redis_url)
+    if settings.control_url:
+        env["SOW_CONTROL_URL"] = settings.control_url
+    cli = [sys.executable, "-m", "sow_redis.cli"]
+    for i in range(workers):
+        children.append(_Child(f"worker {i}", cli + ["worker", "--name", f"sow-{i}"], env))
+    children.append(_Child("expirer", cli + ["expirer"], env))
+    children.append(_Child("deriver", cli + ["derive"], env))
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+    """SIGTERM ``proc`` and wait up to ``timeout_s`` seconds; then kill it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+class _LocalRedis:
+    """The redis-server ``up`` started: restarted on the same port and data dir (its AOF)
+    when it dies, after ``RESTART_MIN_S`` doubling to ``RESTART_MAX_S`` while restarts
+    fail."""
+
+    def __init__(self, url: str, data_dir: str, proc: subprocess.Popen[bytes]) -> None:
+        self.url, self.data_dir, self.proc = url, data_dir, proc
+        self.deaths, self.retry_at = 0, 0.0
+
+    def check(self) -> None:
+        """Start the server again when it died and its time has come (one line on stderr
+        per event)."""
+        if self.proc.poll() is None or time.monotonic() < self.retry_at:
+            return
+        url, data_dir = redact(self.url), self.data_dir
+        click.echo(f"redis-server at {url} exited ({self.proc.returncode});"
+                   f" restarting it (data in {data_dir})", err=True)
+        try:
+            self.proc = _respawn_redis(self.url, data_dir)
+            self.deaths = 0
+            click.echo(f"redis-server restarted at {url}", err=True)
+        except SowError as exc:
+            self.deaths += 1
+            delay = min(RESTART_MAX_S, RESTART_MIN_S * 2 ** (self.deaths - 1))
+            self.retry_at = time.monotonic() + delay
+            click.echo(f"{exc}; retrying in {delay:.1f} s", err=True)
+
+    def shutdown(self) -> None:
+        """``SHUTDOWN NOSAVE`` (the AOF is written as it goes), then wait up to 15 s for the
+        process; kill it after that."""
+        _shutdown_redis(self.url)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 # -- pidfile, up --detach, down ----------------------------------------------------------
@@ -542,11 +599,6 @@ def is_up_process(pid: int) -> bool:
 def ready_workers(redis_url: str, pids: set[int]) -> int:
     """How many of the rq workers registered in Redis are one of ``pids`` on this host and
     idle or busy (past start-up); 0 when Redis does not answer."""
-    import socket
-
-    from redis import Redis
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from rq import Worker
 
     try:
         r = Redis.from_url(redis_url, socket_connect_timeout=1.0, **tls_options(redis_url))
@@ -559,7 +611,6 @@ def ready_workers(redis_url: str, pids: set[int]) -> int:
 
 
 def _shutdown_redis(url: str) -> None:
-    from redis import Redis
 
     try:
         Redis.from_url(url, socket_connect_timeout=1.0, **tls_options(url)).shutdown(save=False)

@@ -11,7 +11,7 @@ from redis.exceptions import ResponseError
 
 from .. import keys
 from ..config import TopicConfig
-from ..connection import Client
+from ..connection import Client, server_ms
 from ..feed.live import topic_subscribers
 from ..model.records import MAX_EXPIRY_MS
 from ..partition_state import read_partitions
@@ -63,8 +63,6 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
         ``updates``, ``deletes``, ``expiries``, ``queries`` since the topic was created) and
         ``time_ms`` (server clock of the reading).
     """
-    from ..connection import server_ms
-
     states = read_partitions(r, topic.name, topic.partitions)
     pipe = r.pipeline(transaction=False)
     for st in states:

@@ -28,16 +28,19 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from types import FrameType
 from typing import Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError
 from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
+from rq.utils import utcparse
+from rq.worker_registration import clean_worker_registry, get_keys, register, unregister
 
 from ..apply.jobs import HOST, LagScanner, owner_dead, sweep
 from ..apply.safejob import SERIALIZER, SowJob
-from ..connection import Client, Pipeline, connect_pair, control_of, is_cluster
+from ..connection import Client, Pipeline, connect_pair, control_of, server_info
 from ..logs import fields
 from ..outage import REDIS_STUCK, reporter
 from ..settings import QUEUE_NAME, Settings
@@ -84,9 +87,9 @@ def out_of_memory(r: Client) -> bool:
     """Whether Redis refuses writes for want of memory now (``used_memory`` less what
     ``maxmemory`` does not count over ``maxmemory``, under ``noeviction``); False on a
     cluster client (asked per node by the commands themselves)."""
-    if is_cluster(r):
+    mem = server_info(r, "memory")
+    if mem is None:  # a cluster: each primary refuses the writes it cannot take itself
         return False
-    mem = r.info("memory")
     limit = int(mem.get("maxmemory", 0))
     return bool(limit) and mem.get("maxmemory_policy") == "noeviction" and (
         int(mem["used_memory"]) - int(mem.get("mem_not_counted_for_evict", 0)) > limit)
@@ -123,9 +126,6 @@ def clean_dead_workers(r: Client, keep: str | None = None) -> list[str]:
     Returns:
         The names removed.
     """
-    from rq.utils import utcparse
-    from rq.worker_registration import clean_worker_registry, get_keys, unregister
-
     queue = sow_queue(r)
     now = datetime.now(UTC)
     removed = []
@@ -175,7 +175,7 @@ class SowWorker(SimpleWorker):
 
     max_connection_wait_time = BACKOFF_MAX_S
 
-    def __init__(self, *args: Any, stop: StopEvent, **kwargs: Any):
+    def __init__(self, *args: Any, stop: StopEvent, **kwargs: Any) -> None:
         kwargs.setdefault("serializer", SERIALIZER)
         kwargs.setdefault("job_class", SowJob)
         kwargs.setdefault("worker_ttl", WORKER_TTL_S)
@@ -202,7 +202,7 @@ class SowWorker(SimpleWorker):
         self.connection.delete(self.key)
         super().register_birth()
 
-    def request_stop(self, signum: Any, frame: Any) -> None:
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
         self.stop.request()
         super().request_stop(signum, frame)
 
@@ -219,8 +219,6 @@ class SowWorker(SimpleWorker):
                 self.connection.delete(self.key)
                 with self.connection.pipeline() as pipe:
                     pipe.hset(self.key, mapping=self.serialize())
-                    from rq.worker_registration import register
-
                     register(self, pipe)
                     pipe.expire(self.key, self.worker_ttl + 60)
                     pipe.execute()
@@ -282,7 +280,7 @@ class Sweeper(threading.Thread):
     """Daemon thread: ``loop()`` sweeps once; ``run()`` repeats it until stopped. ``r``: the
     data client (carrying its control client, :func:`sow_redis.connection.connect_pair`)."""
 
-    def __init__(self, r: Client, settings: Settings, keep: str | None = None):
+    def __init__(self, r: Client, settings: Settings, keep: str | None = None) -> None:
         super().__init__(name="sow-sweeper", daemon=True)
         self.r, self.settings, self.keep = r, settings, keep
         self.stopped = threading.Event()

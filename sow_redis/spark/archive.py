@@ -53,13 +53,28 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+import orjson
+
+from .. import keys
+from ..apply.applier import apply_batch
+from ..apply.scripts import Scripts
 from ..config import TopicConfig
+from ..connection import Client, StreamEntry, connect
+from ..errors import SowError
+from ..model.events import parse_block
+from ..model.messages import decode, index_members
+from ..settings import Settings
+from ..streamids import compare, ms_of, parse, reached
 from .snapshot import CHAINS_DIR, CHAINS_SCHEMA, PARTITIONS_DIR
+
+if TYPE_CHECKING:  # pyspark is the optional [spark] extra
+    from pyspark.sql import Row, SparkSession
 
 _log = logging.getLogger(__name__)
 
@@ -106,15 +121,11 @@ def _text(v: bytes | None) -> str | None:
 def read_log(url: str, topic: str, p: int) -> Iterator[tuple[Any, ...]]:
     """Executor side: partition ``p``'s log as :data:`LOG_SCHEMA` rows, then one summary row
     ``(p, None, …)`` whose ``fields`` hold ``cursor`` and ``last_id``."""
-    from .. import keys
-    from ..connection import connect
-    from ..streamids import ms_of, reached
-
-    r: Any = connect(url)
-    cursor = (r.hget(keys.state(topic, p), "cursor") or b"0-0").decode()
+    r = connect(url)
+    cursor = (cast("bytes | None", r.hget(keys.state(topic, p), "cursor")) or b"0-0").decode()
     log_key, start, last = keys.log(topic, p), "-", ""
     while True:
-        chunk = r.xrange(log_key, start, "+", count=READ_CHUNK)
+        chunk = cast("list[StreamEntry]", r.xrange(log_key, start, "+", count=READ_CHUNK))
         for sid_b, f in chunk:
             sid = sid_b.decode()
             fields = {k.decode(): v for k, v in f.items()}
@@ -132,16 +143,10 @@ def read_log(url: str, topic: str, p: int) -> Iterator[tuple[Any, ...]]:
 
 def read_changes(url: str, topic: str, p: int) -> Iterator[tuple[Any, ...]]:
     """Executor side: partition ``p``'s change feed as :data:`CHANGES_SCHEMA` rows."""
-    import orjson
-
-    from .. import keys
-    from ..connection import connect
-    from ..model.events import parse_block
-
-    r: Any = connect(url)
+    r = connect(url)
     key, start = keys.changes(topic, p), "-"
     while True:
-        chunk = r.xrange(key, start, "+", count=READ_CHUNK)
+        chunk = cast("list[StreamEntry]", r.xrange(key, start, "+", count=READ_CHUNK))
         for _sid, f in chunk:
             try:
                 block = parse_block(f[b"block"])
@@ -157,13 +162,11 @@ def read_changes(url: str, topic: str, p: int) -> Iterator[tuple[Any, ...]]:
 
 
 def _next_id(sid: str) -> str:
-    from ..streamids import parse
-
     ms, n = parse(sid)
     return f"{ms}-{n + 1}"
 
 
-def archive(spark: Any, url: str, topic: TopicConfig, out: str, trim: bool = False) -> ArchiveResult:
+def archive(spark: SparkSession, url: str, topic: TopicConfig, out: str, trim: bool = False) -> ArchiveResult:
     """Archive the topic's logs and change feed to ``out`` (replaced), optionally trimming
     the archived, applied log entries (see the module docstring).
 
@@ -171,10 +174,6 @@ def archive(spark: Any, url: str, topic: TopicConfig, out: str, trim: bool = Fal
         Spark and Redis errors; with ``trim``, nothing is trimmed unless the Parquet files were
         written.
     """
-    from .. import keys
-    from ..connection import connect
-    from ..streamids import compare
-
     name, parts, base = topic.name, topic.partitions, out.rstrip("/")
     seeds = spark.sparkContext.parallelize(range(parts), parts)
     logs = spark.createDataFrame(seeds.flatMap(lambda p: read_log(url, name, p)),
@@ -206,7 +205,7 @@ def archive(spark: Any, url: str, topic: TopicConfig, out: str, trim: bool = Fal
         f"{base}/{PARTITIONS_DIR}")
     trimmed = 0
     if trim:
-        r: Any = connect(url)
+        r = connect(url)
         for p, cursor, last, _n, _c in meta:
             if not last:
                 continue
@@ -218,13 +217,8 @@ def archive(spark: Any, url: str, topic: TopicConfig, out: str, trim: bool = Fal
     return ArchiveResult(entries=n, changes=n_changes, trimmed=trimmed)
 
 
-def _take_lease(scripts: Any, topic: str, p: int, owner: str, lease_ms: int,
+def _take_lease(scripts: Scripts, topic: str, p: int, owner: str, lease_ms: int,
                 patience_s: float) -> int:
-    import time
-
-    from .. import keys
-    from ..errors import SowError
-
     deadline = time.monotonic() + patience_s
     while True:
         fence = scripts.lease_acquire(keys.lease(topic, p), keys.state(topic, p), owner,
@@ -238,7 +232,7 @@ def _take_lease(scripts: Any, topic: str, p: int, owner: str, lease_ms: int,
 
 
 def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str],
-                      rows: Iterable[tuple[str, Any]],
+                      rows: Iterable[tuple[str, Row]],
                       chains: bool = False) -> Iterator[dict[str, int]]:
     """Executor side of a rebuild of partition ``p`` (steps 1–3 of the module docstring).
 
@@ -251,18 +245,10 @@ def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str
 
     Yields one count dict.
     """
-    from .. import keys
-    from ..apply.applier import apply_batch
-    from ..apply.scripts import Scripts
-    from ..connection import connect
-    from ..model.messages import decode, index_members
-    from ..settings import Settings
-    from ..streamids import compare, reached
-
     topic = TopicConfig.from_json(topic_json)
     name = topic.name
     seq, cursor = state
-    r: Any = connect(url)
+    r = connect(url)
     scripts = Scripts(r)
     settings = Settings.from_env()
     owner = f"rebuild:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -270,58 +256,10 @@ def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str
                         2 * settings.lease_ms / 1000 + 2 * settings.job_budget_s + 1)
     out = {"restored": 0, "archived": 0, "live": 0, "applied": 0, "chain_ids": 0}
     try:
-        snap, archived, chain = [], {}, {}
-        for kind, row in rows:
-            if kind == "s":
-                snap.append(row)
-            elif kind == "c":
-                chain[row["id"]] = row["head"]
-            elif not reached(cursor, row["id"]):
-                archived[row["id"]] = {k: bytes(v) for k, v in row["fields"].items()}
-        n_idx = len(topic.hash_index)
-        pipe = r.pipeline(transaction=True)
-        pipe.delete(keys.records(name, p), keys.expiry(name, p), keys.index_members(name, p),
-                    keys.acks(name, p), *(keys.index(name, p, j) for j in range(n_idx)))
-        if chains:
-            pipe.delete(keys.chain(name, p))
-            items = list(chain.items())
-            for i in range(0, len(items), WRITE_CHUNK):
-                pipe.hset(keys.chain(name, p), mapping=dict(items[i:i + WRITE_CHUNK]))
-            out["chain_ids"] = len(items)
-        for i, row in enumerate(snap):
-            key, data = row["_sow_key"], row["_sow_data"].encode()
-            exp = int(row["_sow_expiry_ms"] or 0)
-            pipe.hset(keys.records(name, p), key, b"%d:%d:%s\n%s" % (
-                int(row["_sow_record_seq"]), exp, row["_sow_stream_id"].encode(), data))
-            if exp:
-                pipe.zadd(keys.expiry(name, p), {key: exp})
-            members = index_members(decode(data, topic), topic, key) if n_idx else ""
-            if members:
-                pipe.hset(keys.index_members(name, p), key, members)
-                for j, m in enumerate(members.split(",")):
-                    if m:
-                        pipe.zadd(keys.index(name, p, j), {m: 0})
-            if i % WRITE_CHUNK == WRITE_CHUNK - 1:
-                pipe.execute()
-        pipe.execute()
+        snap, archived, chain = _sort_rows(rows, cursor)
+        out["chain_ids"] = _restore_records(r, topic, p, snap, chain if chains else None)
         out["restored"] = len(snap)
-        # the log after the snapshot: archived entries, then the live ones (which win)
-        log_key = keys.log(name, p)
-        live = {sid.decode(): {k.decode(): v for k, v in f.items()}
-                for sid, f in r.xrange(log_key, "(" + cursor, "+")}
-        out["live"] = len(live)
-        out["archived"] = len(set(archived) - set(live))
-        merged = {**archived, **live}
-        ids = sorted(merged, key=lambda s: tuple(int(x) for x in s.split("-")))
-        pipe = r.pipeline(transaction=True)
-        pipe.delete(log_key)
-        for i, sid in enumerate(ids):
-            pipe.xadd(log_key, merged[sid], id=sid)
-            if i % WRITE_CHUNK == WRITE_CHUNK - 1:
-                pipe.execute()
-        pipe.hset(keys.state(name, p), mapping={"seq": seq, "cursor": cursor})
-        pipe.execute()
-        assert not ids or compare(ids[0], cursor) > 0
+        out["live"], out["archived"] = _rewrite_log(r, name, p, (seq, cursor), archived)
         applied_cursor = None
         while True:
             n, applied_cursor = apply_batch(r, scripts, topic, p, fence, settings.batch_size,
@@ -335,7 +273,94 @@ def rebuild_partition(url: str, topic_json: bytes, p: int, state: tuple[int, str
     yield out
 
 
-def rebuild(spark: Any, url: str, topic: TopicConfig, snapshot: str,
+def _sort_rows(rows: Iterable[tuple[str, Row]], cursor: str
+               ) -> tuple[list[Row], dict[str, dict[str, bytes]], dict[str, str]]:
+    """The items of :func:`rebuild_partition` by kind.
+
+    Returns:
+        ``(snapshot rows, archived log entries after ``cursor`` (stream id → fields),
+        chain table (identifier → head))``.
+    """
+    snap: list[Row] = []
+    archived: dict[str, dict[str, bytes]] = {}
+    chain: dict[str, str] = {}
+    for kind, row in rows:
+        if kind == "s":
+            snap.append(row)
+        elif kind == "c":
+            chain[row["id"]] = row["head"]
+        elif not reached(cursor, row["id"]):
+            archived[row["id"]] = {k: bytes(v) for k, v in row["fields"].items()}
+    return snap, archived, chain
+
+
+def _restore_records(r: Client, topic: TopicConfig, p: int, snap: list[Row],
+                     chain: dict[str, str] | None) -> int:
+    """Step 1: replace partition ``p``'s records, expiry set, index members and indexes by
+    the snapshot rows ``snap`` (and its chain table by ``chain``, unless None), in
+    pipelines (``MULTI``) of :data:`WRITE_CHUNK` records.
+
+    Returns:
+        The chain identifiers written (0 when ``chain`` is None).
+    """
+    name, n_idx = topic.name, len(topic.hash_index)
+    pipe = r.pipeline(transaction=True)
+    pipe.delete(keys.records(name, p), keys.expiry(name, p), keys.index_members(name, p),
+                keys.acks(name, p), *(keys.index(name, p, j) for j in range(n_idx)))
+    chain_ids = 0
+    if chain is not None:
+        pipe.delete(keys.chain(name, p))
+        items = list(chain.items())
+        for i in range(0, len(items), WRITE_CHUNK):
+            pipe.hset(keys.chain(name, p), mapping=dict(items[i:i + WRITE_CHUNK]))
+        chain_ids = len(items)
+    for i, row in enumerate(snap):
+        key, data = row["_sow_key"], row["_sow_data"].encode()
+        exp = int(row["_sow_expiry_ms"] or 0)
+        pipe.hset(keys.records(name, p), key, b"%d:%d:%s\n%s" % (
+            int(row["_sow_record_seq"]), exp, row["_sow_stream_id"].encode(), data))
+        if exp:
+            pipe.zadd(keys.expiry(name, p), {key: exp})
+        members = index_members(decode(data, topic), topic, key) if n_idx else ""
+        if members:
+            pipe.hset(keys.index_members(name, p), key, members)
+            for j, m in enumerate(members.split(",")):
+                if m:
+                    pipe.zadd(keys.index(name, p, j), {m: 0})
+        if i % WRITE_CHUNK == WRITE_CHUNK - 1:
+            pipe.execute()
+    pipe.execute()
+    return chain_ids
+
+
+def _rewrite_log(r: Client, name: str, p: int, state: tuple[int, str],
+                 archived: dict[str, dict[str, bytes]]) -> tuple[int, int]:
+    """Steps 2 and 3: partition ``p``'s log rewritten to hold the entries after the
+    snapshot's cursor, archived ones then the live ones (which win), in stream-id order with
+    their own ids; then its state gets the snapshot's ``(seq, cursor)``.
+
+    Returns:
+        ``(live entries, archived entries not in the live log)``.
+    """
+    seq, cursor = state
+    log_key = keys.log(name, p)
+    live = {sid.decode(): {k.decode(): v for k, v in f.items()}
+            for sid, f in cast("list[StreamEntry]", r.xrange(log_key, "(" + cursor, "+"))}
+    merged = {**archived, **live}
+    ids = sorted(merged, key=lambda s: tuple(int(x) for x in s.split("-")))
+    pipe = r.pipeline(transaction=True)
+    pipe.delete(log_key)
+    for i, sid in enumerate(ids):
+        pipe.xadd(log_key, merged[sid], id=sid)  # type: ignore[arg-type]
+        if i % WRITE_CHUNK == WRITE_CHUNK - 1:
+            pipe.execute()
+    pipe.hset(keys.state(name, p), mapping={"seq": seq, "cursor": cursor})
+    pipe.execute()
+    assert not ids or compare(ids[0], cursor) > 0
+    return len(live), len(set(archived) - set(live))
+
+
+def rebuild(spark: SparkSession, url: str, topic: TopicConfig, snapshot: str,
             log: str | None = None) -> RebuildResult:
     """Rebuild the topic's SOW from an export at ``snapshot`` plus the archived log at
     ``log`` (an archive's folder) and the live log (see the module docstring).
@@ -345,9 +370,6 @@ def rebuild(spark: Any, url: str, topic: TopicConfig, snapshot: str,
             ``_sow_partitions``, or other partitions); Spark's AnalysisException for an
             unreadable path; SowError when a partition stays leased by a running worker.
     """
-    from .. import keys
-    from ..connection import connect
-
     snap_base = snapshot.rstrip("/")
     try:
         meta = spark.read.json(f"{snap_base}/{PARTITIONS_DIR}").collect()
@@ -376,11 +398,11 @@ def rebuild(spark: Any, url: str, topic: TopicConfig, snapshot: str,
     topic_json, parts = topic.to_json(), topic.partitions
     keyed = items.partitionBy(parts, lambda p: p)
 
-    def task(p: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+    def task(p: int, it: Iterable[tuple[int, tuple[str, Row]]]) -> Iterator[dict[str, int]]:
         return rebuild_partition(url, topic_json, p, states[p], (v for _p, v in it), chains)
 
     counts = keyed.mapPartitionsWithIndex(task).collect()
-    r: Any = connect(url)
+    r = connect(url)
     records = sum(int(r.hlen(keys.records(topic.name, p))) for p in range(parts))
     return RebuildResult(restored=sum(c["restored"] for c in counts),
                          archived=sum(c["archived"] for c in counts),

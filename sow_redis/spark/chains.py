@@ -39,9 +39,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from .. import keys
 from ..config import TopicConfig
+from ..connection import Fields, connect
+from ..errors import MessageError
+from ..model.chains import chain_values
+from ..model.messages import decode
+from .rows import Prepared, input_rows, prepare_rows
+
+if TYPE_CHECKING:  # pyspark is the optional [spark] extra
+    from pyspark import RDD
+    from pyspark.sql import DataFrame, Row, SparkSession
 
 WRITE_BATCH = 5000
 """Chain-table entries written per HSET."""
@@ -70,23 +80,19 @@ class ChainResult:
     conflicts: list[dict[str, Any]] = field(default_factory=list)
 
 
-def chain_rows(topic_json: bytes, rows: Iterable[tuple[int, tuple[int, Any, Any]]]
+def chain_rows(topic_json: bytes, rows: Iterable[Prepared]
                ) -> Iterator[tuple[int, int, list[str]]]:
     """Executor side: prepared load rows ``(partition, (order, fields, reject))`` →
     ``(partition, order, identifiers)`` for every message that can place identifiers, the
     identifiers in the order the workers look them up (secondary values, then the primary),
     the first one the head of a new chain. Deletes (they place nothing) and rows the workers
     reject before resolving (bad JSON, no chaining field) are left out."""
-    from ..errors import MessageError
-    from ..model.chains import chain_values
-    from ..model.messages import decode
-
     topic = TopicConfig.from_json(topic_json)
     for p, (order, fields, _reject) in rows:
         if p < 0 or fields is None or fields.get("cmd") == "sow_delete":
             continue
         try:
-            primary, secondary = chain_values(decode(fields["data"], topic), topic)
+            primary, secondary = chain_values(decode(cast(bytes, fields["data"]), topic), topic)
         except MessageError:
             continue
         # ChainResolver.resolve: idents = secondary values then the primary, deduplicated
@@ -96,22 +102,16 @@ def chain_rows(topic_json: bytes, rows: Iterable[tuple[int, tuple[int, Any, Any]
 
 def read_table(url: str, topic: str, p: int) -> Iterator[tuple[int, str, str]]:
     """Executor side: partition ``p``'s chain table as ``(p, identifier, head)``."""
-    from .. import keys
-    from ..connection import connect
-
     r = connect(url)
     for k, v in r.hscan_iter(keys.chain(topic, p), count=5000):
         yield p, k.decode(), v.decode()
 
 
-def write_table(url: str, topic: str, rows: Iterable[Any]) -> Iterator[int]:
+def write_table(url: str, topic: str, rows: Iterable[Row]) -> Iterator[int]:
     """Executor side: HSET ``(p, id, head)`` rows into the chain tables; yields the count."""
-    from .. import keys
-    from ..connection import connect
-
     r = connect(url)
     pipe = r.pipeline(transaction=False)
-    pending: dict[int, dict[Any, Any]] = {}
+    pending: dict[int, Fields] = {}
     n = queued = 0
     for row in rows:
         pending.setdefault(row[0], {})[row[1]] = row[2]
@@ -128,13 +128,14 @@ def write_table(url: str, topic: str, rows: Iterable[Any]) -> Iterator[int]:
     yield n
 
 
-def pointer_jump(parents: Any) -> tuple[Any, int]:
+def pointer_jump(parents: DataFrame) -> tuple[DataFrame, int]:
     """Roots of a forest given as a DataFrame ``(p, id, parent)`` (a root is its own parent).
 
     Returns:
         ``(DataFrame (p, id, head), rounds)``; each round replaces every parent by its parent
         (one self-join), so the rounds are logarithmic in the depth of the deepest chain.
     """
+    # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
     from pyspark.sql import functions as F
 
     cur = parents.localCheckpoint()
@@ -153,7 +154,7 @@ def pointer_jump(parents: Any) -> tuple[Any, int]:
             return cur.withColumnRenamed("parent", "head"), rounds
 
 
-def resolve_prepared(spark: Any, url: str, topic: TopicConfig, prepared: Any,
+def resolve_prepared(spark: SparkSession, url: str, topic: TopicConfig, prepared: RDD[Prepared],
                      write: bool = True, max_passes: int = 1000) -> ChainResult:
     """Resolve the chains of prepared load rows (an RDD of ``(partition, (order, fields,
     reject))``, as :func:`sow_redis.spark.load.load_rows` builds them) and write the new
@@ -164,6 +165,7 @@ def resolve_prepared(spark: Any, url: str, topic: TopicConfig, prepared: Any,
         RuntimeError: no fixed point after ``max_passes`` passes (never expected: each pass
             removes at least one conflict).
     """
+    # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
     from pyspark.sql import functions as F
 
     if not topic.chaining:
@@ -232,7 +234,7 @@ def resolve_prepared(spark: Any, url: str, topic: TopicConfig, prepared: Any,
     return out
 
 
-def resolve_chains(spark: Any, url: str, topic: TopicConfig, inputs: list[str],
+def resolve_chains(spark: SparkSession, url: str, topic: TopicConfig, inputs: list[str],
                    fmt: str | None = None, order_by: list[str] | None = None,
                    separator: bytes | None = None, write: bool = True) -> ChainResult:
     """Resolve the chains of ``inputs`` (read, validated and ordered as ``spark load`` does)
@@ -242,8 +244,6 @@ def resolve_chains(spark: Any, url: str, topic: TopicConfig, inputs: list[str],
         ValueError: the format cannot be told, or the topic has no chaining key generator;
             Spark's AnalysisException for unreadable input.
     """
-    from .load import input_rows, prepare_rows
-
     topic_json = topic.to_json()
     rows = input_rows(spark, inputs, fmt, order_by)
     prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator))

@@ -44,16 +44,38 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
-import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
+from redis import exceptions as rx
+
+from .. import keys
+from ..apply.scripts import LoadApplied, LoadStatus, Scripts, pack_load_batch
+from ..client import Sow
 from ..config import TopicConfig
-from ..connection import Client
-from .chains import ChainResult
+from ..connection import Client, Fields, connect, is_cluster_url, node_for_key, reload_slot_map
+from ..errors import NotDurableError, WaitTimeout
+from ..settings import Settings
+from .chains import ChainResult, resolve_prepared
+from .rows import (
+    InputRow,
+    Prepared,
+    PreparedRow,
+    RejectedRow,
+    check_inputs,
+    input_rows,
+    local_path,
+    prepare_rows,
+)
+
+if TYPE_CHECKING:  # pyspark is the optional [spark] extra
+    from pyspark import RDD
+    from pyspark.sql import SparkSession
+
+T = TypeVar("T")
 
 APPLY_BATCH = 2000
 """Log entries per apply call when a load task applies its partition (the workers' apply
@@ -62,12 +84,6 @@ path with a larger batch: a load's entries are all there already)."""
 MAX_BATCHES = 4
 """Batches one apply.lua (load) call applies at most (its own and the staged ones after it):
 with the default batch size, Redis is never held for more than about 20,000 messages."""
-
-SPLIT_BYTES = 12 << 20
-"""Bytes of text input per split at most (Spark's ``minPartitions`` from the inputs' size, so
-the same inputs always give the same splits: a rerun of a load lines up with its first run):
-small splits let the apply of one overlap the preparation of the next from the first
-seconds of a load."""
 
 MAX_AHEAD = 8
 """A task whose split is this many splits ahead of the partition's applied position waits
@@ -79,8 +95,6 @@ STAGE_WAIT_S = 60.0
 
 SEND_AHEAD = 2
 """Batches a task prepares ahead of the one its sender thread is sending."""
-
-TEXT_FORMATS = {"json", "jsonl", "ndjson", "fix", "txt", "log"}
 
 REPLICA_WAIT_S = 10.0
 """Seconds a ``durable`` batch waits at most for a replica to have it."""
@@ -105,54 +119,6 @@ class LoadResult:
     chains: ChainResult | None = None
 
 
-def input_format(inputs: list[str], fmt: str | None) -> str:
-    """``text`` or ``parquet``, from ``fmt`` or the inputs' extensions."""
-    if fmt:
-        return "parquet" if fmt == "parquet" else "text"
-    exts = {os.path.splitext(i.rstrip("/"))[1].lstrip(".").lower() for i in inputs}
-    if exts == {"parquet"}:
-        return "parquet"
-    if exts <= TEXT_FORMATS | {""}:
-        return "text"
-    raise ValueError(f"cannot tell the format of {inputs!r}: give --format json|fix|parquet")
-
-
-def local_path(path: str) -> str | None:
-    """The local file system path of an input or folder (``file:`` URIs too); None for a URI
-    of another file system (``hdfs://``, ``s3a://``, …), which only Spark can look at."""
-    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", path)
-    if scheme is None or len(scheme.group(1)) == 1:  # a path, or a drive letter
-        return path
-    if scheme.group(1).lower() == "file":
-        return re.sub(r"^file:(//[^/]*)?", "", path) or "/"
-    return None
-
-
-def check_inputs(inputs: list[str], fmt: str | None = None) -> None:
-    """What can be known before Spark starts: each local input (file, folder or glob) names
-    something readable, and the format can be told.
-
-    Raises:
-        ValueError: one line naming the first input that does not exist (or a glob that
-            matches nothing, or a file that cannot be read), or the format that cannot be
-            told.
-    """
-    import glob
-
-    for given in inputs:
-        path = local_path(given)
-        if path is None or "{" in path:  # another file system; a Hadoop {a,b} glob
-            continue
-        if glob.has_magic(path):
-            if not glob.glob(path):
-                raise ValueError(f"no input matches {given!r}")
-        elif not os.path.exists(path):
-            raise ValueError(f"input not found: {given!r}")
-        elif not os.access(path, os.R_OK):
-            raise ValueError(f"input not readable: {given!r}")
-    input_format(inputs, fmt)
-
-
 def default_load_id(topic: str, inputs: list[str], cmd: str = "publish") -> str:
     """A load id that is the same for the same inputs (names, sizes, modification times) and
     command (``publish``; ``delta_publish`` and ``sow_delete`` give other ids, so a delta
@@ -170,40 +136,8 @@ def default_load_id(topic: str, inputs: list[str], cmd: str = "publish") -> str:
     return h.hexdigest()[:16]
 
 
-def prepare_rows(topic_json: bytes, rows: Iterable[tuple[bytes | str, int]],
-                 separator: bytes | None = None, cmd: str = "publish"
-                 ) -> Iterator[tuple[int, tuple[int, Any, Any]]]:
-    """Executor side of step 2: ``(line, order)`` → ``(partition, (order, fields, reject))``
-    with ``fields`` the log entry of command ``cmd`` (``publish``, ``delta_publish`` or
-    ``sow_delete``: delete the record a publish of the line would update; None when refused
-    or skipped) and ``reject`` ``(reason, detail, data)`` or None; skipped FIX messages come
-    as ``(-1, (order, None, None))``."""
-    from ..errors import MessageError
-    from ..publish.append import prepare
-
-    topic = TopicConfig.from_json(topic_json)
-    skip = frozenset(topic.skip_msg_types)
-    for line, order in rows:
-        data = line.encode() if isinstance(line, str) else bytes(line)
-        if not data.strip():
-            continue
-        try:
-            got = prepare(topic, (cmd, data, None), separator, skip)
-        except MessageError as exc:
-            yield 0, (order, None, (exc.reason, exc.detail, data))
-            continue
-        except Exception as exc:
-            yield 0, (order, None, ("bad_message", f"{type(exc).__name__}: {exc}", data))
-            continue
-        if got is None:
-            yield -1, (order, None, None)
-            continue
-        p, fields = got
-        yield p, (order, fields, None)
-
-
 def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, apply: bool,
-                    p: int, rows: Iterable[tuple[int, Any, Any]],
+                    p: int, rows: Iterable[PreparedRow],
                     durable: bool = False) -> Iterator[dict[str, int]]:
     """Executor side of steps 3 and 4 for topic partition ``p``: append its rows in order,
     batch by batch, exactly once; then apply the partition. Yields one count dict.
@@ -218,11 +152,6 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
         RuntimeError: batches lost out of order (a later batch kept, an earlier one lost:
             only possible without ``durable``); redis errors after ``FAILOVER_WAIT_S``.
     """
-    from ..apply.scripts import Scripts
-    from ..client import Sow
-    from ..connection import is_cluster
-    from ..settings import Settings
-
     topic = TopicConfig.from_json(topic_json)
     sow = Sow(url, inline=True, settings=Settings.from_env(redis_url=url,
                                                            batch_size=APPLY_BATCH))
@@ -263,9 +192,10 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
                 b = _resume_at(sow.r, topic.name, p, load_id, b)
                 for lost in [x for x in sent if x >= b]:
                     del sent[lost]
-        if not batches or not is_cluster(sow.r):
+        if not batches:
             break
-        # a client that retried by itself may have gone past a failover: check every batch
+        # a cluster client that retried by itself may have gone past a failover: check every
+        # batch (on a server, where nothing fails over, every batch is there)
         b = _resume_at(sow.r, topic.name, p, load_id, batches - 1)
         if b >= batches:
             break
@@ -281,14 +211,10 @@ def write_partition(url: str, topic_json: bytes, load_id: str, batch_size: int, 
 
 def keys_log(topic: str, p: int) -> str:
     """The key of partition ``p``'s log (its slot is the partition's)."""
-    from .. import keys
-
     return keys.log(topic, p)
 
 
 def _connection_lost(exc: BaseException) -> bool:
-    from redis import exceptions as rx
-
     return isinstance(exc, (rx.ConnectionError, rx.TimeoutError, rx.ClusterDownError,
                             rx.TryAgainError, rx.MasterDownError)) or (
         isinstance(exc, rx.ResponseError) and str(exc).startswith(("CLUSTERDOWN", "READONLY",
@@ -297,12 +223,9 @@ def _connection_lost(exc: BaseException) -> bool:
 
 def _reconnect(r: Client, deadline: float) -> None:
     """Until the slot map is read again and answers (a cluster client), or ``deadline``."""
-    from redis import exceptions as rx
-
     while True:
         try:
-            if hasattr(r, "nodes_manager"):
-                r.nodes_manager.initialize()
+            reload_slot_map(r)
             r.ping()
             return
         except (rx.RedisError, OSError):
@@ -311,7 +234,7 @@ def _reconnect(r: Client, deadline: float) -> None:
             time.sleep(0.5)
 
 
-def _with_failover(r: Client, fn: Any) -> Any:
+def _with_failover(r: Client, fn: Callable[[], T]) -> T:
     """``fn()``, called again (it must be idempotent) after a lost connection, for at most
     ``FAILOVER_WAIT_S`` seconds."""
     deadline = time.monotonic() + FAILOVER_WAIT_S
@@ -333,8 +256,6 @@ def _resume_at(r: Client, topic: str, p: int, load_id: str, upto: int) -> int:
     Raises:
         RuntimeError: a batch missing before one that is there (should not happen).
     """
-    from .. import keys
-
     deadline = time.monotonic() + FAILOVER_WAIT_S
     _reconnect(r, deadline)
     markers = [f"{load_id}:{b}" for b in range(upto + 1)]
@@ -355,9 +276,6 @@ def wait_replicated(r: Client, key: str, timeout_s: float = REPLICA_WAIT_S) -> N
     Raises:
         NotDurableError: no replica reached the offset within ``timeout_s`` seconds.
     """
-    from ..connection import node_for_key
-    from ..errors import NotDurableError
-
     client, where = node_for_key(r, key)
     target = int(client.info("replication")["master_repl_offset"])
     deadline = time.monotonic() + timeout_s
@@ -376,14 +294,9 @@ def wait_replicated(r: Client, key: str, timeout_s: float = REPLICA_WAIT_S) -> N
 def slot_owners(url: str, topic: str, partitions: int) -> dict[int, int]:
     """Topic partition → index of the primary that owns its slot (primaries numbered in
     order of their ``host:port``) on a Redis Cluster; every partition → 0 on a server."""
-    from .. import keys
-    from ..connection import connect, is_cluster_url
-
-    if not is_cluster_url(url):
-        return dict.fromkeys(range(partitions), 0)
-    r: Any = connect(url)
+    r = connect(url)  # no command sent for a server; a cluster client reads the slot map
     try:
-        owner = {p: r.get_node_from_key(keys.log(topic, p)).name for p in range(partitions)}
+        owner = {p: node_for_key(r, keys.log(topic, p))[1] for p in range(partitions)}
     finally:
         r.close()
     names = sorted(set(owner.values()))
@@ -396,10 +309,6 @@ class _SplitWriter:
 
     def __init__(self, url: str, topic: TopicConfig, load_id: str, splits: int, split: int,
                  timeout: float) -> None:
-        from ..apply.scripts import Scripts
-        from ..client import Sow
-        from ..settings import Settings
-
         self.topic, self.load_id, self.timeout = topic, load_id, timeout
         self.splits, self.split = splits, split
         self.sow = Sow(url, inline=True, settings=Settings.from_env(redis_url=url,
@@ -407,13 +316,13 @@ class _SplitWriter:
         self.scripts = Scripts(self.sow.r)
         self.counts = {"rows": 0, "skipped": 0, "appended": 0, "rejected": 0, "applied": 0,
                        "staged": 0}
-        self._queue: queue.Queue[tuple[int, int, bool, list[Any], list[Any]] | None] = (
+        self._queue: queue.Queue[tuple[int, int, bool, list[Fields], list[RejectedRow]] | None] = (
             queue.Queue(maxsize=SEND_AHEAD))
         self._sender: threading.Thread | None = None
         self._failed: BaseException | None = None
 
-    def submit(self, p: int, batch: int, last: bool, entries: list[Any],
-               rejects: list[Any]) -> None:
+    def submit(self, p: int, batch: int, last: bool, entries: list[Fields],
+               rejects: list[RejectedRow]) -> None:
         """:meth:`send` from a thread of its own, in the order submitted, so the task goes on
         preparing rows while Redis applies (a socket wait releases the GIL); blocks when
         ``SEND_AHEAD`` batches wait. Raises what an earlier send raised."""
@@ -442,12 +351,10 @@ class _SplitWriter:
                 except BaseException as exc:  # handed to the task's thread by close/submit
                     self._failed = exc
 
-    def send(self, p: int, batch: int, last: bool, entries: list[Any],
-             rejects: list[Any]) -> None:
+    def send(self, p: int, batch: int, last: bool, entries: list[Fields],
+             rejects: list[RejectedRow]) -> None:
         """Batch ``batch`` of this split in partition ``p``: applied, staged or (applied
         before) nothing, as :func:`apply_load` says."""
-        from ..apply.scripts import LoadStatus, pack_load_batch
-
         packed = pack_load_batch(entries, rejects)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -465,8 +372,6 @@ class _SplitWriter:
     def apply_staged(self, p: int) -> tuple[int, int]:
         """Apply the staged batches that follow the partition's position (later splits that
         finished first); the position after."""
-        from ..apply.scripts import LoadStatus
-
         deadline = time.monotonic() + self.timeout
         while True:
             got = self.scripts.apply_load(self.topic, p, self.load_id, self.splits, -1, 0,
@@ -478,17 +383,14 @@ class _SplitWriter:
             else:
                 self._make_way(p, got.status, deadline)
 
-    def _count(self, got: Any) -> None:
+    def _count(self, got: LoadApplied) -> None:
         self.counts["appended"] += got.applied
         self.counts["applied"] += got.applied
         self.counts["rejected"] += got.rejected
 
-    def _make_way(self, p: int, status: Any, deadline: float) -> None:
+    def _make_way(self, p: int, status: LoadStatus, deadline: float) -> None:
         """Entries in the log ahead of the load (publishes not applied yet): apply them with
         the workers' path; a shape migration: wait for it."""
-        from ..apply.scripts import LoadStatus
-        from ..errors import WaitTimeout
-
         if status == LoadStatus.SPLITS_CHANGED:
             raise RuntimeError(f"load {self.load_id} of topic {self.topic.name} ran before "
                                f"with another number of splits than {self.splits}: give this "
@@ -511,8 +413,6 @@ class _SplitWriter:
     def _wait_if_far_ahead(self, p: int, applied_split: int) -> None:
         """Staged while ``MAX_AHEAD`` splits or more are ahead: wait for the apply to come
         nearer (at most ``STAGE_WAIT_S``), so staged batches do not pile up in Redis."""
-        from .. import keys
-
         until = time.monotonic() + STAGE_WAIT_S
         while self.split - applied_split >= MAX_AHEAD and time.monotonic() < until:
             time.sleep(0.05)
@@ -522,7 +422,7 @@ class _SplitWriter:
 
 
 def write_split(url: str, topic_json: bytes, load_id: str, batch_size: int, splits: int,
-                split: int, prepared: Iterable[tuple[int, tuple[int, Any, Any]]],
+                split: int, prepared: Iterable[Prepared],
                 timeout: float = 3600.0) -> Iterator[dict[str, int]]:
     """Executor side of step 3 for input split ``split`` of ``splits`` (rows from
     :func:`prepare_rows`, in order): each partition's entries in batches of ``batch_size``
@@ -538,9 +438,9 @@ def write_split(url: str, topic_json: bytes, load_id: str, batch_size: int, spli
     """
     topic = TopicConfig.from_json(topic_json)
     w = _SplitWriter(url, topic, load_id, splits, split, timeout)
-    bufs: list[list[Any]] = [[] for _ in range(topic.partitions)]
+    bufs: list[list[Fields]] = [[] for _ in range(topic.partitions)]
     sent = [0] * topic.partitions
-    rejects: list[Any] = []
+    rejects: list[RejectedRow] = []
     try:
         for p, (_order, fields, reject) in prepared:
             w.counts["rows"] += 1
@@ -550,7 +450,7 @@ def write_split(url: str, topic_json: bytes, load_id: str, batch_size: int, spli
                 rejects.append(reject)
             else:
                 buf = bufs[p]
-                buf.append(fields)
+                buf.append(cast("Fields", fields))  # neither skipped nor rejected: an entry
                 if len(buf) >= batch_size:
                     w.submit(p, sent[p], False, buf, rejects)
                     sent[p] += 1
@@ -583,60 +483,7 @@ def finish_load(url: str, topic: TopicConfig, load_id: str, splits: int,
     return w.counts
 
 
-def _min_splits(inputs: list[str]) -> int:
-    """``minPartitions`` of a text load: one split per ``SPLIT_BYTES`` of the inputs (files,
-    folders, globs) as they are now."""
-    import glob
-
-    size = 0
-    for pattern in inputs:
-        for path in glob.glob(pattern) or [pattern]:
-            if os.path.isdir(path):
-                size += sum(os.path.getsize(os.path.join(d, f))
-                            for d, _s, files in os.walk(path) for f in files)
-            elif os.path.isfile(path):
-                size += os.path.getsize(path)
-    return max(2, -(-size // SPLIT_BYTES))
-
-
-def input_rows(spark: Any, inputs: list[str], fmt: str | None = None,
-               order_by: list[str] | None = None) -> Any:
-    """Step 1: an RDD of ``(line, order)`` rows of ``inputs`` (JSON text lines; a Parquet
-    row as its JSON object), ``order`` increasing in publish order (input order, or
-    ``order_by`` then input order).
-
-    Raises:
-        ValueError: the format cannot be told; Spark's AnalysisException for unreadable input.
-    """
-    from pyspark.sql import functions as F
-
-    kind = input_format(inputs, fmt)
-    if kind == "parquet":
-        df = spark.read.parquet(*inputs)
-        order_cols = [F.col(c) for c in (order_by or [])]
-        df = df.select(F.to_json(F.struct(*df.columns)).alias("value"), *order_cols)
-    elif not order_by:
-        # the RDD text reader: lines as bytes, in file order (inputs sorted, then each
-        # folder's / glob's listing), no Row objects between the JVM and Python
-        lines = spark.sparkContext.textFile(",".join(sorted(inputs)),
-                                            minPartitions=_min_splits(inputs),
-                                            use_unicode=False)
-        return lines.mapPartitionsWithIndex(
-            lambda i, it: ((line, (i << 33) + j) for j, line in enumerate(it)))
-    else:
-        df = spark.read.text(sorted(inputs) if len(inputs) > 1 else inputs)
-        order_cols = [F.get_json_object("value", f"$.{c.lstrip('/')}").alias(c)
-                      for c in (order_by or [])]
-        df = df.select("value", *order_cols)
-    df = df.withColumn("_order", F.monotonically_increasing_id())
-    if order_by:
-        ordered = df.orderBy(*order_by, "_order").select("value").rdd.zipWithIndex()
-        return ordered.map(lambda x: (x[0][0], x[1]))
-    else:
-        return df.select("value", "_order").rdd.map(lambda x: (x[0], x[1]))
-
-
-def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str | None = None,
+def load(spark: SparkSession, url: str, topic: TopicConfig, inputs: list[str], fmt: str | None = None,
          order_by: list[str] | None = None, load_id: str | None = None,
          batch_size: int = 5000, apply: bool = True,
          separator: bytes | None = None, cmd: str = "publish",
@@ -666,9 +513,9 @@ def load(spark: Any, url: str, topic: TopicConfig, inputs: list[str], fmt: str |
     return load_rows(url, topic, rows, lid, batch_size, apply, separator, spark, cmd, durable)
 
 
-def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size: int = 5000,
+def load_rows(url: str, topic: TopicConfig, rows: RDD[InputRow], load_id: str, batch_size: int = 5000,
               apply: bool = True, separator: bytes | None = None,
-              spark: Any = None, cmd: str = "publish", durable: bool = False) -> LoadResult:
+              spark: SparkSession | None = None, cmd: str = "publish", durable: bool = False) -> LoadResult:
     """Steps 2–4 for an RDD of ``(line, order)`` rows (a file load, or one micro-batch of
     ``sow-redis spark stream``), appended exactly once under ``load_id``. On a chaining
     topic the rows' chains are resolved first (:func:`sow_redis.spark.chains.
@@ -685,14 +532,12 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
 
     On a Redis Cluster (and with ``durable``) every load takes the second path, one task per
     primary (:func:`slot_owners`), each writing its primary's partitions only."""
-    from ..connection import is_cluster_url
-
     topic_json = topic.to_json()
     cluster = is_cluster_url(url)
     if not topic.chaining and apply and cmd == "publish" and not cluster and not durable:
         splits = rows.getNumPartitions()
 
-        def task(split: int, it: Iterator[tuple[Any, int]]) -> Iterator[dict[str, int]]:
+        def task(split: int, it: Iterable[InputRow]) -> Iterator[dict[str, int]]:
             return write_split(url, topic_json, load_id, batch_size, splits, split,
                                prepare_rows(topic_json, it, separator))
 
@@ -702,9 +547,8 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
     prepared = rows.mapPartitions(lambda it: prepare_rows(topic_json, it, separator, cmd))
     chains = None
     if topic.chaining:
+        # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
         from pyspark.sql import SparkSession
-
-        from .chains import resolve_prepared
 
         prepared = prepared.cache()
         session = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
@@ -717,7 +561,7 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
             keyed = prepared.partitionBy(max(owner.values()) + 1,
                                          lambda p: owner[max(p, 0)])
 
-            def task_o(_i: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+            def task_o(_i: int, it: Iterable[Prepared]) -> Iterator[dict[str, int]]:
                 return write_owned(url, topic_json, load_id, batch_size, apply, it, durable,
                                    cmd)
 
@@ -725,7 +569,7 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
         else:
             keyed = prepared.partitionBy(topic.partitions, lambda p: max(p, 0))
 
-            def task_p(index: int, it: Iterator[tuple[int, Any]]) -> Iterator[dict[str, int]]:
+            def task_p(index: int, it: Iterable[Prepared]) -> Iterator[dict[str, int]]:
                 return write_partition(url, topic_json, load_id, batch_size, apply, index,
                                        (row for _p, row in it), durable)
 
@@ -737,7 +581,7 @@ def load_rows(url: str, topic: TopicConfig, rows: Any, load_id: str, batch_size:
 
 
 def write_owned(url: str, topic_json: bytes, load_id: str, batch_size: int, apply: bool,
-                rows: Iterable[tuple[int, tuple[int, Any, Any]]],
+                rows: Iterable[Prepared],
                 durable: bool = False, cmd: str = "publish") -> Iterator[dict[str, int]]:
     """Executor side on a Redis Cluster: the rows of the topic partitions one primary owns
     (``(partition, row)``; skipped FIX messages as partition -1), each partition written in
@@ -745,7 +589,7 @@ def write_owned(url: str, topic_json: bytes, load_id: str, batch_size: int, appl
     (``lua/apply.lua``, operation ``load``: appended and applied in one call), the rest by
     :func:`write_partition`. Yields one count dict."""
     topic = TopicConfig.from_json(topic_json)
-    by_p: dict[int, list[tuple[int, Any, Any]]] = {}
+    by_p: dict[int, list[PreparedRow]] = {}
     for p, row in rows:
         by_p.setdefault(p, []).append(row)
     out = {"rows": 0, "skipped": 0, "appended": 0, "rejected": 0, "applied": 0}
@@ -763,7 +607,7 @@ def write_owned(url: str, topic_json: bytes, load_id: str, batch_size: int, appl
 
 
 def apply_partition(url: str, topic: TopicConfig, load_id: str, batch_size: int, p: int,
-                    rows: list[tuple[int, Any, Any]], durable: bool = False
+                    rows: list[PreparedRow], durable: bool = False
                     ) -> dict[str, int]:
     """Plain publishes of topic partition ``p`` (all of the load's rows there, one split) in
     order, batch by batch, to ``lua/apply.lua`` (operation ``load``): each batch appended and applied in one
@@ -772,8 +616,6 @@ def apply_partition(url: str, topic: TopicConfig, load_id: str, batch_size: int,
     from the position that owner has, so batches written but not replicated before the
     failover are applied again, in order, and no batch twice. ``durable``: each batch returns
     once a replica has it. A count dict."""
-    from .. import keys
-
     w = _SplitWriter(url, topic, load_id, 1, 0, 3600.0)
     rows.sort(key=lambda row: row[0])
     w.counts["rows"] = len(rows)
@@ -812,3 +654,8 @@ def _result(counts: list[dict[str, int]], chains: ChainResult | None) -> LoadRes
                       rejected=sum(c["rejected"] for c in counts),
                       skipped=sum(c.get("skipped", 0) for c in counts),
                       applied=sum(c["applied"] for c in counts), chains=chains)
+
+
+__all__ = ["LoadResult", "apply_partition", "check_inputs", "default_load_id", "finish_load",
+           "input_rows", "keys_log", "load", "load_rows", "local_path", "prepare_rows",
+           "slot_owners", "wait_replicated", "write_owned", "write_partition", "write_split"]

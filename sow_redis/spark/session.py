@@ -31,7 +31,10 @@ import time
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pyspark is the optional [spark] extra
+    from pyspark.sql import SparkSession
 
 INSTALL_HINT = ("pyspark is not installed: pip install -e '.[spark]' (and a Java runtime: "
                 "apt-get install default-jre-headless)")
@@ -41,7 +44,8 @@ _start: dict[str, Any] = {"seconds": 0.0, "reused": False}
 
 
 def get_session(master: str = "local[*]", app: str = "sow-redis", quiet: bool = False,
-                ship: bool | None = None, conf: dict[str, str] | None = None) -> Any:
+                ship: bool | None = None, conf: dict[str, str] | None = None
+                ) -> SparkSession:
     """A SparkSession (the running one when there is one).
 
     Args:
@@ -94,7 +98,7 @@ def package_zip(folder: str | Path | None = None) -> Path:
     return out
 
 
-def ship_package(session: Any) -> str:
+def ship_package(session: SparkSession) -> str:
     """Make ``sow_redis`` importable in the session's executors (``SparkContext.addPyFile``
     of :func:`package_zip`; the executors put it first on their ``sys.path``); once per
     session and content. The path of the zip."""
@@ -104,18 +108,19 @@ def ship_package(session: Any) -> str:
     if path not in shipped:
         sc.addPyFile(path)
         shipped.add(path)
-        sc._sow_shipped = shipped
+        sc._sow_shipped = shipped  # type: ignore[attr-defined]
     return path
 
 
 def _get_session(master: str, app: str, quiet: bool, conf: dict[str, str]
-                 ) -> tuple[Any, bool]:
+                 ) -> tuple[SparkSession, bool]:
     if quiet:
         # pyspark warns on import and at start that it "does not yet fully support pandas
         # >= 3.0.0": nothing a sow-redis user can act on
         warnings.filterwarnings("ignore", message=r"PySpark does not yet fully support pandas",
                                 category=FutureWarning)
     try:
+        # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
         from pyspark.sql import SparkSession
     except ImportError:
         raise RuntimeError(INSTALL_HINT) from None
@@ -145,6 +150,7 @@ def mute_query_context_loggers() -> None:
     Java stack on stderr (``SQLQueryContextLogger``, ``DataFrameQueryContextLogger``) before
     the exception reaches the caller: for a caller that reports it (the CLI)."""
     try:
+        # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
         from pyspark.logger import PySparkLogger
     except ImportError:  # an older pyspark: no such loggers
         return
@@ -152,7 +158,7 @@ def mute_query_context_loggers() -> None:
         PySparkLogger.getLogger(name).disabled = True
 
 
-def _create_logging_to_file(builder: Any) -> Any:
+def _create_logging_to_file(builder: SparkSession.Builder) -> SparkSession:
     """``builder.getOrCreate()`` with the Java process (started by it, inheriting file
     descriptor 2) writing its stderr to :func:`log_path`; this process's stderr unchanged."""
     path = os.environ.get("SOW_SPARK_LOG") or os.path.join(
@@ -200,7 +206,10 @@ def error_line(exc: BaseException) -> tuple[str, bool] | None:
     of its traceback: the exception the task raised), whitespace collapsed."""
     if "pyspark" not in sys.modules:
         return None
+    # start-up time: py4j comes with pyspark (the optional [spark] extra)
     from py4j.protocol import Py4JError, Py4JJavaError
+
+    # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
     from pyspark.errors import PySparkException
 
     if isinstance(exc, PySparkException):

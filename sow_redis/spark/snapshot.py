@@ -22,9 +22,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
+import orjson
+
+from .. import keys
 from ..config import TopicConfig
+from ..connection import connect
+from ..model.records import decode
+
+if TYPE_CHECKING:  # pyspark is the optional [spark] extra
+    from pyspark.sql import DataFrame, SparkSession
 
 META = ("_sow_key", "_sow_expiry_ms", "_sow_partition", "_sow_seq", "_sow_cursor",
         "_sow_record_seq", "_sow_stream_id", "_sow_data")
@@ -43,9 +51,6 @@ def read_state(url: str, topic: str, p: int, chains: bool = False
                ) -> tuple[int, str, dict[bytes, bytes], dict[bytes, bytes] | None]:
     """Executor side: ``(seq, cursor, raw records, chain table or None)`` of partition ``p``
     in one MULTI/EXEC (the chain table only with ``chains``)."""
-    from .. import keys
-    from ..connection import connect
-
     r = connect(url)
     pipe = r.pipeline(transaction=True)
     pipe.hmget(keys.state(topic, p), ["seq", "cursor"])
@@ -64,10 +69,6 @@ def read_partition(url: str, topic: str, p: int, exact: bool = True,
     ``_sow_key`` null (dropped by :func:`snapshot`), and with ``chains`` one row
     ``{"_sow_partition": p, "_sow_chain": [identifier, head]}`` per chain table entry (also
     without ``_sow_key``)."""
-    import orjson
-
-    from ..model.records import decode
-
     seq_n, cursor, raw, chain = read_state(url, topic, p, chains)
     head_row: dict[str, object] = {"_sow_partition": p, "_sow_seq": seq_n,
                                    "_sow_cursor": cursor, "_sow_records": len(raw)}
@@ -90,14 +91,15 @@ def read_partition(url: str, topic: str, p: int, exact: bool = True,
         yield (head[:-1] + (b"," + body[1:] if body != b"{}" else b"}")).decode()
 
 
-def _rows(spark: Any, url: str, topic: TopicConfig, exact: bool, chains: bool = False) -> Any:
+def _rows(spark: SparkSession, url: str, topic: TopicConfig, exact: bool, chains: bool = False
+          ) -> DataFrame:
     name, parts = topic.name, topic.partitions
     rows = spark.sparkContext.parallelize(range(parts), parts).flatMap(
         lambda p: read_partition(url, name, p, exact, chains))
     return spark.read.json(rows)
 
 
-def _records_only(df: Any) -> Any:
+def _records_only(df: DataFrame) -> DataFrame:
     """The record rows of :func:`_rows` (an empty DataFrame for an empty topic)."""
     if "_sow_key" not in df.columns:  # an empty topic
         return df.limit(0)
@@ -105,16 +107,18 @@ def _records_only(df: Any) -> Any:
         *(c for c in ("_sow_records", "_sow_chains", "_sow_chain") if c in df.columns))
 
 
-def snapshot(spark: Any, url: str, topic: TopicConfig, exact: bool = False) -> Any:
+def snapshot(spark: SparkSession, url: str, topic: TopicConfig, exact: bool = False
+             ) -> DataFrame:
     """A DataFrame of the topic's records (see the module docstring; the exact-restore
     columns only with ``exact``)."""
     return _records_only(_rows(spark, url, topic, exact))
 
 
-def export(spark: Any, url: str, topic: TopicConfig, out: str) -> int:
+def export(spark: SparkSession, url: str, topic: TopicConfig, out: str) -> int:
     """Write the topic's snapshot to Parquet at ``out`` (replaced), the partitions' state to
     ``out/_sow_partitions`` and, for a chaining topic, its chain tables to
     ``out/_sow_chains``; returns the record rows written."""
+    # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
     from pyspark.sql import functions as F
 
     df = _rows(spark, url, topic, True, topic.chaining).cache()
@@ -148,7 +152,7 @@ def view_name(topic: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", topic)
 
 
-def query_tables(spark: Any, query: str) -> tuple[list[str], set[str]]:
+def query_tables(spark: SparkSession, query: str) -> tuple[list[str], set[str]]:
     """The tables ``query`` reads, as Spark's own parser sees them (no analysis: nothing is
     looked up): ``(names, CTE names)``, each name one-part as written (other case kept) or
     dotted for a qualified name, in order of appearance, without repeats; subqueries and
@@ -171,7 +175,7 @@ def query_tables(spark: Any, query: str) -> tuple[list[str], set[str]]:
     return list(names), ctes
 
 
-def sql(spark: Any, url: str, topics: list[TopicConfig], query: str) -> Any:
+def sql(spark: SparkSession, url: str, topics: list[TopicConfig], query: str) -> DataFrame:
     """Run ``query`` over snapshot views of the ``topics`` it names (each topic a view named
     by :func:`view_name`, matched without regard to case as Spark does): only those are
     read from Redis.

@@ -38,6 +38,7 @@ def spark_home() -> str:
     if os.environ.get("SPARK_HOME"):
         return os.environ["SPARK_HOME"]
     try:
+        # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
         import pyspark
     except ImportError:
         raise SowError("pyspark is not installed: pip install -e '.[spark]'") from None

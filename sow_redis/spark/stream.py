@@ -21,16 +21,20 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config import TopicConfig
 from .load import LoadResult, load_rows
+
+if TYPE_CHECKING:  # pyspark is the optional [spark] extra
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 ID_FILE = "_sow_stream_id"
 """The file in a checkpoint folder that holds the checkpoint's id (:func:`checkpoint_id`)."""
 
 
-def checkpoint_id(spark: Any, checkpoint: str, topic: str) -> str:
+def checkpoint_id(spark: SparkSession, checkpoint: str, topic: str) -> str:
     """The id of a stream's ``checkpoint`` (any file system Spark can write to, through
     Hadoop's FileSystem API), which the load ids of its batches carry.
 
@@ -41,6 +45,7 @@ def checkpoint_id(spark: Any, checkpoint: str, topic: str) -> str:
     is then the one those versions used (a hash of the topic and the path), written to the
     file, so a restart on it stays exactly once."""
     jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a driver's context has its JVM gateway
     path = jvm.org.apache.hadoop.fs.Path
     root = path(checkpoint)
     fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -69,11 +74,12 @@ def checkpoint_id(spark: Any, checkpoint: str, topic: str) -> str:
 def batch_loader(url: str, topic: TopicConfig, stream_id: str,
                  separator: bytes | None = None,
                  on_batch: Callable[[int, LoadResult], None] | None = None
-                 ) -> Callable[[Any, int], None]:
+                 ) -> Callable[[DataFrame, int], None]:
     """The ``foreachBatch`` function of a stream into ``topic`` whose checkpoint has the id
     ``stream_id`` (:func:`checkpoint_id`)."""
 
-    def each(df: Any, batch_id: int) -> None:
+    def each(df: DataFrame, batch_id: int) -> None:
+        # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
         from pyspark.sql import functions as F
 
         # one split, whatever the partitioning of the batch: a replayed batch lines up with
@@ -89,9 +95,9 @@ def batch_loader(url: str, topic: TopicConfig, stream_id: str,
     return each
 
 
-def stream(spark: Any, url: str, topic: TopicConfig, directory: str, checkpoint: str,
+def stream(spark: SparkSession, url: str, topic: TopicConfig, directory: str, checkpoint: str,
            once: bool = False, trigger_s: float = 1.0, separator: bytes | None = None,
-           on_batch: Callable[[int, LoadResult], None] | None = None) -> Any:
+           on_batch: Callable[[int, LoadResult], None] | None = None) -> StreamingQuery:
     """Start the streaming query (returns it); with ``once``, process what the folder holds
     (``availableNow``) and wait for the end."""
     reader = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(directory)

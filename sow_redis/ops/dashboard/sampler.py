@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from typing import Any
 
+from ...config import TopicConfig
 from ...connection import Client
 from ...partition_state import PENDING_COUNT_MAX
 from ...registry import load_topics
@@ -36,7 +37,7 @@ RATE_WINDOWS_S = {"1s": 1.0, "1min": 60.0}
 at least that much older; the oldest kept while the history is shorter)."""
 
 
-def reading(r: Client, topic: Any) -> dict[str, Any]:
+def reading(r: Client, topic: TopicConfig) -> dict[str, Any]:
     """One reading of ``topic`` (a :class:`~sow_redis.config.TopicConfig`): the dict of
     :func:`~sow_redis.ops.status.topic_stats` whose ``counters`` also hold ``appended`` and
     ``applied`` (log entries; see the module docstring), plus ``lag_capped``: True when
@@ -76,7 +77,7 @@ class Sampler:
     seconds of them kept in memory (this process only; a restart starts empty)."""
 
     def __init__(self, r: Client, interval_s: float = SAMPLE_INTERVAL_S,
-                 keep_s: float = HISTORY_S):
+                 keep_s: float = HISTORY_S) -> None:
         self.r = r
         self.interval_s = interval_s
         self._keep = max(2, int(keep_s / interval_s) + 1)

@@ -20,15 +20,18 @@ from __future__ import annotations
 import datetime as _dt
 import hmac
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 from flask import Blueprint, Flask, Response, redirect, render_template, request, url_for
 from redis.exceptions import RedisError
+from werkzeug.wrappers import Response as WerkzeugResponse
 
 from ...client import Sow
 from ...errors import SowError
+from ...model.records import Record
 from ...registry import load_topics
 from ...settings import QUEUE_NAME
 from ..status import partition_table
@@ -76,7 +79,7 @@ def rejections(entries: list[dict[str, Any]], samples: int = SAMPLES_PER_REASON
             for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
-def record_table(records: list[Any]) -> tuple[list[str], list[list[str]]]:
+def record_table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
     """Query results as a table: the columns (``SOW key``, then the top-level fields in the
     order first seen, at most :data:`FIELDS_MAX`, and ``data`` when a record is no JSON
     object) and one row of texts per record (strings as they are, other values as JSON)."""
@@ -154,7 +157,7 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
                 "top_n_default": TOP_N_DEFAULT}
 
     @bp.route("/")
-    def overview() -> Any:
+    def overview() -> Response:
         error = None
         rows = []
         try:
@@ -167,41 +170,48 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
         return _page(render_template("sow/overview.html", rows=rows, error=error, **common()))
 
     @bp.route("/topic")
-    def topic() -> Any:
-        name = request.args.get("name", "")
-        try:
-            topics = load_topics(sow.r)
-        except (RedisError, SowError) as exc:
-            return _page(render_template("sow/topic.html", name=name, t=None,
-                                         error=f"cannot read the topics: {one_line(exc)}",
-                                         **common()))
-        t = topics.get(name)
-        if t is None:
-            return _page(render_template("sow/topic.html", name=name, t=None,
-                                         error=f"no topic {name!r} is defined", **common()),
-                         404)
-        ctx: dict[str, Any] = {"name": name, "t": t, "error": None, "query": None}
-        try:
-            x = sampler.latest(name)
-            if x is None:  # not read yet (the dashboard just started): read it now
-                first = reading(sow.r, t)
-                x = dict(first, rates=rates([first]))
-            ctx.update(x=x, partitions=partition_table(sow.r, t),
-                       rejections=rejections(sow.errors(name, REJECTIONS_READ)),
-                       rejections_read=REJECTIONS_READ)
-        except (RedisError, SowError) as exc:
-            ctx["error"] = f"cannot read topic {name!r}: {one_line(exc)}"
-        if "filter" in request.args:
-            ctx["query"] = _query(sow, name)
-        return _page(render_template("sow/topic.html", uplot=True, **ctx, **common()))
+    def topic() -> Response:
+        return _topic_page(sow, sampler, common)
 
     @bp.route("/data/series.json")
-    def series() -> Any:
+    def series() -> Response:
         body = orjson.dumps(sampler.series(request.args.get("name", "")))
         return Response(body, mimetype="application/json",
                         headers={"Cache-Control": "no-store"})
 
     return bp
+
+
+def _topic_page(sow: Sow, sampler: Sampler, common: Callable[[], dict[str, Any]]) -> Response:
+    """The topic page of the request's ``name`` (404 for an unknown topic), with the result
+    of the request's ``sow`` query when it has a ``filter``; ``common()``: the values every
+    page shows."""
+    name = request.args.get("name", "")
+    try:
+        topics = load_topics(sow.r)
+    except (RedisError, SowError) as exc:
+        return _page(render_template("sow/topic.html", name=name, t=None,
+                                     error=f"cannot read the topics: {one_line(exc)}",
+                                     **common()))
+    t = topics.get(name)
+    if t is None:
+        return _page(render_template("sow/topic.html", name=name, t=None,
+                                     error=f"no topic {name!r} is defined", **common()),
+                     404)
+    ctx: dict[str, Any] = {"name": name, "t": t, "error": None, "query": None}
+    try:
+        x = sampler.latest(name)
+        if x is None:  # not read yet (the dashboard just started): read it now
+            first = reading(sow.r, t)
+            x = dict(first, rates=rates([first]))
+        ctx.update(x=x, partitions=partition_table(sow.r, t),
+                   rejections=rejections(sow.errors(name, REJECTIONS_READ)),
+                   rejections_read=REJECTIONS_READ)
+    except (RedisError, SowError) as exc:
+        ctx["error"] = f"cannot read topic {name!r}: {one_line(exc)}"
+    if "filter" in request.args:
+        ctx["query"] = _query(sow, name)
+    return _page(render_template("sow/topic.html", uplot=True, **ctx, **common()))
 
 
 def _query(sow: Sow, name: str) -> dict[str, Any]:
@@ -254,7 +264,7 @@ def _jobs_on_sow(app: Flask) -> None:
     sow_redis never uses: send it to the queue ``sow`` instead."""
 
     @app.before_request
-    def jobs_on_sow() -> Any:
+    def jobs_on_sow() -> WerkzeugResponse | None:
         args = request.view_args or {}
         if request.endpoint == "rq_dashboard.jobs_overview" and args.get("queue_name") is None:
             return redirect(url_for("rq_dashboard.jobs_overview",
