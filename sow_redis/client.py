@@ -35,7 +35,9 @@ from .config import DERIVED_KINDS, TopicConfig, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, MessageError
 from .feed.aggregate import AggregatedSubscriber
+from .feed.bookmark import Bookmark
 from .feed.bookmark_store import BookmarkStore
+from .feed.history import as_of_position, records_as_of
 from .feed.subscriber import Message, Subscriber
 from .model.aggregate import Aggregation
 from .model.records import Record
@@ -356,7 +358,7 @@ class Sow:
     # reading -------------------------------------------------------------------------
     def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
             top_n: int | None = None, order_by: str | None = None, skip_n: int = 0,
-            select: list[str] | None = None) -> list[Record]:
+            select: list[str] | None = None, as_of: str | None = None) -> list[Record]:
         """SOW query (seeds/004 "Queries"): records matching an AMPS content filter.
 
         Args:
@@ -364,19 +366,35 @@ class Sow:
                 ``skip_n`` matches (after ``order_by``).
             select: the field paths each record keeps (a select list), e.g.
                 ``["/id", "/px"]``; None: whole records.
+            as_of: the SOW as it was at this point (an ISO-8601 time, a bookmark string or
+                ``EPOCH``) on a topic with ``history`` (:mod:`sow_redis.feed.history`):
+                records deleted or expired since included.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, KeyListError (more than
             :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have),
             ValueError (a negative ``top_n`` or ``skip_n``, a ``select`` path that is no
-            field path).
+            field path), BookmarkError (``as_of`` on a topic without history, malformed, or
+            older than the history window: the message names the oldest point kept).
         """
         if keys is not None:
             check_key_list(keys)
         t = self.topic(topic)
         if t.idle_ms:
             touch(self.r, t.name)
-        return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select)
+        source = None
+        if as_of is not None:
+            source = self._as_of(t, as_of)[1]
+            if keys is not None:
+                wanted = set(keys)
+                source = [rec for rec in source if rec.sow_key in wanted]
+        return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select,
+                     source=source)
+
+    def _as_of(self, t: TopicConfig, when: str) -> tuple[list[int], list[Record]]:
+        """The per-partition position of ``when`` and the records as they were there."""
+        position = as_of_position(self.r, t, when)
+        return position, list(records_as_of(self.r, t, position))
 
     # deleting ------------------------------------------------------------------------
     def sow_delete(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
@@ -490,7 +508,7 @@ class Sow:
     def sow_and_subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                           top_n: int | None = None, order_by: str | None = None,
                           report: Callable[[Message], None] | None = None,
-                          delta: bool = False) -> Subscriber:
+                          delta: bool = False, as_of: str | None = None) -> Subscriber:
         """AMPS ``sow_and_subscribe``: the query result (``sow`` messages, with ``top_n`` and
         ``order_by``), a ``group_end`` message (also when the result is empty), then the live
         changes as :meth:`subscribe` gives them, as if query and subscription were placed at
@@ -499,12 +517,29 @@ class Sow:
         ``sow_and_delta_subscribe``: the records whole, then each update of one of them as
         the fields that changed (see :meth:`subscribe`).
 
+        With ``as_of`` (a topic with ``history``): the query as of that point (see
+        :meth:`sow`), then every change after it in order, a ``completed`` message, then
+        live: no gap and no duplicate (the query and the replay start at the same
+        per-partition position).
+
         Raises:
             UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without
-            ``change_previous``).
+            ``change_previous``), BookmarkError (``as_of``: see :meth:`sow`).
         """
-        return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
-                                order_by=order_by, report=report, delta=delta)
+        if as_of is None:
+            return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
+                                    order_by=order_by, report=report, delta=delta)
+        t = self.topic(topic)
+        position, records = self._as_of(t, as_of)
+        rows = query(self.r, t, filter, None, top_n, order_by, source=records)
+        sub = self._subscriber(topic, filter=filter, oof=oof, report=report, delta=delta,
+                               bookmark=str(Bookmark(tuple(position))))
+        mark = str(Bookmark(tuple(position)))
+        sub.prepend([*({"kind": "sow", "topic": t.name, "sow_key": rec.sow_key,
+                        "seq": rec.seq, "bookmark": mark, "data": rec.obj()} for rec in rows),
+                     {"kind": "group_end", "topic": t.name, "count": len(rows),
+                      "bookmark": mark}])
+        return sub
 
     def aggregate(self, topic: str, projection: list[str], grouping: list[str],
                   filter: str | None = None, *,

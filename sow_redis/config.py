@@ -139,6 +139,8 @@ class TopicConfig:
     change_retention: str = DEFAULT_CHANGE_RETENTION
     change_retention_count: int = DEFAULT_CHANGE_RETENTION_COUNT
     change_previous: bool = False
+    history_window: str = ""
+    history_granularity: str = ""
     kind: str = "topic"
     underlying: str = ""
     joined: str = ""
@@ -216,6 +218,11 @@ class TopicConfig:
             raise DerivedTopicError(f"topic '{self.name}' is {what} of '{self.underlying}': "
                                     f"its records are derived from it; publish to "
                                     f"'{self.underlying}' instead")
+
+    @cached_property
+    def history_ms(self) -> int:
+        """The history window in milliseconds (0: the topic keeps no history)."""
+        return parse_duration_ms(self.history_window) if self.history_window else 0
 
     @cached_property
     def interval_ms(self) -> int:
@@ -326,6 +333,7 @@ _SHAPES: dict[str, _Shape] = {
     "change_retention": (_is_retention, 'a duration like "1h", 0 (no change feed), or a '
                          'table like { age = "1h", count = 100000 }'),
     "change_previous": (_is_bool, "true or false"),
+    "history": (_is_table, 'a table like { window = "7d", granularity = "1s" }'),
 }
 """Every ``[[topic]]`` field → (type check on the TOML value, what the field must be). Each
 field is type-checked here first, so the value checks below only ever see the right type."""
@@ -394,6 +402,8 @@ def _build(d: Table) -> TopicConfig:
         change_retention_count=int(d.get("change_retention_count",
                                          DEFAULT_CHANGE_RETENTION_COUNT)),
         change_previous=bool(d.get("change_previous", False)),
+        history_window=str(d.get("history_window") or ""),
+        history_granularity=str(d.get("history_granularity") or ""),
         kind=d.get("kind") or "topic",
         underlying=d.get("underlying") or "",
         joined=d.get("joined") or "",
@@ -616,6 +626,7 @@ def _check_topic(source: str, i: int, raw: Table, seen: set[str],
     _check_sizes(where, t, d, problems)
     _check_expiration(where, t, d, problems)
     _check_change_retention(where, t, d, problems)
+    _check_history(where, t, d, problems)
     return d
 
 
@@ -768,6 +779,41 @@ def _check_change_retention(where: str, t: Table, d: Table,
     d["change_retention_count"] = count
 
 
+def _check_history(where: str, t: Table, d: Table, problems: list[str]) -> None:
+    """``history = { window = "7d", granularity = "1s" }`` (AMPS SOW ``History`` with
+    ``Window`` and ``Granularity``; seeds/004): the topic keeps the previous state in its
+    change events (``change_previous``) and its change feed for at least ``window``, by age
+    only (count :data:`MAX_CHANGE_RETENTION_COUNT`), so ``sow --as-of`` can undo the changes
+    after any point of the window (:mod:`sow_redis.query.history`)."""
+    if "history" not in t:
+        return
+    value = d.pop("history")
+    unknown = sorted(set(value) - {"window", "granularity"})
+    if unknown:
+        problems.append(f"{where}: 'history' has unknown field(s) {', '.join(unknown)} "
+                        "(known: window, granularity)")
+        return
+    try:
+        window = duration_text(value.get("window", 0))
+        granularity = duration_text(value.get("granularity", 0))
+    except ValueError as exc:
+        problems.append(f"{where}: 'history': {exc}")
+        return
+    if parse_duration_ms(window) <= 0:
+        problems.append(f"{where}: 'history' needs a window longer than 0, like \"7d\"")
+        return
+    if d.get("change_retention_count") == 0:
+        problems.append(f"{where}: 'history' keeps the change feed: it cannot go with "
+                        "change_retention = 0")
+        return
+    age = d.get("change_retention", DEFAULT_CHANGE_RETENTION)
+    if 0 < parse_duration_ms(age) < parse_duration_ms(window):
+        d["change_retention"] = window
+    d["change_retention_count"] = MAX_CHANGE_RETENTION_COUNT
+    d["change_previous"] = True
+    d["history_window"], d["history_granularity"] = window, granularity
+
+
 def to_toml(topics: list[TopicConfig]) -> str:
     """The topics as a configuration file that :func:`parse_topics` reads back to the same
     definitions: one ``[[topic]]`` table each, with ``name``, ``key`` and every field that
@@ -792,6 +838,10 @@ def to_toml(topics: list[TopicConfig]) -> str:
             d["key_generator"] = {"type": "chaining", "primary": t.chain_primary,
                                   "secondary": list(t.chain_secondary),
                                   "validation": t.chain_validation}
+        if t.history_window:
+            d["history"] = {"window": t.history_window}
+            if t.history_granularity:
+                d["history"]["granularity"] = t.history_granularity
         if t.change_retention_count == 0:
             d["change_retention"] = 0
         elif (t.change_retention, t.change_retention_count) != (

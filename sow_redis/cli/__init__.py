@@ -843,6 +843,8 @@ def _split_keys(keys: str | None) -> list[str] | None:
               help="Leave out the first N matches (after --order-by): with --top-n, a page.")
 @click.option("--select", "select", multiple=True, help="Return only this field path of each "
               "record (a select list); repeat the option.")
+@click.option("--as-of", "as_of", help="The SOW as it was at this point: an ISO-8601 time, a "
+              "bookmark or EPOCH (a topic with history).")
 @click.option("--order-by", help="e.g. \"/price DESC, /orderId\".")
 @click.option("--keys", help="Only these SOW keys (comma-separated).")
 @click.option("--with-key", is_flag=True, help="Print {\"sow_key\":…, \"data\":…} per record.")
@@ -852,8 +854,8 @@ def _split_keys(keys: str | None) -> list[str] | None:
 @click.pass_context
 @_friendly
 def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
-        skip_n: int, select: tuple[str, ...], order_by: str | None, keys: str | None,
-        with_key: bool, fmt: str, separator: str | None) -> None:
+        skip_n: int, select: tuple[str, ...], as_of: str | None, order_by: str | None,
+        keys: str | None, with_key: bool, fmt: str, separator: str | None) -> None:
     """Query the SOW of a topic: one JSON record per line.
 
     \b
@@ -864,7 +866,8 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
     client = _sow(ctx)
     try:
         records = client.sow(topic, filter_, _split_keys(keys), top_n, order_by,
-                             skip_n=skip_n, select=list(select) if select else None)
+                             skip_n=skip_n, select=list(select) if select else None,
+                             as_of=as_of)
     except ValueError as exc:  # a --select path that is no field path
         raise click.ClickException(f"--select: {exc}") from None
     if fmt == "table":
@@ -1067,6 +1070,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
 @click.option("--delta", is_flag=True, help="AMPS sow_and_delta_subscribe: the records whole, "
               "then only the changed fields of each update (see subscribe --delta).")
+@click.option("--as-of", "as_of", help="The query as of this point (ISO-8601 time, bookmark "
+              "or EPOCH; a topic with history), then every change since, then live.")
 @click.option("--projection", multiple=True, help="Aggregated subscription: a grouping field "
               "or FUNC(/path) AS /name (COUNT, SUM, AVG, MIN, MAX); repeat the option.")
 @click.option("--grouping", multiple=True, help="Aggregated subscription: a field path to "
@@ -1076,8 +1081,9 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @_friendly
 def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
                       top_n: int | None, order_by: str | None, delta: bool,
-                      projection: tuple[str, ...], grouping: tuple[str, ...],
-                      count: int | None, timeout: float | None) -> None:
+                      as_of: str | None, projection: tuple[str, ...],
+                      grouping: tuple[str, ...], count: int | None,
+                      timeout: float | None) -> None:
     """Print the query result ("kind": "sow"), a group_end line (also when the result is
     empty), then the live changes as subscribe does, as if query and subscription happened at
     the same instant (no gap, no duplicate).
@@ -1095,15 +1101,16 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: 
     if projection or grouping:
         if not (projection and grouping):
             raise click.UsageError("--projection and --grouping go together")
-        if delta or top_n is not None or order_by is not None:
+        if delta or top_n is not None or order_by is not None or as_of is not None:
             raise click.UsageError("an aggregated subscription (--projection) takes no "
-                                   "--delta, --top-n or --order-by")
+                                   "--delta, --top-n, --order-by or --as-of")
         _run_subscription(_sow(ctx).aggregate(topic, list(projection), list(grouping),
                                               filter_, report=_report_recovery),
                           count, timeout)
         return
     sub = _sow(ctx).sow_and_subscribe(topic, filter_, oof=oof, top_n=top_n,
-                                      order_by=order_by, report=_report_recovery, delta=delta)
+                                      order_by=order_by, report=_report_recovery, delta=delta,
+                                      as_of=as_of)
     _run_subscription(sub, count, timeout)
 
 

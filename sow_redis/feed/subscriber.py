@@ -535,6 +535,11 @@ class Subscriber:
                 texts[p] = position_text(seq)
         return ",".join(texts)
 
+    def prepend(self, messages: list[Message]) -> None:
+        """Deliver ``messages`` before any other (the historical query of a
+        ``sow_and_subscribe`` as of a point in time)."""
+        self._ready.extendleft(reversed(messages))
+
     def get(self, timeout: float = 1.0) -> Message | None:
         """The next message, or None after ``timeout`` seconds without one."""
         self._settle_last()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import orjson
@@ -135,7 +135,8 @@ def _source(r: Client, topic: TopicConfig, pred: Filter | None,
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
           sow_keys: list[str] | None = None,
           top_n: int | None = None, order_by: str | None = None, skip_n: int = 0,
-          select: list[str] | None = None) -> list[Record]:
+          select: list[str] | None = None,
+          source: Iterable[Record] | None = None) -> list[Record]:
     """Run a SOW query.
 
     Args:
@@ -149,6 +150,9 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
         select: the field paths each record is returned with (a select list; AMPS
             ``select``): every other field is left out, nested paths keep their objects;
             ``None`` the whole record.
+        source: the records to query instead of the topic's current ones (e.g. the SOW as
+            of a point in time, :func:`sow_redis.feed.history.records_as_of`); they are
+            taken as they are (no record is left out as due).
 
     Returns:
         The matching records.
@@ -179,11 +183,11 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
     order = parse_order_by(order_by) if order_by else None
     if top_n == 0:
         return []
-    source = _source(r, topic, pred, sow_keys)
+    records = _source(r, topic, pred, sow_keys) if source is None else source
     out: list[Record] = []
     objs: dict[str, JSONObject] = {}
-    now_ms = server_ms(r) if topic.expiration_enabled else 0
-    for rec in source:
+    now_ms = server_ms(r) if topic.expiration_enabled and source is None else 0
+    for rec in records:
         if now_ms and 0 < rec.expiry_ms <= now_ms:
             continue  # due: the expirer is about to remove it; never returned once due
         if pred is not None or order is not None:
