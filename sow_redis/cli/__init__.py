@@ -643,7 +643,7 @@ def _publish_until(ctx: click.Context, stop: _Interrupt, topic: str, file: str, 
     if retry_s > 0:  # ride out a Redis outage (reported once on stderr), then go on
         from functools import partial
 
-        from ..publish.append import append_through_outage
+        from ..publish.retry import append_through_outage
 
         append = partial(append_through_outage, retry_s=retry_s)
     refused: PublishInterrupted | None = None
