@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import click
 
-from ..logs import setup
 from ..settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
 from . import config_cmds, ops, processes, publishing, queries, spark, subscriptions
 from .common import Main
@@ -44,6 +43,8 @@ def main(ctx: click.Context, redis_url: str, control_url: str | None, config_pat
       sow-redis sow -t orders -f "/price > 100"
       sow-redis down
     """
+    from ..logs import setup  # start-up time: not for --help
+
     setup(json=log_json, level=log_level)
     ctx.obj = {"settings": Settings.from_env(redis_url=redis_url, config_path=config_path,
                                              control_url=control_url or None)}

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import click
 
-from ..config import ConfigError, load_file, parse_topics, to_toml
-from ..ops.amps_import import import_amps
-from ..ops.amps_import import to_toml as amps_toml
 from .common import friendly, sow_of
 
 
@@ -42,6 +39,7 @@ def config_apply(ctx: click.Context, file: str | None, migrate: bool) -> None:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 config apply sow.toml
     """
+    from ..config import ConfigError, load_file  # start-up time: tomllib, hashlib
     from ..ops.migrate import apply_with_migration  # start-up time: redis-py
     from ..registry import apply_topics  # start-up time: redis-py
 
@@ -78,6 +76,10 @@ def config_import_amps(file: str, output: str | None) -> None:
     Example:
       sow-redis config import-amps amps-config.xml -o sow.toml
     """
+    from ..config import ConfigError, parse_topics  # start-up time: tomllib, hashlib
+    from ..ops.amps_import import import_amps  # start-up time: xml.etree
+    from ..ops.amps_import import to_toml as amps_toml  # start-up time
+
     try:
         with open(file, encoding="utf-8") as fh:
             text = fh.read()
@@ -114,6 +116,7 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 config show > sow.toml
     """
+    from ..config import to_toml  # start-up time: tomllib, hashlib
     from ..registry import load_topics  # start-up time: redis-py
 
     topics = sorted(load_topics(sow_of(ctx).r).values(), key=lambda t: t.name)

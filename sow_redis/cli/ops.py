@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
-from ..config import TopicConfig
 from ..connection import Client, redact
 from ..stopping import StopEvent, stop_on_signals
 from .common import console_for, friendly, sow_of
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
     from rich.table import Table
+
+    from ..config import TopicConfig
 
 
 def _each_topic(ctx: click.Context,

@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
-from ..config import TopicConfig
 from ..errors import MessageError, WaitTimeout, refusal
-from ..model.messages import check_expiration, check_supplied_key
 from ..publish.result import PublishInterrupted, PublishResult, Rejected
 from .common import (
     EXIT_INTERRUPTED,
@@ -30,6 +28,7 @@ from .lines import LINE_SLACK, Interrupt, is_stream, lines, rest_of, stream_bloc
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
     from ..client import Sow
+    from ..config import TopicConfig
     from ..publish.validate import Item
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT, EXIT_REFUSED = 0, 1, 2, 3, 4, 5
@@ -48,6 +47,8 @@ SAMPLES = 5
 def _check_sow_key_option(t: TopicConfig, sow_key: str | None) -> None:
     """Refuse a --sow-key the topic cannot take (:func:`messages.check_supplied_key`), before
     anything is read or published."""
+    from ..model.messages import check_supplied_key  # start-up time: config
+
     if sow_key is None:
         return
     try:
@@ -123,6 +124,7 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     is still sent, then the counts are printed and the exit status is
     :data:`~sow_redis.cli.common.EXIT_INTERRUPTED`."""
     from ..client import Sow  # start-up time: redis-py and rq
+    from ..model.messages import check_expiration  # start-up time: config
 
     with Interrupt() as stop:
         check_expiration(expiration)  # --expiration beyond 100 years: one line, nothing sent
@@ -242,8 +244,9 @@ def _mark_too_large(result: PublishResult, overlong: dict[int, int], t: TopicCon
 def _hand_off(sow: Sow, t: TopicConfig, out: _Outcome, wait: bool, timeout: float) -> None:
     """Hand what was published to the workers (with ``wait``, until they applied it), unless
     Redis refused the publish; a timeout or Ctrl-C is noted in ``out``."""
-    if out.refused is not None:
-        return  # Redis refuses writes: no --wait
+    if out.refused is not None:  # Redis refuses writes: no --wait
+        out.applied = wait or sow.inline  # kept as before: "(applied)" follows --wait
+        return
     try:
         sow.handoff_published(t, out.result, wait, timeout)
     except WaitTimeout as exc:

@@ -19,10 +19,9 @@ from ..model.fix import separator as fix_separator
 from .common import check_durable, friendly, one_line, redis_url, sow_of, with_options
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
-    from ..spark.load import LoadResult
-
-if TYPE_CHECKING:  # annotations only: pyspark is imported when a command starts Spark
     from pyspark.sql import SparkSession
+
+    from ..spark.load import LoadResult
 
 P = ParamSpec("P")
 R = TypeVar("R")
