@@ -230,4 +230,3 @@ def check_durable(r: Client, url: str) -> None:
             f"--durable needs a replica, and {where} none (INFO replication: "
             "connected_slaves:0): nothing was published; publish without --durable or add a "
             "replica")
-

@@ -125,4 +125,3 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
             click.echo(t.to_json().decode())
     elif topics:
         click.echo(to_toml(topics), nl=False)
-

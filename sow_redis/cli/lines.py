@@ -185,4 +185,3 @@ def rest_of(fh: BinaryIO) -> int | None:
         n += chunk.count(b"\n")
         last = chunk[-1:]
     return n + (last != b"\n")
-

@@ -158,7 +158,6 @@ def metrics(ctx: click.Context, port: int, bind: str) -> None:
     """
     from ..ops.metrics import serve  # start-up time: redis-py, prometheus
 
-
     stop = StopEvent()
     stop_on_signals(stop, (signal.SIGTERM,))
     click.echo(f"metrics on http://{bind}:{port}/metrics for {redact(sow_of(ctx).url)}", err=True)
@@ -169,4 +168,3 @@ def metrics(ctx: click.Context, port: int, bind: str) -> None:
     except OSError as exc:
         raise click.ClickException(f"cannot serve metrics on {bind}:{port}: "
                                    f"{exc.strerror or exc}") from None
-

@@ -84,7 +84,6 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
     from ..expirer import run_expirer  # start-up time: redis-py, rq
     from ..registry import load_topics  # start-up time: redis-py
 
-
     settings = settings_of(ctx)
     sow = sow_of(ctx)
     try:
@@ -273,4 +272,3 @@ def _check_port_free(bind: str, port: int) -> None:
             raise click.ClickException(
                 f"dashboard: cannot listen on {bind}:{port}: {exc.strerror or exc} (another "
                 "process uses that port: give --port)") from None
-

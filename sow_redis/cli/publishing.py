@@ -381,4 +381,3 @@ def delta_publish(ctx: click.Context, topic: str, file: str, sow_key: str | None
     """
     _publish(ctx, topic, file, "delta_publish", sow_key, wait, timeout, expiration, separator,
              retry_s, durable)
-

@@ -169,4 +169,3 @@ def keys_cmd(ctx: click.Context, topic: str) -> None:
             "partition": p, "slot": keys.partition_slot(t.name, p),
             "tag": keys.partition_tag(t.name, p), "log": keys.log(t.name, p),
             "live": keys.partition_channel(t.name, p)}).decode())
-

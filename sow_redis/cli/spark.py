@@ -476,4 +476,3 @@ def spark_shell(ctx: click.Context, script: TextIO | None, master: str) -> None:
         sys.stdout.flush()
     if failed:
         raise click.exceptions.Exit(1)
-

@@ -26,7 +26,6 @@ def _run_subscription(sub: Subscriber, count: int | None, timeout: float | None)
     then on is printed). Closing flushes the bookmark store."""
     from ..feed.subscriber import to_line  # start-up time: redis-py
 
-
     def on_term(*_a: object) -> None:
         raise KeyboardInterrupt
 
@@ -165,4 +164,3 @@ def bookmarks(ctx: click.Context, client_name: str, sub_id: str | None) -> None:
 
     for rec in list_bookmarks(sow_of(ctx).r, client_name, sub_id):
         sys.stdout.buffer.write(orjson.dumps(rec) + b"\n")
-

@@ -44,6 +44,7 @@ class RoundTripSink:
         """Nothing is held."""
 
     def send(self, chunk: Chunk) -> None:
+        """Send the chunk and read its replies (one round trip per node)."""
         state = self.state
         job_ids = state.job_ids(chunk.touched())
         commands = self._commands(chunk, job_ids)
@@ -94,6 +95,7 @@ class WatchedSink(RoundTripSink):
         super().__init__(state, None, durable=False)
 
     def send(self, chunk: Chunk) -> None:
+        """One fenced transaction per partition of the chunk, ascending."""
         if not raw_fence(self.state.r):
             super().send(chunk)
             return

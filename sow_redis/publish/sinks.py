@@ -70,10 +70,13 @@ class PipelinedSink:
         self.apply_through = state.jobs is not None and state.jobs.write_through
 
     def make_room(self) -> None:
+        """Read the oldest chunk's replies once :data:`IN_FLIGHT` chunks wait for theirs."""
         if len(self.inflight) >= IN_FLIGHT:
             self._settle()
 
     def send(self, chunk: Chunk) -> None:
+        """Write the chunk (and the registry version read of the first one); its replies are
+        read later."""
         state, batch = self.state, self.batch
         job_ids = state.job_ids(sorted(set(chunk.partitions())))
         if self.through is not None:
@@ -94,10 +97,12 @@ class PipelinedSink:
         self.inflight.append(_Sent(chunk, job_ids, checked))
 
     def drain(self) -> None:
+        """Read the replies of every chunk in flight."""
         while self.inflight:
             self._settle()
 
     def close(self) -> None:
+        """Give the connection back."""
         self.batch.close()
 
     def _settle(self) -> None:
@@ -137,9 +142,12 @@ class TransactionSink:
         self.mine = t.fingerprint.encode()
 
     def make_room(self) -> None:
+        """Read the replies of the transaction in flight."""
         self.drain()
 
     def send(self, chunk: Chunk) -> None:
+        """Check the partitions' definitions (one round trip), then write the chunk's
+        transaction, or put its items in the fence."""
         state, batch = self.state, self.batch
         touched = chunk.touched()
         other = self._watch(touched)
@@ -184,6 +192,8 @@ class TransactionSink:
                 if v is not None and v != self.mine}
 
     def drain(self) -> None:
+        """Read the replies of the transaction in flight: ``EXEC``'s None means a watched
+        definition changed (the chunk goes to the fence)."""
         sent, self.inflight = self.inflight, None
         if sent is None:
             return
@@ -207,4 +217,5 @@ class TransactionSink:
         state.progress(sent.chunk.handled)
 
     def close(self) -> None:
+        """Give the connection back."""
         self.batch.close()
