@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -31,6 +31,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import keys
 from .apply.jobs import apply_here, ensure_jobs
+from .apply.scripts import Scripts
 from .config import DERIVED_KINDS, TopicConfig, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, MessageError
@@ -40,11 +41,20 @@ from .feed.bookmark_store import BookmarkStore
 from .feed.history import as_of_position, records_as_of
 from .feed.subscriber import Message, Subscriber
 from .model.aggregate import Aggregation
+from .model.fix import separator as fix_separator
 from .model.records import Record
 from .model.sowkey import check_key_list
+from .ops.migrate import apply_with_migration
+from .outage import call_through_outage
 from .partition_state import read_cursors
-from .publish.append import append, append_delete_all_partitions, delete_counts, touch, wait_applied
+from .publish.append import append
+from .publish.delete import append_delete_all_partitions
 from .publish.result import NOT_READ, PublishInterrupted, PublishResult
+from .publish.retry import append_blocks
+from .publish.used import touch
+from .publish.validate import Item, prepare
+from .publish.wait import delete_counts, wait_applied
+from .query.filter import compile_filter
 from .query.sow import query
 from .registry import apply_topics, get_topic
 from .settings import Settings
@@ -54,7 +64,7 @@ from .streamids import reached
 """Seconds an inline apply sleeps while another process holds a partition's lease."""
 
 
-def _to_bytes(msg: Any) -> bytes:
+def _to_bytes(msg: object) -> bytes:
     if isinstance(msg, bytes):
         return msg
     if isinstance(msg, str):  # lone surrogates (undecodable argv bytes) reach the decoder,
@@ -92,7 +102,7 @@ class Sow:
         retry_s: seconds a Redis outage may last during :meth:`publish` /
             :meth:`delta_publish` before its error is raised: the outage is logged once and
             the messages in flight are sent again when Redis answers (at least once; see
-            :func:`sow_redis.publish.append.append_through_outage`). 0 (default): raise at once.
+            :func:`sow_redis.publish.retry.append_blocks`). 0 (default): raise at once.
 
     Attributes:
         inline: the mode chosen (read-only).
@@ -106,7 +116,8 @@ class Sow:
 
     def __init__(self, url: str | None = None, settings: Settings | None = None,
                  client: Client | None = None, inline: bool | None = None,
-                 retry_s: float = 0.0, control_url: str | None = None, durable: bool = False):
+                 retry_s: float = 0.0, control_url: str | None = None,
+                 durable: bool = False) -> None:
         self.settings = settings or Settings.from_env(redis_url=url, control_url=control_url)
         self.url = self.settings.redis_url
         memory = is_memory(self.url)
@@ -165,8 +176,6 @@ class Sow:
         else:
             topics = source
         if migrate:
-            from .ops.migrate import apply_with_migration
-
             apply_with_migration(self.r, topics, self.settings, where)
         else:
             apply_topics(self.r, topics, where)
@@ -231,36 +240,68 @@ class Sow:
                  timeout: float, expiration: float | None,
                  separator: str | None = None) -> PublishResult:
         started = time.monotonic()
-        if self.retry_s > 0:  # ride out an outage (sow_redis.outage): every step may repeat
-            from .outage import call_through_outage
-            from .publish.append import append_through_outage
-
-            t = call_through_outage(lambda: self._publish_topic(topic), self.retry_s)
-        else:
-            t = self._publish_topic(topic)
+        # ride out an outage of retry_s seconds (sow_redis.outage): every step may repeat
+        t = call_through_outage(lambda: self._publish_topic(topic), self.retry_s)
         if isinstance(messages, (dict, bytes, str)):
             messages = [messages]
         sep = None
         if separator is not None:
-            from .model.fix import separator as fix_separator
-
             sep = fix_separator(separator)
         # each message is encoded inside append: one that cannot be is rejected, not raised
         items = ((cmd, m, sow_key, expiration) for m in messages)
-        if self.retry_s > 0:
-            result = append_through_outage(self.r, t, items, self.retry_s, fix_separator=sep,
-                                           jobs=self.job_settings, durable=self.durable,
-                                           registry_check=True)
-            self._published(result, started)
-            t = result.definition or t  # read again across a migration
-            call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout,
-                                                     jobs_started=True), self.retry_s)
-            return result
-        result = append(self.r, t, items, fix_separator=sep, jobs=self.job_settings,
-                        durable=self.durable, registry_check=True)
+        result = self.append_blocks(t, [items], fix_separator=sep, registry_check=True)
         self._published(result, started)
-        self.handoff(result.definition or t, result.last_ids, wait, timeout, jobs_started=True)
+        self.handoff_published(t, result, wait, timeout)
         return result
+
+    def append_blocks(self, topic: TopicConfig, blocks: Iterable[Iterable[Item]], *,
+                      fix_separator: bytes | None = None,
+                      on_chunk: Callable[[int], None] | None = None,
+                      stop: Callable[[], bool] | None = None,
+                      registry_check: bool = False) -> PublishResult:
+        """Append blocks of items to ``topic``'s log with this client's :attr:`retry_s`,
+        ``durable`` and mode (workers started as entries wait for them, unless
+        :attr:`inline`): :func:`sow_redis.publish.retry.append_blocks`, which
+        :meth:`publish` and the CLI's ``publish`` use. Nothing is applied or waited for:
+        see :meth:`handoff_published`.
+
+        Args:
+            topic: the definition to key by (read again across a migration:
+                :attr:`PublishResult.definition`).
+            blocks: ``(cmd, message, sow_key[, expiration])`` items in blocks (e.g. the
+                lines that arrived on a pipe within 0.2 s; each is one append call).
+            fix_separator: FIX topics: the messages' field separator (default: the topic's).
+            on_chunk: called with the number of items handled after each chunk.
+            stop: asked after each block; True: the rest is not read.
+            registry_check: read the registry version with the first chunk
+                (:attr:`PublishResult.registry_version`).
+
+        Raises:
+            PublishInterrupted: Redis refused the rest after something was appended;
+            connection errors after an outage of :attr:`retry_s` seconds; as
+            :func:`sow_redis.publish.append.append` otherwise.
+        """
+        return append_blocks(self.r, topic, blocks, self.retry_s, stop=stop,
+                             on_chunk=on_chunk, fix_separator=fix_separator,
+                             jobs=self.job_settings, durable=self.durable,
+                             registry_check=registry_check)
+
+    def handoff_published(self, topic: TopicConfig, result: PublishResult, wait: bool = False,
+                          timeout: float = 60.0) -> int:
+        """:meth:`handoff` of what :meth:`append_blocks` appended (``result.last_ids``, under
+        ``result.definition`` when the publish read it again, else ``topic``), riding out an
+        outage of :attr:`retry_s` seconds (the handoff may repeat: ``SET NX``, waits).
+
+        Returns:
+            The number of log entries applied in this process (0 without inline).
+
+        Raises:
+            WaitTimeout: after ``timeout`` seconds; connection errors after an outage of
+            :attr:`retry_s` seconds.
+        """
+        t = result.definition or topic
+        return call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout,
+                                                        jobs_started=True), self.retry_s)
 
     def handoff(self, topic: str | TopicConfig, last_ids: dict[int, str], wait: bool = False,
                 timeout: float = 60.0, jobs_started: bool = False) -> int:
@@ -417,8 +458,6 @@ class Sow:
         t = self.topic(topic)
         t.check_writable()
         if filter is not None:
-            from .query.filter import compile_filter
-
             compile_filter(filter)  # a syntax error is the caller's, before anything is logged
             ids = append_delete_all_partitions(self.r, t, {"filter": filter})
         elif keys is not None:
@@ -446,9 +485,6 @@ class Sow:
         """A sow_delete by data whose append Redis refused as out of memory: applied at once
         on its caught-up partition (``delete_now.lua``, flagged ``allow-oom``), so a user
         can free memory; ``refused`` is raised again otherwise."""
-        from .apply.scripts import Scripts
-        from .publish.append import prepare
-
         checked = None
         cause = refused.cause if isinstance(refused, PublishInterrupted) else refused
         if isinstance(cause, OutOfMemoryError):
@@ -589,7 +625,7 @@ class Sow:
             sub.on_close.append(store.close)
         return sub
 
-    def errors(self, topic: str, count: int = 100) -> list[dict[str, Any]]:
+    def errors(self, topic: str, count: int = 100) -> list[dict[str, str]]:
         """The newest ``count`` entries of the topic's error streams (log entries the workers
         rejected, one stream per partition, and dead letters that could not be forwarded),
         oldest first. Each is a dict of text fields: ``reason``, ``detail``, ``id`` (the log
@@ -602,7 +638,7 @@ class Sow:
         pipe = self.r.pipeline(transaction=False)
         for stream in keys.error_streams(t.name, t.partitions):
             pipe.xrevrange(stream, count=count)
-        newest: list[tuple[tuple[int, int], dict[str, Any]]] = []
+        newest: list[tuple[tuple[int, int], dict[str, str]]] = []
         for entries in pipe.execute():
             for sid, fields in entries:
                 e = {k.decode(): v.decode(errors="replace") for k, v in fields.items()}

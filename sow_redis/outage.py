@@ -9,7 +9,7 @@ nothing, and the first success after it is one INFO line (event ``redis_reachabl
 outage's length in seconds). A worker's rq loop, its sweeper thread and its jobs share the
 ``worker`` reporter, so a worker process writes one line per outage, not one per retry.
 
-:func:`sow_redis.publish.append.append_through_outage` builds on :func:`call_through_outage` for a
+:func:`sow_redis.publish.retry.append_blocks` builds on :func:`call_through_outage` for a
 publisher that must keep going through an outage (``sow-redis publish --retry-s``,
 ``Sow(retry_s=…)``).
 """
@@ -46,7 +46,8 @@ BACKOFF_MAX_S = 2.0
 """Longest pause in seconds between two attempts of a publisher."""
 
 RETRY_CHUNK = 10_000
-"""Items :func:`append_through_outage` hands to one :func:`~sow_redis.publish.append.append` call
+"""Items :func:`~sow_redis.publish.retry.append_blocks` hands to one
+:func:`~sow_redis.publish.append.append` call
 (the unit sent again after a failure). Each call ends by waiting for the replies of its last
 chunks, so a block of one chunk (1,000) left Redis idle while the next one was validated:
 ``sow-redis publish`` of 100,000 flights took 6.9-7.4 s against 3.3-4.7 s with ``--retry-s 0``;
@@ -69,7 +70,7 @@ class Outage:
         reported: outages reported so far (one WARNING line each).
     """
 
-    def __init__(self, component: str):
+    def __init__(self, component: str) -> None:
         self.component = component
         self.reported = 0
         self._since: float | None = None

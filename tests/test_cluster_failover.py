@@ -173,7 +173,7 @@ def test_primary_killed_with_durable_loses_no_acknowledged_publish(tmp_path):
 def test_durable_without_a_replica_is_refused(redis_server, topic_name):
     sow = Sow(redis_server, inline=True, durable=True)
     sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n')
-    from sow_redis.publish import append as publisher
+    from sow_redis.publish import commands as publisher
 
     old, publisher.DURABLE_WAIT_MS = publisher.DURABLE_WAIT_MS, 100
     try:

@@ -199,7 +199,7 @@ def test_a_definition_never_stored_is_stored_by_the_first_publisher(url, r, topi
 
 def test_a_forged_definition_stops_a_publish_with_one_clear_line(url, r, topic_name,
                                                                 monkeypatch):
-    from sow_redis.publish import append as publisher
+    from sow_redis.publish import fence as publisher
     from sow_redis.publish.result import PublishInterrupted
 
     monkeypatch.setattr(publisher, "DEFINITION_WAIT_S", 0.3)

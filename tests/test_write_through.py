@@ -21,7 +21,8 @@ from sow_redis.errors import ConflictError
 from sow_redis.feed.live import ShardListener
 from sow_redis.model.events import events_of
 from sow_redis.model.messages import key_of
-from sow_redis.publish.append import _write_through, append, wait_applied
+from sow_redis.publish.append import append, wait_applied
+from sow_redis.publish.through import write_through as _write_through
 from sow_redis.settings import Settings
 
 

@@ -78,7 +78,7 @@ from ..model.delta import delta_of
 from ..model.events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
 from ..model.records import decode as decode_record
 from ..query.orderby import parse_order_by, sort_records
-from ..registry import get_topic, migration_holds
+from ..registry import await_migration, get_topic, migration_holds
 from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
 from .live import ShardListener, refresh_topology
@@ -628,15 +628,10 @@ def _after_migration(r: Client, topic: TopicConfig) -> TopicConfig:
     Raises:
         SubscriptionEnded: the migration did not end in time; UnknownTopicError.
     """
-    deadline = time.monotonic() + MIGRATION_WAIT_S
-    pause = 0.02
-    while migration_holds(r, topic.name, range(topic.partitions)):
-        if time.monotonic() >= deadline:
-            raise SubscriptionEnded(
-                f"topic '{topic.name}': a migration to a new layout did not end within "
-                f"{MIGRATION_WAIT_S:g} s; subscribe again once it has")
-        time.sleep(pause)
-        pause = min(0.5, pause * 2)
+    if not await_migration(r, topic.name, range(topic.partitions), MIGRATION_WAIT_S):
+        raise SubscriptionEnded(
+            f"topic '{topic.name}': a migration to a new layout did not end within "
+            f"{MIGRATION_WAIT_S:g} s; subscribe again once it has")
     return get_topic(r, topic.name)
 
 

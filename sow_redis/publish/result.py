@@ -1,6 +1,6 @@
 """What a publish returns, and the error of a publish Redis refused part of: the one
-definition of both, shared by :mod:`sow_redis.publish.append`, the outage retry, the
-:class:`~sow_redis.client.Sow` facade and the CLI."""
+definition of both, shared by :mod:`sow_redis.publish.append`, the outage retry
+(:mod:`sow_redis.publish.retry`), the :class:`~sow_redis.client.Sow` facade and the CLI."""
 
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ class PublishResult:
     :attr:`last_ids`, are of this definition. None: the one passed in."""
 
     def merge(self, other: PublishResult) -> None:
+        """Add ``other``'s counts, rejections and stream ids (a later publish of the same
+        input) to this one."""
         self.read += other.read
         self.published += other.published
         self.skipped += other.skipped
@@ -68,7 +70,7 @@ class PublishResult:
 
 class PublishInterrupted(SowError):
     """Redis refused part of a publish (out of memory under ``noeviction``, a read-only
-    replica, an ACL refusal): ``result`` (a :class:`sow_redis.publish.append.PublishResult`) says
+    replica, an ACL refusal): ``result`` (a :class:`PublishResult`) says
     what was appended to the log before and around the refusal (those messages will be
     applied), the rest was not sent; ``cause`` is the refusal."""
 
@@ -79,3 +81,10 @@ class PublishInterrupted(SowError):
                          "appended before that and will be applied, the rest were not sent")
         self.result = result
         self.cause = cause
+
+
+def interrupted(result: PublishResult, refusal: Exception) -> Exception:
+    """What a publish raises when Redis refused a command: PublishInterrupted (with
+    ``result``) when something was appended before, else the refusal itself (e.g. the
+    NoPermissionError of a user who may not publish, the OutOfMemoryError of a full Redis)."""
+    return PublishInterrupted(result, refusal) if result.published else refusal
