@@ -141,3 +141,18 @@ def test_cli_as_of(url, topic_name):
     bad = run_cli(url, "sow", "-t", topic_name, "--as-of", "yesterday-ish", check=False)
     err = bad.stderr.decode().strip().splitlines()
     assert bad.returncode == 1 and len(err) == 1, err
+
+
+def test_blocks_of_one_millisecond_resolve_to_the_earliest(sow, topic_name):
+    """Change blocks sharing a millisecond are ordered by their first seq, not as text (the
+    time index orders equal scores by member text: "10" before "9")."""
+    from sow_redis import keys
+    from sow_redis.feed.changes import seq_at
+
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 1\n')
+    t = sow.topic(topic_name)
+    sow.r.zadd(keys.change_times(topic_name, 0), {"5": 1000, "9": 2000, "10": 2000, "11": 3000})
+    sow.r.hset(keys.state(topic_name, 0), "seq", 11)
+    assert seq_at(sow.r, t, 0, 1500) == 8   # the block at seq 9 is the first at 2000
+    assert seq_at(sow.r, t, 0, 2500) == 10
+    assert seq_at(sow.r, t, 0, 3500) == 11

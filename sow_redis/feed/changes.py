@@ -114,7 +114,14 @@ def seq_at(r: Client, topic: TopicConfig, p: int, ms: int) -> int:
         raise BookmarkError(f"{_when(ms)} is older than the change feed of topic "
                             f"'{topic.name}' retains: partition {p} starts at "
                             f"{_when(int(oldest[0][1]))}")
-    return int(after[0]) - 1 if after else int(seq or 0)
+    if not after:
+        return int(seq or 0)
+    # blocks of one millisecond share a score, and ZRANGEBYSCORE orders those by member
+    # text ("102" before "98"): the earliest block is the lowest seq at the lowest score
+    first_ms = r.zscore(keys.change_times(topic.name, p), after[0])
+    same = ([] if first_ms is None else  # trimmed meanwhile: the one found
+            r.zrangebyscore(keys.change_times(topic.name, p), first_ms, first_ms))
+    return min(int(m) for m in [after[0], *same]) - 1
 
 
 def _when(ms: int) -> str:
