@@ -69,10 +69,11 @@ from rich.table import Table
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.config import TopicConfig, parse_topics
+from sow_redis.config import parse_topics
 from sow_redis.connection import server_ms
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
+from sow_redis.model.topic import TopicConfig
 from sow_redis.ops.status import error_count
 from sow_redis.publish.append import append
 from sow_redis.query.sow import get_records, scan_partition

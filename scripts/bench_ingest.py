@@ -62,9 +62,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sow_redis.apply.jobs import ensure_jobs
-from sow_redis.config import TopicConfig, parse_topics
+from sow_redis.config import parse_topics
 from sow_redis.errors import SowError
 from sow_redis.expirer import remove_topic
+from sow_redis.model.topic import TopicConfig
 from sow_redis.publish.append import CHUNK, append, wait_applied
 from sow_redis.registry import apply_topics, store_fingerprints
 from sow_redis.settings import QUEUE_NAME, Settings

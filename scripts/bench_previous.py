@@ -43,7 +43,8 @@ from redis import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sow_redis import keys  # noqa: E402
-from sow_redis.config import TopicConfig, parse_topics  # noqa: E402
+from sow_redis.config import parse_topics
+from sow_redis.model.topic import TopicConfig
 from sow_redis.publish.append import append  # noqa: E402
 from sow_redis.registry import apply_topics  # noqa: E402
 from sow_redis.settings import Settings  # noqa: E402

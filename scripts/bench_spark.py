@@ -73,8 +73,9 @@ from rich.console import Console
 from rich.table import Table
 
 from sow_redis import keys
-from sow_redis.config import TopicConfig, parse_topics
+from sow_redis.config import parse_topics
 from sow_redis.errors import SowError
+from sow_redis.model.topic import TopicConfig
 from sow_redis.partition_state import read_cursors
 from sow_redis.registry import apply_topics
 from sow_redis.settings import Settings

@@ -32,7 +32,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from . import keys
 from .apply.jobs import apply_here, ensure_jobs
 from .apply.scripts import Scripts
-from .config import DERIVED_KINDS, TopicConfig, load_file, parse_topics
+from .config import DERIVED_KINDS, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, MessageError
 from .feed.aggregate import AggregatedSubscriber
@@ -40,11 +40,13 @@ from .feed.bookmark import Bookmark
 from .feed.bookmark_store import BookmarkStore
 from .feed.history import as_of_position, records_as_of
 from .feed.subscriber import Message, Subscriber
+from .migrate import apply_with_migration
 from .model.aggregate import Aggregation
 from .model.fix import separator as fix_separator
 from .model.records import Record
 from .model.sowkey import check_key_list
-from .ops.migrate import apply_with_migration
+from .model.topic import TopicConfig
+from .model.values import JSON
 from .outage import call_through_outage
 from .partition_state import read_cursors
 from .publish.append import append
@@ -160,7 +162,7 @@ class Sow:
         Args:
             source: TOML text, a path to a TOML file, or parsed topics.
             migrate: move the records of stored topics whose shape changes (see
-                :mod:`sow_redis.ops.migrate`); without it such a change is refused while the
+                :mod:`sow_redis.migrate`); without it such a change is refused while the
                 topic holds anything.
 
         Raises:
@@ -236,7 +238,7 @@ class Sow:
             self._topics_version = NOT_READ
             self._topics_until = 0.0
 
-    def _publish(self, cmd: str, topic: str, messages: Any, sow_key: str | None, wait: bool,
+    def _publish(self, cmd: str, topic: str, messages: JSON, sow_key: str | None, wait: bool,
                  timeout: float, expiration: float | None,
                  separator: str | None = None) -> PublishResult:
         started = time.monotonic()
@@ -350,7 +352,7 @@ class Sow:
         """Drain ``partitions`` in this process with the workers' code (see :meth:`handoff`)."""
         return apply_here(self.r, t, partitions, self.settings, timeout)
 
-    def publish(self, topic: str, messages: Any, sow_key: str | None = None, wait: bool = False,
+    def publish(self, topic: str, messages: JSON, sow_key: str | None = None, wait: bool = False,
                 timeout: float = 60.0, expiration: float | None = None,
                 separator: str | None = None) -> PublishResult:
         """Publish messages: each replaces the whole record of its SOW key (seeds/004).
@@ -386,7 +388,7 @@ class Sow:
         return self._publish("publish", topic, messages, sow_key, wait, timeout, expiration,
                              separator)
 
-    def delta_publish(self, topic: str, messages: Any, sow_key: str | None = None,
+    def delta_publish(self, topic: str, messages: JSON, sow_key: str | None = None,
                       wait: bool = False, timeout: float = 60.0,
                       expiration: float | None = None,
                       separator: str | None = None) -> PublishResult:
@@ -439,7 +441,7 @@ class Sow:
 
     # deleting ------------------------------------------------------------------------
     def sow_delete(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
-                   data: Any = None, sow_key: str | None = None, timeout: float = 60.0) -> int:
+                   data: JSON = None, sow_key: str | None = None, timeout: float = 60.0) -> int:
         """Remove records (seeds/004 "Removing SOW Records") by content filter (``1=1`` removes
         all), by SOW keys, or by message data (the record a publish of that data would update).
         Waits until the workers applied the delete (with :attr:`inline`, applies it here).

@@ -33,21 +33,29 @@ Storing the definitions in Redis, where every process reads them, is
 
 from __future__ import annotations
 
-import hashlib
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from functools import cached_property
-from typing import Any, TypeAlias, cast
+from typing import TypeAlias, cast
 
 import orjson
 import tomli_w
 
-from .errors import ConfigError, DerivedTopicError
+from .errors import ConfigError
 from .model.aggregate import ProjectionError, parse_projection
 from .model.fix import separator
-from .model.values import split_path
+from .model.topic import (
+    DEFAULT_CHANGE_RETENTION,
+    DEFAULT_CHANGE_RETENTION_COUNT,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PARTITIONS,
+    MAX_CHANGE_RETENTION_COUNT,
+    TopicConfig,
+    duration_text,
+    parse_duration_ms,
+    topic_from_dict,
+)
+from .model.values import JSON, JSONObject, split_path
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,200}$")
 MESSAGE_TYPES = ("json", "fix")
@@ -57,211 +65,14 @@ FIX_SESSION_MSG_TYPES = ("0", "1", "2", "3", "4", "5", "A")
 ResendRequest, Reject, SequenceReset, Logout, Logon. They carry no order state, so a FIX topic
 skips them at publish by default (``skip_msg_types``)."""
 EXPIRATION_POLICIES = ("override", "min")
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(ms|s|m|h|d)?\s*$")
-MAX_DURATION_MS = 36_525 * 86_400_000
-"""Longest duration a topic may set: 100 years (36,525 days) in milliseconds. Expiry times
-are ms since the epoch stored as Redis sorted-set scores (doubles, exact to 2**53 ms), so
-any log time plus this still fits with a wide margin."""
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 """Largest ``max_message_bytes``: Redis's own limit on one string (512 MiB)."""
-
-
-def parse_duration_ms(value: object) -> int:
-    """A duration in milliseconds from ``"30s"``, ``"5m"``, ``"1h"``, ``"250ms"``, ``"2d"`` or a
-    plain number of seconds (``30``, ``"1.5"``, ``1e3``), from 0 to :data:`MAX_DURATION_MS`.
-
-    Raises:
-        ValueError: not a finite duration from 0 to 100 years (negative, ``inf``, ``nan``,
-            a boolean, text that is no duration, or too long).
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"not a duration (e.g. \"30s\", \"5m\", \"1h\", 30): {value!r}")
-    if isinstance(value, str):
-        m = _DURATION.match(value)
-        if not m:
-            raise ValueError(f"not a duration (e.g. \"30s\", \"5m\", \"1h\", 30): {value!r}")
-        ms = float(m.group(1)) * _UNITS_MS[m.group(2) or "s"]
-    else:
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"a duration must be a finite number, got {value!r}")
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative: {value!r}")
-        ms = float(value) * 1000
-    if not ms <= MAX_DURATION_MS:  # also catches inf from "1e999"
-        raise ValueError(f"a duration can be at most 100 years (36525d), got {value!r}")
-    return round(ms)
-
-
-def duration_text(value: object) -> str:
-    """The stored (registry) text of a duration field: a TOML number as plain decimal text,
-    a string as given. Raises ValueError like :func:`parse_duration_ms` for the result."""
-    parse_duration_ms(value)
-    if isinstance(value, float):
-        text = repr(int(value)) if value.is_integer() else repr(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        text = str(value)
-    else:
-        text = str(value)
-    parse_duration_ms(text)
-    return text
-
-
-DEFAULT_PARTITIONS = 8
-DEFAULT_CHANGE_RETENTION = "1h"
-DEFAULT_CHANGE_RETENTION_COUNT = 100_000
-MAX_CHANGE_RETENTION_COUNT = 100_000_000
-DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
-
-
-@dataclass(frozen=True)
-class TopicConfig:
-    """One SOW topic. Paths are XPath-like strings (``/a/b``)."""
-
-    name: str
-    key: tuple[str, ...] = ()
-    key_domain: str = ""
-    message_type: str = "json"
-    partitions: int = DEFAULT_PARTITIONS
-    hash_index: tuple[tuple[str, ...], ...] = ()
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    partition_by: tuple[str, ...] = ()
-    expiration: str = "disabled"
-    expiration_policy: str = "override"
-    dead_letter: str = ""
-    idle_expiration: str = ""
-    key_generator: str = "default"
-    chain_primary: str = ""
-    chain_secondary: tuple[str, ...] = ()
-    chain_validation: bool = False
-    field_separator: str = "\x01"
-    skip_msg_types: tuple[str, ...] = ()
-    change_retention: str = DEFAULT_CHANGE_RETENTION
-    change_retention_count: int = DEFAULT_CHANGE_RETENTION_COUNT
-    change_previous: bool = False
-    history_window: str = ""
-    history_granularity: str = ""
-    kind: str = "topic"
-    underlying: str = ""
-    joined: str = ""
-    join: tuple[str, ...] = ()
-    projection: tuple[str, ...] = ()
-    grouping: tuple[str, ...] = ()
-    filter: str = ""
-    interval: str = ""
-    key_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
-    partition_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
-    index_parts: tuple[tuple[tuple[str, ...], ...], ...] = field(
-        default=(), compare=False, repr=False
-    )
-    chain_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
-
-    @property
-    def chaining(self) -> bool:
-        """True when SOW keys come from the chaining key generator (seeds/003)."""
-        return self.key_generator == "chaining"
-
-    @property
-    def chain_fields(self) -> tuple[str, ...]:
-        """Chaining fields: the primary first, then the secondary fields in order."""
-        return (self.chain_primary, *self.chain_secondary) if self.chaining else ()
-
-    @property
-    def domain(self) -> str:
-        """Key domain used for generated SOW keys (the topic name unless set)."""
-        return self.key_domain or self.name
-
-    @property
-    def expiration_enabled(self) -> bool:
-        """True when the expirer processes this topic (a duration or ``"enabled"``; seeds/004:
-        with expiration disabled, message expirations are kept but nothing expires)."""
-        return self.expiration != "disabled"
-
-    @cached_property
-    def default_ttl_ms(self) -> int | None:
-        """Topic default lifetime in milliseconds, None when the topic sets no duration."""
-        if self.expiration in ("disabled", "enabled"):
-            return None
-        return parse_duration_ms(self.expiration)
-
-    @cached_property
-    def idle_ms(self) -> int | None:
-        """``idle_expiration`` in milliseconds, None when not set."""
-        return parse_duration_ms(self.idle_expiration) if self.idle_expiration else None
-
-    @cached_property
-    def change_retention_ms(self) -> int:
-        """Age after which change blocks leave the change feed, in milliseconds (0: no age
-        limit, only the count)."""
-        return parse_duration_ms(self.change_retention)
-
-    @property
-    def change_feed(self) -> bool:
-        """False when ``change_retention = 0``: changes are published, not kept."""
-        return self.change_retention_count > 0
-
-    @property
-    def derived(self) -> bool:
-        """True for a view or a conflated topic: its records are written by the deriver
-        (:mod:`sow_redis.derive`) from its ``underlying`` topic, never by publishers."""
-        return self.kind != "topic"
-
-    def check_writable(self) -> None:
-        """Refuse writes by publishers to a derived topic.
-
-        Raises:
-            DerivedTopicError: the topic is a view or a conflated topic (one line naming the
-                topic to write to instead).
-        """
-        if self.derived:
-            what = "a view" if self.kind == "view" else "a conflated topic"
-            raise DerivedTopicError(f"topic '{self.name}' is {what} of '{self.underlying}': "
-                                    f"its records are derived from it; publish to "
-                                    f"'{self.underlying}' instead")
-
-    @cached_property
-    def history_ms(self) -> int:
-        """The history window in milliseconds (0: the topic keeps no history)."""
-        return parse_duration_ms(self.history_window) if self.history_window else 0
-
-    @cached_property
-    def interval_ms(self) -> int:
-        """A conflated topic's conflation interval in milliseconds (0 for other topics)."""
-        return parse_duration_ms(self.interval) if self.interval else 0
-
-    @property
-    def publisher_keys(self) -> bool:
-        """True when the topic has no key fields and publishers must supply the SOW key."""
-        return not self.key and not self.chaining
-
-    @cached_property
-    def fingerprint(self) -> str:
-        """16 hex digits of the SHA-1 of the topic's shape: its name and
-        :data:`SHAPE_FIELDS`, the fields that decide a message's SOW key, partition and index
-        members (equal in every process for equal shapes). Stored per partition
-        (:func:`keys.definition`) by :func:`store_topics`; a publisher's append carries it,
-        and Redis appends nothing for a publisher whose shape is not the stored one (issue
-        23.4). Other fields (expiration, retention, limits) change without it."""
-        d = asdict(self)
-        shape = {f: d[f] for f in ("name", *SHAPE_FIELDS)}
-        return hashlib.sha1(orjson.dumps(shape, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-    def to_json(self) -> bytes:
-        d = asdict(self)
-        for k in ("key_parts", "partition_parts", "index_parts", "chain_parts"):
-            d.pop(k)
-        return orjson.dumps(d)
-
-    @classmethod
-    def from_json(cls, raw: bytes | str) -> TopicConfig:
-        d = orjson.loads(raw)
-        return _build(d)
 
 
 _KEY_GENERATOR_FIELDS = {"type", "primary", "secondary", "validation"}
 
 
-Table: TypeAlias = "dict[str, Any]"
+Table: TypeAlias = "JSONObject"
 """A TOML table as :mod:`tomllib` reads it (strings, numbers, booleans, arrays, tables),
 or the ``[[topic]]`` fields as :func:`_build` takes them."""
 
@@ -273,12 +84,12 @@ def _is_str(v: object) -> bool:
     return isinstance(v, str)
 
 
-def _is_underlying(v: Any) -> bool:
-    return isinstance(v, str) or (_is_paths(v) and len(v) == 2)
+def _is_underlying(v: object) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and _is_paths(v) and len(v) == 2)
 
 
-def _is_join(v: Any) -> bool:
-    return isinstance(v, str) or (_is_paths(v) and len(v) == 2)
+def _is_join(v: object) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and _is_paths(v) and len(v) == 2)
 
 
 def _is_int(v: object) -> bool:
@@ -373,52 +184,6 @@ def _check_shapes(where: str, table: Table, shapes: dict[str, _Shape],
     return out
 
 
-def _build(d: Table) -> TopicConfig:
-    key = tuple(d.get("key") or ())
-    hash_index = tuple(tuple(ix) for ix in d.get("hash_index") or ())
-    partition_by = tuple(d.get("partition_by") or ())
-    chain_primary = d.get("chain_primary") or ""
-    chain_secondary = tuple(d.get("chain_secondary") or ())
-    return TopicConfig(
-        name=d["name"],
-        key=key,
-        key_domain=d.get("key_domain") or "",
-        message_type=d.get("message_type", "json"),
-        partitions=int(d.get("partitions", DEFAULT_PARTITIONS)),
-        hash_index=hash_index,
-        max_message_bytes=int(d.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)),
-        partition_by=partition_by,
-        expiration=str(d.get("expiration") or "disabled"),
-        expiration_policy=d.get("expiration_policy") or "override",
-        dead_letter=d.get("dead_letter") or "",
-        idle_expiration=str(d.get("idle_expiration") or ""),
-        key_generator=d.get("key_generator") or "default",
-        chain_primary=chain_primary,
-        chain_secondary=chain_secondary,
-        chain_validation=bool(d.get("chain_validation", False)),
-        field_separator=d.get("field_separator") or "\x01",
-        skip_msg_types=tuple(d.get("skip_msg_types") or ()),
-        change_retention=str(d.get("change_retention", DEFAULT_CHANGE_RETENTION)),
-        change_retention_count=int(d.get("change_retention_count",
-                                         DEFAULT_CHANGE_RETENTION_COUNT)),
-        change_previous=bool(d.get("change_previous", False)),
-        history_window=str(d.get("history_window") or ""),
-        history_granularity=str(d.get("history_granularity") or ""),
-        kind=d.get("kind") or "topic",
-        underlying=d.get("underlying") or "",
-        joined=d.get("joined") or "",
-        join=tuple(d.get("join") or ()),
-        projection=tuple(d.get("projection") or ()),
-        grouping=tuple(d.get("grouping") or ()),
-        filter=d.get("filter") or "",
-        interval=str(d.get("interval") or ""),
-        key_parts=tuple(split_path(p) for p in key),
-        partition_parts=tuple(split_path(p) for p in (partition_by or key)),
-        index_parts=tuple(tuple(split_path(p) for p in ix) for ix in hash_index),
-        chain_parts=tuple(split_path(p) for p in (chain_primary, *chain_secondary) if p),
-    )
-
-
 def _check_paths(where: str, name: str, value: list[str], problems: list[str]) -> list[str]:
     """Check each field path of a list (already type-checked as a list of strings)."""
     for v in value:
@@ -465,7 +230,7 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
         before = len(problems)
         d = _check_topic(source, i, raw, seen, problems)
         if len(problems) == before:
-            topics.append(_build(d))
+            topics.append(topic_from_dict(d))
     topics += _parse_derived(doc, source, seen, problems)
     for built in topics:
         if built.dead_letter and built.dead_letter == built.name:
@@ -479,7 +244,7 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
 DERIVED_KINDS = ("view", "conflated_topic")
 """Top-level tables of topics whose records the deriver writes (:mod:`sow_redis.derive`)."""
 
-_DERIVED_SHAPES: dict[str, dict[str, tuple[Any, str]]] = {
+_DERIVED_SHAPES: dict[str, dict[str, _Shape]] = {
     "view": {
         "name": (_is_str, "a topic name"),
         "underlying": (_is_underlying, 'a topic name, or two: ["orders", "fills"]'),
@@ -504,7 +269,7 @@ MIN_INTERVAL_MS = 10
 """The shortest conflation interval, in milliseconds."""
 
 
-def _check_underlying(where: str, kind: str, name: Any, d: dict[str, Any],
+def _check_underlying(where: str, kind: str, name: JSON, d: JSONObject,
                       problems: list[str]) -> None:
     """``underlying`` (one topic, or two joined on ``join`` for a view) into ``d``'s
     ``underlying``, ``joined`` and ``join`` (one field path per topic)."""
@@ -532,7 +297,7 @@ def _check_underlying(where: str, kind: str, name: Any, d: dict[str, Any],
         problems.append(f"{where}: 'join' needs two underlying topics")
 
 
-def _parse_derived(doc: dict[str, Any], source: str, seen: set[str],
+def _parse_derived(doc: JSONObject, source: str, seen: set[str],
                    problems: list[str]) -> list[TopicConfig]:
     """The ``[[view]]`` and ``[[conflated_topic]]`` tables as topics (keyed by the deriver:
     no key fields), their problems added to ``problems``. The ``underlying`` topic and the
@@ -579,7 +344,7 @@ def _parse_derived(doc: dict[str, Any], source: str, seen: set[str],
                     else:
                         d["interval"] = duration_text(d["interval"])
             if len(problems) == before:
-                out.append(_build({**d, "kind": kind, "partitions": parts, "key": []}))
+                out.append(topic_from_dict({**d, "kind": kind, "partitions": parts, "key": []}))
     return out
 
 
@@ -849,14 +614,14 @@ def to_toml(topics: list[TopicConfig]) -> str:
             d["change_retention"] = {"age": t.change_retention,
                                      "count": t.change_retention_count}
         out.append(d)
-    doc: dict[str, Any] = {"topic": out} if out else {}
+    doc: JSONObject = {"topic": out} if out else {}
     doc.update({kind: tables for kind, tables in derived.items() if tables})
     return tomli_w.dumps(doc)
 
 
-def _derived_table(t: TopicConfig) -> dict[str, Any]:
+def _derived_table(t: TopicConfig) -> JSONObject:
     """The ``[[view]]`` or ``[[conflated_topic]]`` table of a derived topic."""
-    d: dict[str, Any] = {"name": t.name, "underlying": t.underlying}
+    d: JSONObject = {"name": t.name, "underlying": t.underlying}
     if t.joined:
         d["underlying"] = [t.underlying, t.joined]
         d["join"] = t.join[0] if t.join[0] == t.join[1] else list(t.join)
@@ -891,13 +656,6 @@ def load_file(path: str) -> list[TopicConfig]:
 
 
 # -- shape -----------------------------------------------------------------------------
-SHAPE_FIELDS = ("partitions", "key", "key_domain", "key_generator", "message_type",
-                "partition_by", "hash_index")
-"""Fields that decide where a message's record lives (SOW key, partition, stored form) or
-what finds it: changing one strands what a topic holds (issue 7.4), and an index added or
-changed would cover only records written after it, see :func:`shape_changes`."""
-
-
 def _show(v: object) -> str:
     return str(v) if isinstance(v, int) else orjson.dumps(v).decode()
 

@@ -33,18 +33,17 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
 
 import orjson
 
 from . import keys
 from .apply.scripts import Scripts
 from .client import Sow
-from .config import TopicConfig
 from .errors import FilterEvalError
 from .feed.subscriber import Message, Subscriber
 from .model.aggregate import Aggregation
-from .model.values import canonical, get_path, split_path
+from .model.topic import TopicConfig
+from .model.values import JSON, JSONObject, canonical, get_path, split_path
 from .publish.append import append
 from .query.filter import compile_filter
 from .registry import load_topics
@@ -75,7 +74,7 @@ class _Follower:
         self.sub = Subscriber(sow.r, sow.topic(target.underlying),
                               filter=target.filter or None, oof=True, sow=True)
         self.ready = False  # the initial records are in
-        self._initial: dict[str, Any] = {}
+        self._initial: JSONObject = {}
 
     def step(self) -> int:
         """Take the messages that arrived (waiting at most :data:`STEP_S` for the first) and
@@ -95,9 +94,9 @@ class _Follower:
     def flush(self) -> None:
         raise NotImplementedError
 
-    def write(self, upserts: dict[str, dict[str, Any]], removals: set[str]) -> None:
+    def write(self, upserts: dict[str, JSONObject], removals: set[str]) -> None:
         """Publish ``upserts`` (SOW key → record) and remove ``removals`` from the target."""
-        items: list[tuple[str, Any, str | None]] = [
+        items: list[tuple[str, JSON, str | None]] = [
             ("publish", orjson.dumps(rec), key) for key, rec in upserts.items()]
         items += [("sow_delete", _EMPTY, key) for key in removals - set(upserts)]
         if not items:
@@ -108,7 +107,7 @@ class _Follower:
                         len(result.rejected), result.rejected[0])
         self.sow.handoff(self.target, result.last_ids, jobs_started=True)
 
-    def reconcile(self, wanted: dict[str, dict[str, Any]]) -> None:
+    def reconcile(self, wanted: dict[str, JSONObject]) -> None:
         """Make the target hold exactly ``wanted``: write each, remove every other record."""
         held = {rec.sow_key for rec in self.sow.sow(self.target.name)}
         self.write(wanted, held - set(wanted))
@@ -124,7 +123,7 @@ class _ViewFollower(_Follower):
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
         self.agg = Aggregation(list(target.projection), list(target.grouping),
                                domain=target.name)
-        self.rows: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, JSONObject] = {}
         self.gone: set[str] = set()
         super().__init__(sow, target)
 
@@ -155,7 +154,7 @@ class _ConflationFollower(_Follower):
     """A conflated topic: the latest version of each changed record, every interval."""
 
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
-        self.latest: dict[str, dict[str, Any]] = {}
+        self.latest: dict[str, JSONObject] = {}
         self.gone: set[str] = set()
         self.due = 0.0
         super().__init__(sow, target)
@@ -196,9 +195,9 @@ class _JoinFollower(_Follower):
         self.names = (target.underlying, target.joined)
         self.paths = tuple(split_path(p) for p in target.join)
         self.pred = compile_filter(target.filter) if target.filter else None
-        self.records: tuple[dict[str, dict[str, Any]], ...] = ({}, {})
+        self.records: tuple[dict[str, JSONObject], ...] = ({}, {})
         self.by_value: tuple[dict[str, set[str]], ...] = ({}, {})
-        self.rows: dict[str, dict[str, Any]] = {}
+        self.rows: dict[str, JSONObject] = {}
         self.gone: set[str] = set()
         self.ends = 0
         self.sow, self.target = sow, target
@@ -233,7 +232,7 @@ class _JoinFollower(_Follower):
                 self.rows, self.gone = {}, set()
                 self.reconcile(dict(self.agg.rows()))
 
-    def _set(self, side: int, key: str, record: dict[str, Any] | None) -> None:
+    def _set(self, side: int, key: str, record: JSONObject | None) -> None:
         """Take a record's new version (None: removed) on one side of the join."""
         records, index, other = self.records[side], self.by_value[side], 1 - side
         old = records.pop(key, None)
@@ -256,7 +255,7 @@ class _JoinFollower(_Follower):
             if self.pred is None or _matches(self.pred, row):
                 self._changed(self.agg.upsert(_pair(side, key, partner), row))
 
-    def _changed(self, changed: list[tuple[str, str, dict[str, Any]]]) -> None:
+    def _changed(self, changed: list[tuple[str, str, JSONObject]]) -> None:
         if not self.ready:
             return
         for what, key, row in changed:
@@ -282,7 +281,7 @@ def _pair(side: int, key: str, partner: str) -> str:
     return f"{key}|{partner}" if side == 0 else f"{partner}|{key}"
 
 
-def _join_value(record: dict[str, Any], path: tuple[str, ...]) -> str | None:
+def _join_value(record: JSONObject, path: tuple[str, ...]) -> str | None:
     """A record's join field as key text; None when null or missing (it joins nothing)."""
     value = get_path(record, path)
     if value is None:
@@ -290,7 +289,7 @@ def _join_value(record: dict[str, Any], path: tuple[str, ...]) -> str | None:
     return orjson.dumps(value).decode() if type(value) is str else canonical(value)
 
 
-def _matches(pred: Any, row: dict[str, Any]) -> bool:
+def _matches(pred: JSON, row: JSONObject) -> bool:
     try:
         return bool(pred(row))
     except (FilterEvalError, RecursionError, TypeError, ValueError):

@@ -33,12 +33,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import keys
 from .apply.scripts import Scripts
 from .client import Sow
-from .config import TopicConfig
 from .connection import Client, StreamEntry, connect_pair, server_ms
 from .errors import UnknownTopicError
 from .feed.live import ShardListener, topic_subscribers
 from .logs import fields
 from .model import events
+from .model.topic import TopicConfig
 from .outage import reporter
 from .publish.append import append
 from .registry import TopicCache

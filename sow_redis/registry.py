@@ -18,9 +18,10 @@ from typing import cast
 from redis.exceptions import NoPermissionError
 
 from . import keys
-from .config import TOPIC_NAME, TopicConfig, shape_changes
+from .config import TOPIC_NAME, shape_changes
 from .connection import Client, Pipeline, write_in_stages
 from .errors import ConfigError, FilterSyntaxError, UnknownTopicError
+from .model.topic import TopicConfig
 from .partition_state import read_partitions
 from .query.filter import compile_filter
 
@@ -60,7 +61,7 @@ def registry_problems(r: Client, topics: list[TopicConfig], source: str = "<conf
     * ``dead_letter`` must name a topic of ``topics`` or of the registry;
     * unless ``migrate``: a shape change (:func:`shape_changes`) of a stored topic that holds
       anything (:func:`holdings`) is refused, naming what it would strand and the command
-      that moves it (:mod:`sow_redis.ops.migrate`). A topic holding nothing changes freely.
+      that moves it (:mod:`sow_redis.migrate`). A topic holding nothing changes freely.
     """
     stored = load_topics(r)
     names = {t.name for t in topics} | set(stored)

@@ -10,8 +10,9 @@ import re
 import pytest
 from conftest import SHARED, run_cli
 
-from sow_redis.config import parse_duration_ms, parse_topics
+from sow_redis.config import parse_topics
 from sow_redis.errors import ConfigError
+from sow_redis.model.topic import parse_duration_ms
 from sow_redis.ops.amps_import import amps_interval, import_amps, to_toml
 
 SEEDS = sorted((SHARED / "seeds").glob("*.txt"))

@@ -270,7 +270,7 @@ def test_config_errors_name_the_problem(body, expected):
 
 
 def test_registry_round_trip_keeps_the_generator():
-    from sow_redis.config import TopicConfig
+    from sow_redis.model.topic import TopicConfig
 
     (t,) = parse_topics('[[topic]]\nname = "o"\nmessage_type = "fix"\nfield_separator = ";"\n'
                         'key = ["/11", "/41"]\npartition_by = ["/55"]\npartitions = 8\n'

@@ -179,7 +179,7 @@ def test_longest_durations_fit_and_store_as_they_parse():
                              '[[topic]]\nname = "b"\nexpiration = 3155760000\n'
                              'idle_expiration = 1.5e3\n'
                              '[[topic]]\nname = "c"\nexpiration = 1e-3\n')
-    from sow_redis.config import MAX_DURATION_MS, TopicConfig
+    from sow_redis.model.topic import MAX_DURATION_MS, TopicConfig
 
     assert a.default_ttl_ms == b.default_ttl_ms == MAX_DURATION_MS == 3_155_760_000_000
     assert b.idle_ms == 1_500_000 and c.default_ttl_ms == 1
@@ -282,7 +282,7 @@ def test_any_value_in_any_field_is_a_topic_or_a_config_error():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from sow_redis.config import TopicConfig
+    from sow_redis.model.topic import TopicConfig
 
     text = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12)
     specials = st.sampled_from([float("inf"), float("-inf"), float("nan"), 1e16, 2**63 - 1,

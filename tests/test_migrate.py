@@ -133,7 +133,7 @@ def test_key_change_rekeys_and_rejects_records_without_the_new_key(url, r, topic
 
 
 def test_migration_summary_counts(url, r, topic_name):
-    from sow_redis.ops.migrate import apply_with_migration
+    from sow_redis.migrate import apply_with_migration
 
     sow = client(url)
     sow.apply_config(cfg(topic_name, "partitions = 2", key='["/a"]'))

@@ -41,7 +41,6 @@ from redis.exceptions import (
 )
 
 from .. import keys, streamids
-from ..config import TopicConfig
 from ..connection import Client, StreamEntry, single_pool
 from ..errors import ConflictError, FencedError, FilterSyntaxError, MessageError, ScriptArgsError
 from ..logs import fields as event_fields
@@ -50,6 +49,7 @@ from ..model.chains import ChainConflict
 from ..model.entries import Command, LogEntry, decode_entry, original
 from ..model.messages import expiry_for, index_members, merge
 from ..model.records import decode as decode_record
+from ..model.topic import TopicConfig
 from ..partition_state import read_cursor
 from ..query.sow import scan_partition
 from .keying import KeyResolver, Resolved, check_members, resolver, verified_prepared

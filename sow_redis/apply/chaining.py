@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import orjson
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client
 from ..model.chains import ChainConflict, ChainIds, chain_values, sow_key
-from ..model.values import canonical, get_path
+from ..model.topic import TopicConfig
+from ..model.values import JSONObject, canonical, get_path
 
 
 @dataclass
@@ -79,7 +79,7 @@ class ChainResolver:
             self.table[v] = head.decode() if head is not None else None
         return self.table[v]
 
-    def resolve(self, obj: dict[str, Any], ids: ChainIds | None = None) -> Resolution:
+    def resolve(self, obj: JSONObject, ids: ChainIds | None = None) -> Resolution:
         """The chain of a message (nothing is recorded until :meth:`commit`).
 
         Args:
@@ -125,7 +125,7 @@ class ChainResolver:
         return other
 
 
-def conflict_groups(r: Client, topic: TopicConfig) -> list[dict[str, Any]]:
+def conflict_groups(r: Client, topic: TopicConfig) -> list[JSONObject]:
     """Chains that would have been one chain had messages arrived in another order.
 
     Each recorded conflict links the chains it named; linked chains form a group.
@@ -149,7 +149,7 @@ def conflict_groups(r: Client, topic: TopicConfig) -> list[dict[str, Any]]:
         first = rep["heads"][0]
         for h in rep["heads"][1:]:
             parent[find(h)] = find(first)
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, JSONObject] = {}
     for rep in reports:
         g = groups.setdefault(find(rep["heads"][0]), {"heads": set(), "messages": []})
         g["heads"].update(rep["heads"])
@@ -159,7 +159,7 @@ def conflict_groups(r: Client, topic: TopicConfig) -> list[dict[str, Any]]:
     return sorted(out, key=lambda g: (-len(g["heads"]), g["heads"]))
 
 
-def chain_of(r: Client, topic: TopicConfig, identifier: str) -> dict[str, Any] | None:
+def chain_of(r: Client, topic: TopicConfig, identifier: str) -> JSONObject | None:
     """The chain an identifier belongs to: ``{"head", "sow_key", "partition", "ids"}`` (ids
     found by scanning the partitions' chain tables), or None when it is in no chain."""
     for p in range(topic.partitions):

@@ -46,10 +46,10 @@ from redis.exceptions import NoPermissionError, OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client, control_of, data_of, get_many, single_pool, xread_any
 from ..errors import FencedError, UnknownTopicError, WaitTimeout
 from ..logs import fields
+from ..model.topic import TopicConfig
 from ..outage import reporter
 from ..partition_state import count_pending, read_cursor
 from ..registry import TopicCache

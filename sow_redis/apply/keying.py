@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..config import TopicConfig
 from ..connection import Client
 from ..errors import MessageError
 from ..model.chains import ChainIds, chain_values
 from ..model.chains import sow_key as chain_sow_key
 from ..model.entries import Command, LogEntry
 from ..model.messages import check_supplied_key, index_members, key_of, partition_for
+from ..model.topic import TopicConfig
 from .chaining import ChainResolver
 
 

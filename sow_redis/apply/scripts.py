@@ -26,7 +26,7 @@ from ..model.messages import expiry_for
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 
 if TYPE_CHECKING:
-    from ..config import TopicConfig
+    from ..model.topic import TopicConfig
 
 INCLUDE = re.compile(r"^--@include (\w+)$", re.M)
 

@@ -40,7 +40,7 @@ def config_apply(ctx: click.Context, file: str | None, migrate: bool) -> None:
       sow-redis --redis-url redis://127.0.0.1:6390/0 config apply sow.toml
     """
     from ..config import ConfigError, load_file  # start-up time: tomllib, hashlib
-    from ..ops.migrate import apply_with_migration  # start-up time: redis-py
+    from ..migrate import apply_with_migration  # start-up time: redis-py
     from ..registry import apply_topics  # start-up time: redis-py
 
     path = file or ctx.obj["settings"].config_path

@@ -8,23 +8,24 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 import orjson
 
 from ..connection import Client, redact
+from ..model.values import JSONObject
 from ..stopping import StopEvent, stop_on_signals
 from .common import console_for, friendly, sow_of
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
     from rich.table import Table
 
-    from ..config import TopicConfig
+    from ..model.topic import TopicConfig
 
 
 def _each_topic(ctx: click.Context,
-                report: Callable[[Client, TopicConfig], dict[str, Any]]) -> None:
+                report: Callable[[Client, TopicConfig], JSONObject]) -> None:
     """Print ``report(redis, topic)`` as one JSON line per registered topic, by name."""
     from ..registry import load_topics  # start-up time: redis-py
 
@@ -86,7 +87,7 @@ def _stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: bo
         sow.topic(unknown[0])  # raises UnknownTopicError: one line
     names = sorted(topics or chosen)
 
-    def reading() -> dict[str, dict[str, Any]]:
+    def reading() -> dict[str, JSONObject]:
         return {n: topic_stats(sow.r, chosen[n]) for n in names}
 
     before = reading()
@@ -116,7 +117,7 @@ def _stats(ctx: click.Context, topics: tuple[str, ...], as_json: bool, watch: bo
             before, after = after, reading()
 
 
-def _stats_table(rows: list[dict[str, Any]]) -> Table:
+def _stats_table(rows: list[JSONObject]) -> Table:
 
     from rich.table import Table  # start-up time: rich
 

@@ -28,7 +28,7 @@ from .lines import LINE_SLACK, Interrupt, is_stream, lines, rest_of, stream_bloc
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
     from ..client import Sow
-    from ..config import TopicConfig
+    from ..model.topic import TopicConfig
     from ..publish.validate import Item
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REJECTED, EXIT_TIMEOUT, EXIT_REFUSED = 0, 1, 2, 3, 4, 5

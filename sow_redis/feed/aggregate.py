@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from ..model.aggregate import Aggregation
+from ..model.values import JSONObject
 from .subscriber import Message, Subscriber
 
 
@@ -61,7 +61,7 @@ class AggregatedSubscriber:
         else:
             self._ready.append(msg)
 
-    def _rows(self, msg: Message, changed: list[tuple[str, str, dict[str, Any]]]) -> None:
+    def _rows(self, msg: Message, changed: list[tuple[str, str, JSONObject]]) -> None:
         for kind, key, row in changed:
             out: Message = {"kind": kind, "topic": self.topic.name, "sow_key": key,
                             "bookmark": msg.get("bookmark"), "data": row}

@@ -30,12 +30,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any
 
 from ..apply.jobs import apply_here
-from ..config import TopicConfig, parse_topics
+from ..config import parse_topics
 from ..connection import Client
 from ..errors import UnknownTopicError
+from ..model.topic import TopicConfig
+from ..model.values import JSONObject
 from ..publish.append import append
 from ..query.sow import query
 from ..registry import apply_topics, get_topic
@@ -69,7 +70,7 @@ class SubscriptionState:
         """True once the subscription started: a subscription that failed to start (e.g. a
         bookmark older than the change feed) never writes over its stored bookmark."""
         self.done = [0] * partitions
-        self.pending: list[deque[list[Any]]] = [deque() for _ in range(partitions)]
+        self.pending: list[deque[list[int | bool]]] = [deque() for _ in range(partitions)]
         self.since_persist = 0
         self.lock = threading.Lock()
 
@@ -233,7 +234,7 @@ def _apply_store(r: Client, topic: TopicConfig, settings: Settings) -> None:
     apply_here(r, topic, list(range(topic.partitions)), settings, STORE_APPLY_S)
 
 
-def list_bookmarks(r: Client, client_name: str, sub_id: str | None = None) -> list[dict[str, Any]]:
+def list_bookmarks(r: Client, client_name: str, sub_id: str | None = None) -> list[JSONObject]:
     """The stored records of a client (and one subscription), as the store holds them."""
     topic = store_topic(r)
     _apply_store(r, topic, Settings.from_env())

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from typing import cast
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client, StreamEntry
 from ..errors import BookmarkError
 from ..model.events import ChangeBlock, parse_block
+from ..model.topic import TopicConfig
 from .bookmark import Bookmark
 
 PAGE = 64

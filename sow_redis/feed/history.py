@@ -23,12 +23,12 @@ from collections.abc import Iterator
 import orjson
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client
 from ..errors import BookmarkError
 from ..model.events import ChangeEvent
 from ..model.records import Record
 from ..model.records import decode as decode_record
+from ..model.topic import TopicConfig
 from .changes import RESYNC_HINT, blocks_after, resolve
 
 

@@ -62,7 +62,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -70,13 +70,15 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
-from ..config import TopicConfig, shape_changes
+from ..config import shape_changes
 from ..connection import Client, server_ms
 from ..errors import ConfigError, FilterEvalError, SubscriptionEnded
 from ..logs import fields
 from ..model.delta import delta_of
 from ..model.events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
 from ..model.records import decode as decode_record
+from ..model.topic import TopicConfig
+from ..model.values import JSON, JSONObject
 from ..query.orderby import parse_order_by, sort_records
 from ..registry import await_migration, get_topic, migration_holds
 from .bookmark import Bookmark, position_text
@@ -85,7 +87,7 @@ from .live import ShardListener, refresh_topology
 
 log = logging.getLogger(__name__)
 
-Message = dict[str, Any]
+Message = JSONObject
 
 MIGRATION_WAIT_S = 600.0
 """Seconds a subscriber waits at most for a shape migration of its topic to end before it
@@ -227,7 +229,7 @@ class Subscriber:
                 self._recover(p, seq, "reconnect")
 
     # -- the query part ------------------------------------------------------------------
-    def _snapshot(self, p: int) -> tuple[int, list[tuple[Any, dict[str, Any]]]]:
+    def _snapshot(self, p: int) -> tuple[int, list[tuple[JSON, JSONObject]]]:
         """Partition ``p``'s seq and its live records matching the filter, read in one
         MULTI/EXEC (the records exactly as of that seq)."""
         pipe = self.r.pipeline(transaction=True)
@@ -248,14 +250,14 @@ class Subscriber:
             if "error" in ev:
                 self._error(p, rec.seq, ev["sow_key"], rec.stream_id, ev["error"])
                 continue
-            obj = cast("dict[str, Any]", ev["data"])
+            obj = cast("JSONObject", ev["data"])
             if self._match(obj):
                 out.append((rec, obj))
         return int(seq_raw or 0), out
 
     def _query(self) -> list[int]:
         seqs: list[int] = []
-        rows: list[tuple[int, Any, dict[str, Any]]] = []
+        rows: list[tuple[int, JSON, JSONObject]] = []
         for p in range(self.topic.partitions):
             seq, recs = self._snapshot(p)
             seqs.append(seq)
@@ -293,7 +295,7 @@ class Subscriber:
                             "bookmark": self.bookmark})
 
     # -- live ----------------------------------------------------------------------------
-    def _match(self, obj: dict[str, Any]) -> bool:
+    def _match(self, obj: JSONObject) -> bool:
         if self.pred is None:
             return True
         try:
@@ -353,7 +355,7 @@ class Subscriber:
 
     def _message(self, p: int, ev: ChangeEvent) -> Message | None:
         """The message of one change for this subscription, None when it gets none."""
-        key, data = ev["sow_key"], cast("dict[str, Any]", ev["data"])
+        key, data = ev["sow_key"], cast("JSONObject", ev["data"])
         view = self._view[p]
         base = {"topic": self.topic.name, "sow_key": key, "partition": p, "seq": ev["seq"],
                 "id": ev["id"], "expiry_ms": ev["expiry_ms"]}
@@ -465,7 +467,7 @@ class Subscriber:
 
     def _follow_migration(self) -> None:
         """The topic's shape migration began (its notice on a partition channel; see
-        :mod:`sow_redis.ops.migrate`): stop listening to the old partitions, wait until the
+        :mod:`sow_redis.migrate`): stop listening to the old partitions, wait until the
         migration ends (at most :data:`MIGRATION_WAIT_S` seconds), then subscribe to the
         partitions of the definition stored by then and re-read their records: each record
         as a ``publish`` (the view brought up to date as a gap recovery by re-reading does),

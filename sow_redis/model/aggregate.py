@@ -24,13 +24,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 import orjson
 
 from ..errors import SowError
 from .sowkey import generate
-from .values import canonical, get_path, split_path
+from .values import JSON, JSONObject, canonical, get_path, split_path
 
 FUNCTIONS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
 """The aggregate functions of a projection."""
@@ -106,7 +105,7 @@ def _path(text: str, where: str) -> tuple[str, ...]:
         raise ProjectionError(f"{where}: {exc}") from None
 
 
-def _number(value: Any) -> int | float | None:
+def _number(value: JSON) -> int | float | None:
     return value if type(value) in (int, float) else None
 
 
@@ -114,8 +113,8 @@ def _number(value: Any) -> int | float | None:
 class _Group:
     """The members of one group and the running totals of its aggregates."""
 
-    values: tuple[Any, ...]
-    members: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    values: tuple[JSON, ...]
+    members: dict[str, tuple[JSON, ...]] = field(default_factory=dict)
     counts: list[int] = field(default_factory=list)
     int_sums: list[int] = field(default_factory=list)
     float_sums: list[Fraction] = field(default_factory=list)
@@ -141,7 +140,7 @@ class Aggregation:
         self._of: dict[str, str] = {}  # record SOW key → group key
         self._groups: dict[str, _Group] = {}
 
-    def upsert(self, sow_key: str, record: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    def upsert(self, sow_key: str, record: JSONObject) -> list[tuple[str, str, JSONObject]]:
         """Take a record's new version. Returns the changed rows as ``(kind, group key,
         row)``: ``publish`` for a group added or changed, ``oof`` (with its last row) for a
         group left empty (the record moved to another group)."""
@@ -167,28 +166,28 @@ class Aggregation:
         out.append(("publish", key, self.row(key)))
         return out
 
-    def remove(self, sow_key: str) -> list[tuple[str, str, dict[str, Any]]]:
+    def remove(self, sow_key: str) -> list[tuple[str, str, JSONObject]]:
         """Take a record's removal; the changed row as :meth:`upsert` says (``oof``, with the
         group's last row, when its group is left empty). Nothing for a record it does not
         hold."""
         key = self._of.pop(sow_key, None)
         return [] if key is None else self._leave(sow_key, key)
 
-    def rows(self) -> list[tuple[str, dict[str, Any]]]:
+    def rows(self) -> list[tuple[str, JSONObject]]:
         """Every group's ``(group key, row)``."""
         return [(key, self.row(key)) for key in self._groups]
 
-    def row(self, key: str) -> dict[str, Any]:
+    def row(self, key: str) -> JSONObject:
         """The row of group ``key``: its grouping fields and aggregates."""
         group = self._groups[key]
-        row: dict[str, Any] = {}
+        row: JSONObject = {}
         for path in self.spec.fields:
             _put(row, path, group.values[self.spec.grouping.index(path)])
         for i, agg in enumerate(self.spec.aggregates):
             _put(row, agg.name, self._value(group, i, agg.function))
         return row
 
-    def _leave(self, sow_key: str, key: str) -> list[tuple[str, str, dict[str, Any]]]:
+    def _leave(self, sow_key: str, key: str) -> list[tuple[str, str, JSONObject]]:
         group = self._groups[key]
         if len(group.members) == 1:  # the group goes: its oof carries its last row
             row = self.row(key)
@@ -197,7 +196,7 @@ class Aggregation:
         self._subtract(group, group.members.pop(sow_key))
         return [("publish", key, self.row(key))]
 
-    def _add(self, group: _Group, inputs: tuple[Any, ...]) -> None:
+    def _add(self, group: _Group, inputs: tuple[JSON, ...]) -> None:
         for i, (agg, value) in enumerate(zip(self.spec.aggregates, inputs)):
             if agg.function == "COUNT":
                 group.counts[i] += value is not None
@@ -218,7 +217,7 @@ class Aggregation:
                                        else number > current):
                     group.extremes[i] = number
 
-    def _subtract(self, group: _Group, inputs: tuple[Any, ...]) -> None:
+    def _subtract(self, group: _Group, inputs: tuple[JSON, ...]) -> None:
         for i, (agg, value) in enumerate(zip(self.spec.aggregates, inputs)):
             if agg.function == "COUNT":
                 group.counts[i] -= value is not None
@@ -240,7 +239,7 @@ class Aggregation:
                 group.extremes[i] = pick(found) if found else None
 
     @staticmethod
-    def _value(group: _Group, i: int, function: str) -> Any:
+    def _value(group: _Group, i: int, function: str) -> JSON:
         n = group.counts[i]
         if function == "COUNT":
             return n
@@ -254,7 +253,7 @@ class Aggregation:
         return float(total) if function == "SUM" else float(total / n)
 
 
-def _text(value: Any) -> str:
+def _text(value: JSON) -> str:
     """A grouping value as key text: null (a missing field groups as null) and strings as
     JSON, so the string "null" is not null; numbers canonical (``42.0`` is ``42``)."""
     if value is None:
@@ -264,7 +263,7 @@ def _text(value: Any) -> str:
     return canonical(value) or "null"
 
 
-def _put(row: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+def _put(row: JSONObject, path: tuple[str, ...], value: JSON) -> None:
     for step in path[:-1]:
         row = row.setdefault(step, {})
     row[path[-1]] = value

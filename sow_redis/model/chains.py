@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import orjson
 
-from ..config import TopicConfig
 from ..errors import MessageError
 from .sowkey import generate
+from .topic import TopicConfig
 from .values import JSONObject, canonical, get_path
 
 

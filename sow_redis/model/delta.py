@@ -16,20 +16,19 @@ for any two JSON objects. An unchanged record gives ``({}, [])``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .messages import merge
+from .values import JSON, JSONObject
 
 
-def delta_of(previous: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+def delta_of(previous: JSONObject, new: JSONObject) -> tuple[JSONObject, list[str]]:
     """``(changed, removed)`` from ``previous`` to ``new`` (see the module docstring)."""
-    changed: dict[str, Any] = {}
+    changed: JSONObject = {}
     removed: list[str] = []
     _diff(previous, new, "", changed, removed)
     return changed, removed
 
 
-def _diff(old: dict[str, Any], new: dict[str, Any], at: str, changed: dict[str, Any],
+def _diff(old: JSONObject, new: JSONObject, at: str, changed: JSONObject,
           removed: list[str]) -> None:
     for name, value in new.items():
         if name not in old:
@@ -37,7 +36,7 @@ def _diff(old: dict[str, Any], new: dict[str, Any], at: str, changed: dict[str, 
             continue
         before = old[name]
         if type(value) is dict and type(before) is dict:
-            inner: dict[str, Any] = {}
+            inner: JSONObject = {}
             _diff(before, value, f"{at}/{_escape(name)}", inner, removed)
             if inner:
                 changed[name] = inner
@@ -54,15 +53,15 @@ def _unescape(step: str) -> str:
     return step.replace("~1", "/").replace("~0", "~")
 
 
-def apply_delta(previous: dict[str, Any], changed: dict[str, Any],
-                removed: list[str]) -> dict[str, Any]:
+def apply_delta(previous: JSONObject, changed: JSONObject,
+                removed: list[str]) -> JSONObject:
     """The record after a delta: ``changed`` merged into ``previous`` as delta_publish
     merges, then each ``removed`` JSON Pointer deleted (one that names nothing is ignored).
     Returns a new dict; the inputs are not changed."""
     out = merge(previous, changed)
     for pointer in removed:
         steps = [_unescape(s) for s in pointer.split("/")[1:]]
-        parent: Any = out
+        parent: JSON = out
         for step in steps[:-1]:
             child = parent.get(step)
             if type(child) is not dict:

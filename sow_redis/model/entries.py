@@ -22,11 +22,11 @@ import enum
 from dataclasses import dataclass
 
 from .. import streamids
-from ..config import TopicConfig
 from ..connection import Fields
 from ..errors import MessageError
 from .messages import check_expiration, decode
 from .sowkey import is_valid_user_key
+from .topic import TopicConfig
 from .values import JSONObject
 
 

@@ -279,7 +279,7 @@ def events_of(raw: bytes) -> list[ChangeEvent]:
 
 def topic_migrating(topic: str) -> bytes:
     """The notice a shape migration sends on each of the topic's old partition channels when
-    it begins (:mod:`sow_redis.ops.migrate`): JSON ``{"topic", "op": "topic_migrating"}``."""
+    it begins (:mod:`sow_redis.migrate`): JSON ``{"topic", "op": "topic_migrating"}``."""
     return orjson.dumps({"topic": topic, "op": "topic_migrating"})
 
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..config import MAX_DURATION_MS, TopicConfig
 from ..errors import MessageError
 from ..streamids import ms_of
 from .chains import chain_values
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
+from .topic import MAX_DURATION_MS, TopicConfig
 from .values import JSON, JSONObject, canonical, get_path
 
 COMMANDS = ("publish", "delta_publish", "sow_delete")

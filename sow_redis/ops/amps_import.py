@@ -46,10 +46,10 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..config import parse_topics
 from ..errors import ConfigError
+from ..model.values import JSONObject
 
 CHAINING_LIBRARY = "libamps_id_chaining_key_generator"
 TRANSLATED = {"Name", "Key", "KeyDomain", "MessageType", "Expiration", "HashIndex",
@@ -66,9 +66,9 @@ class Imported:
     """The result of an import: topic tables (TOML-ready dicts, in file order) and the lines
     naming what was not translated (``<element path>: <why>``)."""
 
-    topics: list[dict[str, Any]] = field(default_factory=list)
+    topics: list[JSONObject] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    derived: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    derived: list[tuple[str, JSONObject]] = field(default_factory=list)
     """``(kind, table)`` of each view (``view``) and conflated topic (``conflated_topic``)."""
 
 
@@ -232,7 +232,7 @@ def _derived(el: ET.Element, out: Imported, seen: set[str]) -> None:
     if why:
         out.skipped.append(f"{where}: {why}: skipped")
         return
-    table: dict[str, Any] = {"name": name, "underlying": _text(under)}
+    table: JSONObject = {"name": name, "underlying": _text(under)}
     if kind == "view":
         for part in ("Projection", "Grouping"):
             table[part.lower()] = [_text(f) for f in el.findall(f"{part}/Field") if _text(f)]
@@ -259,14 +259,14 @@ def _derived(el: ET.Element, out: Imported, seen: set[str]) -> None:
 
 
 def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
-           ) -> dict[str, Any] | None:
+           ) -> JSONObject | None:
     """The TOML table of one ``<Topic>``, or None (the reason appended to ``out.skipped``)."""
     name = _text(topic.find("Name"))
     where = f"SOW/Topic[{name or n}]"
     if not name:
         out.skipped.append(f"{where}: no Name: topic skipped")
         return None
-    t: dict[str, Any] = {"name": name}
+    t: JSONObject = {"name": name}
     for child in topic:
         if child.tag not in TRANSLATED:
             out.skipped.append(f"{where}/{child.tag}: not translated (AMPS storage or tuning "
@@ -317,7 +317,7 @@ def _hash_indexes(topic: ET.Element, where: str, out: Imported) -> list[list[str
     return indexes
 
 
-def _key_generator(kg: ET.Element, chaining: set[str], t: dict[str, Any], where: str,
+def _key_generator(kg: ET.Element, chaining: set[str], t: JSONObject, where: str,
                    out: Imported) -> str:
     """Fill ``t`` from a chaining ``KeyGenerator``; the reason to skip the topic otherwise."""
     module = _text(kg.find("Module"))
@@ -336,7 +336,7 @@ def _key_generator(kg: ET.Element, chaining: set[str], t: dict[str, Any], where:
             return "the chaining KeyGenerator has no Primary or Key option"
         primary = first_key
         keys.remove(first_key)
-    gen: dict[str, Any] = {"type": "chaining", "primary": primary}
+    gen: JSONObject = {"type": "chaining", "primary": primary}
     if keys:
         gen["secondary"] = keys
     validation = _text(opts.find("Validation")).lower()

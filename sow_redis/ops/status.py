@@ -5,19 +5,18 @@ calls that make the changes)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from redis.exceptions import ResponseError
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client, server_ms
 from ..feed.live import topic_subscribers
 from ..model.records import MAX_EXPIRY_MS
+from ..model.topic import TopicConfig
+from ..model.values import JSONObject
 from ..partition_state import read_partitions
 
 
-def topic_status(r: Client, topic: TopicConfig) -> dict[str, Any]:
+def topic_status(r: Client, topic: TopicConfig) -> JSONObject:
     """``{"topic", "records", "log_entries", "pending", "partitions": [{p, records, log, pending}]}``.
 
     ``pending`` counts log entries after the applied cursor (not yet applied; counted up to
@@ -50,7 +49,7 @@ COUNTERS = {"inserts": "n_insert", "updates": "n_update", "deletes": "n_delete",
 """Figure → field of a partition's state hash (kept by the Lua scripts)."""
 
 
-def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
+def topic_stats(r: Client, topic: TopicConfig) -> JSONObject:
     """The figures of one topic, read now (rates need two readings: :func:`with_rates`).
 
     Returns:
@@ -109,7 +108,7 @@ def topic_stats(r: Client, topic: TopicConfig) -> dict[str, Any]:
     }
 
 
-def with_rates(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def with_rates(before: JSONObject, after: JSONObject) -> JSONObject:
     """``after`` with ``per_second``: each counter's rate between the two readings."""
     dt_s = max(1e-3, (after["time_ms"] - before["time_ms"]) / 1000)
     out = dict(after)
@@ -136,7 +135,7 @@ def log_appended(r: Client, topic: TopicConfig) -> int:
     return total
 
 
-def partition_table(r: Client, topic: TopicConfig) -> list[dict[str, Any]]:
+def partition_table(r: Client, topic: TopicConfig) -> list[JSONObject]:
     """Per partition, for the dashboard's SOW page: ``partition``, ``records``, ``log``
     (entries in its log stream), ``cursor`` (stream id of the last entry applied, ``0-0``
     before any), ``pending`` (entries after the cursor, counted up to

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import NoReturn
 
-from ..config import TopicConfig
 from ..connection import Client
 from ..errors import SowError
+from ..model.topic import TopicConfig
 from ..settings import Settings
 from .chunk import Chunk, Pass, Sink
 from .delete import append_delete_all_partitions

@@ -11,8 +11,8 @@ from typing import Protocol
 from redis.exceptions import ResponseError
 
 from ..apply.jobs import enqueue_job, new_job_id
-from ..config import TopicConfig
 from ..connection import Client, Fields
+from ..model.topic import TopicConfig
 from ..settings import Settings
 from .fence import Fenced
 from .result import NOT_READ, PublishResult

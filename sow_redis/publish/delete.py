@@ -7,8 +7,8 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from .. import keys
 from ..apply.scripts import Scripts
-from ..config import TopicConfig
 from ..connection import Client, Fields
+from ..model.topic import TopicConfig
 from .result import PublishResult, interrupted
 from .through import fake_redis_class
 

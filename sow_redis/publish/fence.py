@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client
 from ..errors import SowError
+from ..model.topic import TopicConfig
 from ..registry import await_migration, get_topic
 from .validate import Positioned
 

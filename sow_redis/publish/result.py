@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import SowError, refusal
 
 if TYPE_CHECKING:  # annotations only: config imports nothing of the publisher
-    from ..config import TopicConfig
+    from ..model.topic import TopicConfig
 
 
 @dataclass

@@ -8,8 +8,8 @@ import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 
-from ..config import TopicConfig
 from ..connection import Client
+from ..model.topic import TopicConfig
 from ..outage import RETRY_CHUNK, call_through_outage
 from ..settings import Settings
 from .append import append

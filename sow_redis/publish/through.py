@@ -14,8 +14,8 @@ from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 from .. import keys
 from ..apply.jobs import enqueue_job, ensure_jobs, job_marker_value
 from ..apply.scripts import OP_ARGS, ScriptArg, Scripts, attached, pack_entries
-from ..config import TopicConfig
 from ..connection import Client, Fields
+from ..model.topic import TopicConfig
 from .commands import Command, send_commands
 from .wire import resp
 

@@ -9,8 +9,8 @@ from redis.exceptions import OutOfMemoryError
 
 from .. import keys
 from ..apply.scripts import attached
-from ..config import TopicConfig
 from ..connection import Client, server_ms
+from ..model.topic import TopicConfig
 from ..streamids import ms_of
 
 TOUCH_EVERY_S = 1.0

@@ -7,12 +7,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..config import TopicConfig
 from ..connection import Fields
 from ..errors import MessageError
 from ..model.entries import make_entry
 from ..model.fix import to_message
 from ..model.messages import check_expiration, encode, index_members, parse, unwrap
+from ..model.topic import TopicConfig
 from .result import PublishResult, Rejected
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client
 from ..errors import WaitTimeout
+from ..model.topic import TopicConfig
 from ..partition_state import read_cursors
 from ..streamids import reached
 

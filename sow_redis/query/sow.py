@@ -18,11 +18,11 @@ import orjson
 from redis.exceptions import OutOfMemoryError
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Client, server_ms
 from ..model.records import Record
 from ..model.records import decode as decode_record
 from ..model.sowkey import generate, index_hash, partition_of_key
+from ..model.topic import TopicConfig
 from ..model.values import JSON, JSONObject, split_path
 from .orderby import parse_order_by, sort_records
 

@@ -64,11 +64,11 @@ import orjson
 from .. import keys
 from ..apply.applier import apply_batch
 from ..apply.scripts import Scripts
-from ..config import TopicConfig
 from ..connection import Client, StreamEntry, connect
 from ..errors import SowError
 from ..model.events import parse_block
 from ..model.messages import decode, index_members
+from ..model.topic import TopicConfig
 from ..settings import Settings
 from ..streamids import compare, ms_of, parse, reached
 from .snapshot import CHAINS_DIR, CHAINS_SCHEMA, PARTITIONS_DIR

@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import Fields, connect
 from ..errors import MessageError
 from ..model.chains import chain_values
 from ..model.messages import decode
+from ..model.topic import TopicConfig
 from .rows import Prepared, input_rows, prepare_rows
 
 if TYPE_CHECKING:  # pyspark is the optional [spark] extra

@@ -55,9 +55,9 @@ from redis import exceptions as rx
 from .. import keys
 from ..apply.scripts import LoadApplied, LoadStatus, Scripts, pack_load_batch
 from ..client import Sow
-from ..config import TopicConfig
 from ..connection import Client, Fields, connect, is_cluster_url, node_for_key, reload_slot_map
 from ..errors import NotDurableError, WaitTimeout
+from ..model.topic import TopicConfig
 from ..settings import Settings
 from .chains import ChainResult, resolve_prepared
 from .rows import (

@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, TypeAlias
 
-from ..config import TopicConfig
 from ..connection import Fields
 from ..errors import MessageError
+from ..model.topic import TopicConfig
 from ..publish.append import prepare
 
 if TYPE_CHECKING:  # pyspark is the optional [spark] extra

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 import orjson
 
 from .. import keys
-from ..config import TopicConfig
 from ..connection import connect
 from ..model.records import decode
+from ..model.topic import TopicConfig
 
 if TYPE_CHECKING:  # pyspark is the optional [spark] extra
     from pyspark.sql import DataFrame, SparkSession

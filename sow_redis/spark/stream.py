@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..config import TopicConfig
+from ..model.topic import TopicConfig
 from .load import LoadResult, load_rows
 
 if TYPE_CHECKING:  # pyspark is the optional [spark] extra

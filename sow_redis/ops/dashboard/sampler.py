@@ -15,10 +15,10 @@ import itertools
 import logging
 import threading
 from collections import deque
-from typing import Any
 
-from ...config import TopicConfig
 from ...connection import Client
+from ...model.topic import TopicConfig
+from ...model.values import JSON, JSONObject
 from ...partition_state import PENDING_COUNT_MAX
 from ...registry import load_topics
 from ..status import log_appended, topic_stats, with_rates
@@ -37,7 +37,7 @@ RATE_WINDOWS_S = {"1s": 1.0, "1min": 60.0}
 at least that much older; the oldest kept while the history is shorter)."""
 
 
-def reading(r: Client, topic: TopicConfig) -> dict[str, Any]:
+def reading(r: Client, topic: TopicConfig) -> JSONObject:
     """One reading of ``topic`` (a :class:`~sow_redis.config.TopicConfig`): the dict of
     :func:`~sow_redis.ops.status.topic_stats` whose ``counters`` also hold ``appended`` and
     ``applied`` (log entries; see the module docstring), plus ``lag_capped``: True when
@@ -50,11 +50,11 @@ def reading(r: Client, topic: TopicConfig) -> dict[str, Any]:
     return st
 
 
-def rates(history: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def rates(history: list[JSONObject]) -> dict[str, JSONObject]:
     """Window name (:data:`RATE_WINDOWS_S`) → ``{"per_second": {counter: rate}, "window_s":
     seconds actually between the two readings}`` from a topic's readings (oldest first);
     rates are per second, 0 with fewer than two readings."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, JSONObject] = {}
     if not history:
         return out
     last = history[-1]
@@ -81,7 +81,7 @@ class Sampler:
         self.r = r
         self.interval_s = interval_s
         self._keep = max(2, int(keep_s / interval_s) + 1)
-        self._history: dict[str, deque[dict[str, Any]]] = {}
+        self._history: dict[str, deque[JSONObject]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.error: str | None = None
@@ -124,7 +124,7 @@ class Sampler:
         """End the sampling thread (at its next wait)."""
         self._stop.set()
 
-    def history(self, topic: str) -> list[dict[str, Any]]:
+    def history(self, topic: str) -> list[JSONObject]:
         """The readings of ``topic``, oldest first (empty for a topic not read yet)."""
         with self._lock:
             return list(self._history.get(topic, ()))
@@ -134,20 +134,20 @@ class Sampler:
         with self._lock:
             return sorted(self._history)
 
-    def latest(self, topic: str) -> dict[str, Any] | None:
+    def latest(self, topic: str) -> JSONObject | None:
         """The newest reading of ``topic`` with ``rates`` (:func:`rates`), or None."""
         h = self.history(topic)
         if not h:
             return None
         return dict(h[-1], rates=rates(h))
 
-    def series(self, topic: str) -> dict[str, list[Any]]:
+    def series(self, topic: str) -> dict[str, list[JSON]]:
         """The chart data of ``topic``: ``t`` (reading times, s since the epoch, Redis
         clock), ``in`` and ``applied`` (entries/s between one reading and the one before),
         ``lag`` (entries) and ``lag_age_s`` (seconds), one value per reading after the
         first."""
         h = self.history(topic)
-        out: dict[str, list[Any]] = {"t": [], "in": [], "applied": [], "lag": [],
+        out: dict[str, list[JSON]] = {"t": [], "in": [], "applied": [], "lag": [],
                                      "lag_age_s": []}
         for before, after in itertools.pairwise(h):
             ps = with_rates(before, after)["per_second"]

@@ -22,7 +22,6 @@ import hmac
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import orjson
 from flask import Blueprint, Flask, Response, redirect, render_template, request, url_for
@@ -32,6 +31,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from ...client import Sow
 from ...errors import SowError
 from ...model.records import Record
+from ...model.values import JSONObject
 from ...registry import load_topics
 from ...settings import QUEUE_NAME
 from ..status import partition_table
@@ -61,14 +61,14 @@ REFRESH_MS = 2000
 """Milliseconds between two refreshes of the figures and charts in the browser."""
 
 
-def rejections(entries: list[dict[str, Any]], samples: int = SAMPLES_PER_REASON
-               ) -> list[dict[str, Any]]:
+def rejections(entries: list[JSONObject], samples: int = SAMPLES_PER_REASON
+               ) -> list[JSONObject]:
     """Error-stream entries (:meth:`sow_redis.client.Sow.errors`, oldest first) grouped by
     reason: ``[{"reason", "count", "latest": [entry, …]}]``, most frequent reason first (then
     by name), ``latest`` the newest ``samples`` entries of the reason, newest first, each with
     ``data`` cut to :data:`SAMPLE_TEXT_MAX` characters."""
     counts = Counter(e.get("reason", "") for e in entries)
-    latest: dict[str, list[dict[str, Any]]] = {}
+    latest: dict[str, list[JSONObject]] = {}
     for e in reversed(entries):
         got = latest.setdefault(e.get("reason", ""), [])
         if len(got) < samples:
@@ -83,7 +83,7 @@ def record_table(records: list[Record]) -> tuple[list[str], list[list[str]]]:
     """Query results as a table: the columns (``SOW key``, then the top-level fields in the
     order first seen, at most :data:`FIELDS_MAX`, and ``data`` when a record is no JSON
     object) and one row of texts per record (strings as they are, other values as JSON)."""
-    objs: list[dict[str, Any] | None] = []
+    objs: list[JSONObject | None] = []
     fields: dict[str, None] = {}
     for rec in records:
         try:
@@ -151,7 +151,7 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
         return _dt.datetime.fromtimestamp(ms / 1000, _dt.UTC).strftime(
             "%Y-%m-%d %H:%M:%S.%f")[:-3]
 
-    def common() -> dict[str, Any]:
+    def common() -> JSONObject:
         return {"refresh_ms": REFRESH_MS, "windows": list(RATE_WINDOWS_S),
                 "interval_s": sampler.interval_s, "sampler_error": sampler.error,
                 "top_n_default": TOP_N_DEFAULT}
@@ -182,7 +182,7 @@ def make_blueprint(sow: Sow, sampler: Sampler, username: str | None = None,
     return bp
 
 
-def _topic_page(sow: Sow, sampler: Sampler, common: Callable[[], dict[str, Any]]) -> Response:
+def _topic_page(sow: Sow, sampler: Sampler, common: Callable[[], JSONObject]) -> Response:
     """The topic page of the request's ``name`` (404 for an unknown topic), with the result
     of the request's ``sow`` query when it has a ``filter``; ``common()``: the values every
     page shows."""
@@ -198,7 +198,7 @@ def _topic_page(sow: Sow, sampler: Sampler, common: Callable[[], dict[str, Any]]
         return _page(render_template("sow/topic.html", name=name, t=None,
                                      error=f"no topic {name!r} is defined", **common()),
                      404)
-    ctx: dict[str, Any] = {"name": name, "t": t, "error": None, "query": None}
+    ctx: JSONObject = {"name": name, "t": t, "error": None, "query": None}
     try:
         x = sampler.latest(name)
         if x is None:  # not read yet (the dashboard just started): read it now
@@ -214,10 +214,10 @@ def _topic_page(sow: Sow, sampler: Sampler, common: Callable[[], dict[str, Any]]
     return _page(render_template("sow/topic.html", uplot=True, **ctx, **common()))
 
 
-def _query(sow: Sow, name: str) -> dict[str, Any]:
+def _query(sow: Sow, name: str) -> JSONObject:
     """The page's ``sow`` query from the request's ``filter``, ``orderby`` and ``top_n``:
     ``{"filter", "orderby", "top_n", "columns", "rows", "error"}`` (``error``: one line)."""
-    q: dict[str, Any] = {"filter": request.args.get("filter", ""),
+    q: JSONObject = {"filter": request.args.get("filter", ""),
                          "orderby": request.args.get("orderby", ""),
                          "top_n": request.args.get("top_n", ""), "columns": [], "rows": [],
                          "error": None}

@@ -56,18 +56,19 @@ from typing import Any, cast
 import orjson
 from redis.exceptions import WatchError
 
-from .. import keys
-from ..apply.applier import apply_batch
-from ..apply.scripts import Scripts
-from ..config import TopicConfig, shape_changes
-from ..connection import Client, Fields, StreamEntry
-from ..errors import ConfigError, FencedError, MessageError, SowError
-from ..model.chains import sow_key as chain_sow_key
-from ..model.events import topic_migrating
-from ..model.messages import parse, partition_for
-from ..model.records import decode as decode_record
-from ..partition_state import read_cursor
-from ..registry import (
+from . import keys
+from .apply.applier import apply_batch
+from .apply.scripts import Scripts
+from .config import shape_changes
+from .connection import Client, Fields, StreamEntry
+from .errors import ConfigError, FencedError, MessageError, SowError
+from .model.chains import sow_key as chain_sow_key
+from .model.events import topic_migrating
+from .model.messages import parse, partition_for
+from .model.records import decode as decode_record
+from .model.topic import TopicConfig
+from .partition_state import read_cursor
+from .registry import (
     apply_topics,
     holdings,
     load_topics,
@@ -75,8 +76,8 @@ from ..registry import (
     store_fingerprints,
     store_topics,
 )
-from ..settings import Settings
-from ..streamids import parse as parse_id
+from .settings import Settings
+from .streamids import parse as parse_id
 
 CHUNK = 1000
 """Records or log entries per pipeline round trip."""
