@@ -372,7 +372,7 @@ class Sow:
                 "override"; ``0`` = never expire; at most 100 years, 3,155,760,000 s); every
                 publish resets the lifetime. Not a number from 0 to 100 years (or a bool):
                 every message is rejected ``bad_expiration`` (the MessageError of
-                :func:`sow_redis.model.messages.check_expiration`).
+                :func:`sow_redis.model.expiry.check_expiration`).
             wait: return only after the workers applied every message (read-your-writes);
                 always so with :attr:`inline`.
             timeout: seconds to wait at most with ``wait`` (see :meth:`handoff`).

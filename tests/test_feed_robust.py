@@ -20,8 +20,7 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.errors import MessageError
 from sow_redis.feed.live import topic_subscribers
-from sow_redis.model.messages import MAX_EXPIRATION_S, check_expiration
-from sow_redis.model.records import MAX_EXPIRY_MS
+from sow_redis.model.expiry import MAX_EXPIRATION_S, MAX_EXPIRY_MS, check_expiration
 
 
 def _topic(sow, name, extra="", partitions=1):

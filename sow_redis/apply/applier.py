@@ -47,7 +47,8 @@ from ..logs import fields as event_fields
 from ..model import chains
 from ..model.chains import ChainConflict
 from ..model.entries import Command, LogEntry, decode_entry, original
-from ..model.messages import expiry_for, index_members, merge
+from ..model.expiry import expiry_for, is_due
+from ..model.messages import index_members, merge
 from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
 from ..partition_state import read_cursor
@@ -189,7 +190,7 @@ class _Planner:
             self._remember(key, cast("bytes | None",
                                      self.r.hget(keys.records(self.topic.name, self.p), key)))
         obj, exp = self.state[key]
-        if obj is not None and exp and self.topic.expiration_enabled and exp <= at_ms:
+        if obj is not None and self.topic.expiration_enabled and is_due(exp, at_ms):
             return None
         return obj
 

@@ -22,7 +22,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from .. import keys
 from ..connection import Client, Fields, Pipeline, single_pool
 from ..errors import from_script_error
-from ..model.messages import expiry_for
+from ..model.expiry import expiry_for
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 
 if TYPE_CHECKING:

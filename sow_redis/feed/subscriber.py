@@ -76,6 +76,7 @@ from ..errors import ConfigError, FilterEvalError, SubscriptionEnded
 from ..logs import fields
 from ..model.delta import delta_of
 from ..model.events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
+from ..model.expiry import is_due
 from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
 from ..model.values import JSON, JSONObject
@@ -244,7 +245,7 @@ class Subscriber:
             except ValueError as exc:
                 self._error(p, None, k, None, f"the stored record cannot be read ({exc})")
                 continue
-            if now and 0 < rec.expiry_ms <= now:
+            if now and is_due(rec.expiry_ms, now):
                 continue  # due: its expiry event follows
             ev = decode_change(rec.sow_key, rec.data)
             if "error" in ev:

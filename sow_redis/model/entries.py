@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from .. import streamids
 from ..connection import Fields
 from ..errors import MessageError
-from .messages import check_expiration, decode
+from .expiry import check_expiration
+from .messages import decode
 from .sowkey import is_valid_user_key
 from .topic import TopicConfig
 from .values import JSONObject
@@ -79,7 +80,7 @@ def decode_entry(sid: bytes, fields: dict[bytes, bytes], topic: TopicConfig) -> 
     Raises:
         MessageError: ``bad_command`` (unknown ``cmd``, missing data / keys / filter),
             ``bad_sow_key`` (a key of a delete by keys is no SOW key), the reasons of
-            :func:`messages.decode` and :func:`messages.check_expiration`.
+            :func:`messages.decode` and :func:`expiry.check_expiration`.
         UnicodeDecodeError: a key list, filter or SOW key that is not UTF-8.
     """
     id_ = sid.decode()

@@ -38,7 +38,7 @@ block that Lua wrote decodes: a change whose SOW key or data cannot be decoded (
 a JSON object, NaN text, nested deeper than the JSON decoder goes) becomes an event with
 ``error`` (what could not be decoded) and ``data`` None, so a reader accounts for its ``seq``,
 reports it and goes on. An expiry beyond any clock reads as
-:data:`sow_redis.model.records.MAX_EXPIRY_MS`. The change feed keeps blocks for the topic's
+:data:`sow_redis.model.expiry.MAX_EXPIRY_MS`. The change feed keeps blocks for the topic's
 ``change_retention`` (age and count per partition, defaults 1 h and 100,000 changes): the
 oldest blocks are trimmed as new ones come (by count at every block, keeping whole blocks down
 to the one holding the oldest change to keep, so a block of more changes than the count stays;
@@ -61,7 +61,7 @@ from typing import TypedDict
 import msgpack
 import orjson
 
-from .records import MAX_EXPIRY_MS, expiry_of
+from .expiry import MAX_EXPIRY_MS, expiry_of
 from .values import JSON, JSONObject
 
 OPS = ("publish", "delta_publish", "sow_delete")

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 import orjson
 
 from ..errors import MessageError
-from ..streamids import ms_of
 from .chains import chain_values
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
-from .topic import MAX_DURATION_MS, TopicConfig
+from .topic import TopicConfig
 from .values import JSON, JSONObject, canonical, get_path
 
 COMMANDS = ("publish", "delta_publish", "sow_delete")
@@ -377,65 +376,6 @@ def unwrap(line: bytes) -> tuple[bytes, JSONObject]:
     except TypeError:  # the line holds one more level than its data
         raise MessageError("too_deep", f"objects and arrays nested deeper than {MAX_DEPTH} "
                            "levels") from None
-
-
-MAX_EXPIRATION_S = MAX_DURATION_MS // 1000
-"""Longest message expiration in seconds: 100 years (3,155,760,000 s), the bound of a topic's
-``expiration`` (:data:`sow_redis.config.MAX_DURATION_MS`)."""
-
-
-def check_expiration(value: object) -> float | None:
-    """A message expiration in seconds (None when absent), from 0 to :data:`MAX_EXPIRATION_S`
-    (100 years).
-
-    Raises:
-        MessageError: ``bad_expiration`` (not a finite number from 0 to 100 years in seconds;
-            a boolean is not a number).
-    """
-    if value is None or value in (b"", ""):
-        return None
-    if isinstance(value, bool):
-        raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got the boolean "
-                           f"{str(value).lower()}")
-    try:
-        # float() of what is no number raises TypeError, turned into bad_expiration here
-        secs = float(value.decode() if isinstance(value, bytes) else value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, UnicodeDecodeError):
-        raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got {value!r}") from None
-    if not secs >= 0 or secs == float("inf"):
-        raise MessageError("bad_expiration", f"expiration must be seconds >= 0, got {value!r}")
-    if secs > MAX_EXPIRATION_S:
-        raise MessageError("bad_expiration", f"expiration can be at most 100 years "
-                           f"({MAX_EXPIRATION_S} s), got {value!r}")
-    return secs
-
-
-def expiry_for(topic: TopicConfig, message_ttl_s: float | None, stream_id: str) -> str:
-    """The apply.lua expiry field of an upsert: absolute ms on the Redis server clock (the
-    log entry's id time + lifetime), ``""`` for no expiry, ``"now"`` for TTL 0 under policy min.
-
-    Policy ``override`` (AMPS, seeds/004): the message expiration wins over the topic default;
-    ``0`` means never expire. Policy ``min`` (RabbitMQ, seeds/001): the lower of topic and
-    message TTL wins; a TTL of 0 is delivered to current subscribers, then removed.
-    """
-    default = topic.default_ttl_ms
-    msg = None if message_ttl_s is None else round(message_ttl_s * 1000)
-    if topic.expiration_policy == "min":
-        ttls = [x for x in (default, msg) if x is not None]
-        if not ttls:
-            return ""
-        ttl = min(ttls)
-        if ttl == 0 and topic.expiration_enabled:
-            return "now"
-    elif msg is not None:
-        if msg == 0:
-            return ""
-        ttl = msg
-    elif default is not None:
-        ttl = default
-    else:
-        return ""
-    return str(ms_of(stream_id) + ttl)
 
 
 def merge(base: JSONObject, delta: JSONObject) -> JSONObject:

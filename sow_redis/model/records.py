@@ -12,28 +12,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from .expiry import expiry_of
 from .values import JSONObject
-
-MAX_EXPIRY_MS = 253_402_300_799_999
-"""The latest expiry a reader reports, in ms since the epoch: 9999-12-31T23:59:59.999Z (the last
-instant a ``datetime`` holds). A message's expiration is at most 100 years
-(:data:`sow_redis.model.messages.MAX_EXPIRATION_S`), so only a record written before that bound (or
-behind sow_redis's back) holds a later one: it reads as this value (never due in practice),
-not as a number that no JSON encoder or clock can hold."""
-
-
-def expiry_of(value: object) -> int:
-    """A stored or published expiry (ms since the epoch; int, float or their text) as an int
-    from 0 to :data:`MAX_EXPIRY_MS`: 0 (none) for what is no number, later times clamped."""
-    if type(value) is int and 0 <= value <= MAX_EXPIRY_MS:
-        return value
-    try:
-        ms = float(value.decode() if isinstance(value, bytes) else value)  # type: ignore[arg-type]
-    except (TypeError, ValueError, UnicodeDecodeError):
-        return 0
-    if ms != ms or ms <= 0:
-        return 0
-    return MAX_EXPIRY_MS if ms > MAX_EXPIRY_MS else int(ms)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from redis.exceptions import ResponseError
 from .. import keys
 from ..connection import Client, server_ms
 from ..feed.live import topic_subscribers
-from ..model.records import MAX_EXPIRY_MS
+from ..model.expiry import MAX_EXPIRY_MS
 from ..model.topic import TopicConfig
 from ..model.values import JSONObject
 from ..partition_state import read_partitions

@@ -10,8 +10,9 @@ from typing import Any
 from ..connection import Fields
 from ..errors import MessageError
 from ..model.entries import make_entry
+from ..model.expiry import check_expiration
 from ..model.fix import to_message
-from ..model.messages import check_expiration, encode, index_members, parse, unwrap
+from ..model.messages import encode, index_members, parse, unwrap
 from ..model.topic import TopicConfig
 from .result import PublishResult, Rejected
 

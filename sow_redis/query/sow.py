@@ -19,6 +19,7 @@ from redis.exceptions import OutOfMemoryError
 
 from .. import keys
 from ..connection import Client, server_ms
+from ..model.expiry import is_due
 from ..model.records import Record
 from ..model.records import decode as decode_record
 from ..model.sowkey import generate, index_hash, partition_of_key
@@ -188,7 +189,7 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
     objs: dict[str, JSONObject] = {}
     now_ms = server_ms(r) if topic.expiration_enabled and source is None else 0
     for rec in records:
-        if now_ms and 0 < rec.expiry_ms <= now_ms:
+        if now_ms and is_due(rec.expiry_ms, now_ms):
             continue  # due: the expirer is about to remove it; never returned once due
         if pred is not None or order is not None:
             try:

@@ -32,6 +32,7 @@
   Output: the operation's (see its include); error reply "SOW_BADARGS unknown operation …".
 ]]
 --@include partition
+--@include expiry
 --@include event
 --@include remove_record
 --@include write_record

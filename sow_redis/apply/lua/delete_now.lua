@@ -29,6 +29,7 @@
     entries (nothing written), {-2, ""} during a shape migration (nothing written).
 ]]
 --@include partition
+--@include expiry
 --@include event
 --@include remove_record
 --@include write_record

@@ -19,13 +19,13 @@
     (next due is at least now + 5 while due records wait for the workers)
 ]]
 --@include partition
+--@include expiry
 --@include event
 --@include remove_record
 
 local P = partition_context()
 local limit = tonumber(ARGV[OP + 1])
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local horizon = now
 local cursor = redis.call("HGET", P.state, "cursor") or "0-0"
 local pending = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", 1)
@@ -33,7 +33,7 @@ if pending[1] then
   local logged = tonumber(string.match(pending[1][1], "^(%d+)"))
   if logged < horizon then horizon = logged end
 end
-local due = redis.call("ZRANGEBYSCORE", P.exp, "-inf", horizon, "LIMIT", 0, limit)
+local due = due_keys(P, horizon, limit)
 local S = batch_state(P, tonumber(redis.call("HGET", P.state, "seq") or "0"), true,
   P.dead_letter, P.keep_count, P.keep_ms)
 S.now = now

@@ -57,8 +57,7 @@ local function publish_changes(P, S)
   count_changes(P, S)
   local now = S.now
   if not now then
-    local t = redis.call("TIME")
-    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    now = now_ms()
   end
   local block = encode_block(P.topic, P.partition, S.first, S.seq, now, S.changes)
   redis.call("SPUBLISH", P.chan, block)

@@ -97,7 +97,7 @@ local function live_record(P, S, key, id)
   local old = redis.call("HGET", P.rec, key)
   if old and S.expiring then
     local exp_ms = tonumber(header_field(old, 2))
-    if exp_ms > 0 and exp_ms <= id_ms(id) then
+    if is_due(exp_ms, id_ms(id)) then
       remove_record(P, S, key, old, "expired", nil)
       return nil
     end
