@@ -27,14 +27,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
+import re2
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import keys
 from .apply.jobs import apply_here, ensure_jobs
 from .apply.scripts import Scripts
-from .config import DERIVED_KINDS, load_file, parse_topics
+from .config import DERIVED_KINDS, TOPIC_NAME, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
-from .errors import BookmarkError, MessageError
+from .errors import BookmarkError, MessageError, UnknownTopicError
 from .feed.aggregate import AggregatedSubscriber
 from .feed.bookmark import Bookmark
 from .feed.bookmark_store import BookmarkStore
@@ -58,7 +59,7 @@ from .publish.validate import Item, prepare
 from .publish.wait import delete_counts, wait_applied
 from .query.filter import compile_filter
 from .query.sow import query
-from .registry import apply_topics, get_topic
+from .registry import apply_topics, get_topic, load_topics
 from .settings import Settings
 from .streamids import parse as parse_id
 from .streamids import reached
@@ -578,6 +579,37 @@ class Sow:
                      {"kind": "group_end", "topic": t.name, "count": len(rows),
                       "bookmark": mark}])
         return sub
+
+    def topics_matching(self, pattern: str) -> list[str]:
+        """The names of the defined topics a regular expression matches (unanchored, as AMPS
+        topic patterns and LIKE: ``^ord`` for a prefix; RE2 syntax), sorted.
+
+        Raises:
+            UnknownTopicError: the pattern is no regular expression, or no topic matches.
+        """
+        try:
+            regex = re2.compile(pattern)
+        except re2.error as exc:
+            raise UnknownTopicError(f"topic pattern {pattern!r} is no regular expression "
+                                    f"({exc})") from None
+        names = sorted(n for n in load_topics(self.r) if regex.search(n))
+        if not names:
+            raise UnknownTopicError(f"no topic matches the pattern {pattern!r}")
+        return names
+
+    def resolve_topics(self, topic: str, regex: bool = False) -> list[str]:
+        """``topic`` as the topic names it stands for: itself when it is a defined topic;
+        else, with ``regex`` or when it is no valid topic name (``ord.*``), the topics it
+        matches as a regular expression (:meth:`topics_matching`; issue 25.4).
+
+        Raises:
+            UnknownTopicError: no such topic, or no topic matches the pattern.
+        """
+        if not regex:
+            if TOPIC_NAME.fullmatch(topic):
+                self.topic(topic)  # raises UnknownTopicError for an undefined name
+                return [topic]
+        return self.topics_matching(topic)
 
     def aggregate(self, topic: str, projection: list[str], grouping: list[str],
                   filter: str | None = None, *,

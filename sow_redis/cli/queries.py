@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -12,9 +13,15 @@ from ..model.fix import encode
 from ..model.records import Record
 from .common import console_for, friendly, parse_separator, sow_of, split_keys
 
+if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
+    from ..client import Sow
+
 
 @click.command()
-@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.option("-t", "--topic", required=True, help="SOW topic, or a regular expression of "
+              "topic names (every line then names its topic).")
+@click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
+              "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("-f", "--filter", "filter_", help="AMPS content filter, e.g. \"/price > 100\".")
 @click.option("--top-n", type=click.IntRange(min=0), help="Return at most N records.")
 @click.option("--skip-n", type=click.IntRange(min=0), default=0,
@@ -31,9 +38,10 @@ from .common import console_for, friendly, parse_separator, sow_of, split_keys
 @click.option("--separator", help="With --format fix: field separator (default: the topic's).")
 @click.pass_context
 @friendly
-def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
-        skip_n: int, select: tuple[str, ...], as_of: str | None, order_by: str | None,
-        keys: str | None, with_key: bool, fmt: str, separator: str | None) -> None:
+def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
+        top_n: int | None, skip_n: int, select: tuple[str, ...], as_of: str | None,
+        order_by: str | None, keys: str | None, with_key: bool, fmt: str,
+        separator: str | None) -> None:
     """Query the SOW of a topic: one JSON record per line.
 
     \b
@@ -42,6 +50,21 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights --order-by /tailnum --skip-n 20 --top-n 10 --select /tailnum --select /carrier
     """
     client = sow_of(ctx)
+    names = client.resolve_topics(topic, topic_regex)
+    if names != [topic]:  # a pattern: each topic's records, every line naming its topic
+        for name in names:
+            _print_records(client, name, filter_, keys, top_n, order_by, skip_n, select, as_of,
+                           with_key, fmt, separator, labelled=True)
+        return
+    _print_records(client, topic, filter_, keys, top_n, order_by, skip_n, select, as_of,
+                   with_key, fmt, separator, labelled=False)
+
+
+def _print_records(client: Sow, topic: str, filter_: str | None, keys: str | None,
+                   top_n: int | None, order_by: str | None, skip_n: int,
+                   select: tuple[str, ...], as_of: str | None, with_key: bool, fmt: str,
+                   separator: str | None, labelled: bool) -> None:
+    """Print one topic's query result (``labelled``: JSON lines carry ``topic``)."""
     try:
         records = client.sow(topic, filter_, split_keys(keys), top_n, order_by,
                              skip_n=skip_n, select=list(select) if select else None,
@@ -59,15 +82,19 @@ def sow(ctx: click.Context, topic: str, filter_: str | None, top_n: int | None,
                                        f"{t.message_type} messages (use jsonl or table)")
         sep = parse_separator(separator) or t.field_separator.encode()
         for rec in records:
-            out.write((rec.sow_key.encode() + b" " if with_key else b"")
+            out.write((topic.encode() + b" " if labelled else b"")
+                      + (rec.sow_key.encode() + b" " if with_key else b"")
                       + encode(rec.obj(), sep) + b"\n")
         out.flush()
         return
+    label = b'"topic":%s,' % orjson.dumps(topic) if labelled else b""
     for rec in records:
         if with_key:
             key = rec.sow_key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            out.write(b'{"sow_key":%s,"seq":%d,"expiry_ms":%d,"data":%s}\n'
-                      % (orjson.dumps(key), rec.seq, rec.expiry_ms, rec.data))
+            out.write(b'{%s"sow_key":%s,"seq":%d,"expiry_ms":%d,"data":%s}\n'
+                      % (label, orjson.dumps(key), rec.seq, rec.expiry_ms, rec.data))
+        elif labelled:
+            out.write(b'{%s"data":%s}\n' % (label, rec.data))
         else:
             out.write(rec.data + b"\n")
     out.flush()
@@ -92,7 +119,10 @@ def _print_table(topic: str, records: list[Record], with_key: bool) -> None:
 
 
 @click.command("sow-delete")
-@click.option("-t", "--topic", required=True, help="SOW topic.")
+@click.option("-t", "--topic", required=True, help="SOW topic, or a regular expression of "
+              "topic names.")
+@click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
+              "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("-f", "--filter", "filter_", help="Delete records matching (1=1: all).")
 @click.option("--keys", help="Delete these SOW keys (comma-separated).")
 @click.option("--data", help="Delete the record a publish of this JSON would update.")
@@ -100,8 +130,9 @@ def _print_table(topic: str, records: list[Record], with_key: bool) -> None:
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for workers.")
 @click.pass_context
 @friendly
-def sow_delete(ctx: click.Context, topic: str, filter_: str | None, keys: str | None,
-               data: str | None, sow_key: str | None, timeout: float) -> None:
+def sow_delete(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
+               keys: str | None, data: str | None, sow_key: str | None,
+               timeout: float) -> None:
     """Remove records by filter, by SOW keys or by message data; prints how many.
 
     \b
@@ -110,10 +141,13 @@ def sow_delete(ctx: click.Context, topic: str, filter_: str | None, keys: str | 
     """
     if sum(x is not None for x in (filter_, keys, data)) != 1:
         raise click.UsageError("give exactly one of --filter, --keys or --data")
-    n = sow_of(ctx).sow_delete(topic, filter=filter_, keys=split_keys(keys),
-                             data=data.encode("utf-8", "surrogateescape") if data is not None else None,
-                             sow_key=sow_key, timeout=timeout)
-    click.echo(f"removed {n} record(s) from {topic}")
+    client = sow_of(ctx)
+    for name in client.resolve_topics(topic, topic_regex):
+        n = client.sow_delete(name, filter=filter_, keys=split_keys(keys),
+                              data=data.encode("utf-8", "surrogateescape")
+                              if data is not None else None,
+                              sow_key=sow_key, timeout=timeout)
+        click.echo(f"removed {n} record(s) from {name}")
 
 
 @click.command()

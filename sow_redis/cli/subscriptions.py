@@ -15,17 +15,19 @@ from .common import friendly, sow_of
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
     from ..feed.aggregate import AggregatedSubscriber
+    from ..feed.multi import MultiSubscriber
     from ..feed.subscriber import Message, Subscriber
 
 F = TypeVar("F", bound=Callable[..., object])
 
 
-def _run_subscription(sub: Subscriber | AggregatedSubscriber, count: int | None,
-                      timeout: float | None) -> None:
+def _run_subscription(sub: Subscriber | AggregatedSubscriber | MultiSubscriber,
+                      count: int | None, timeout: float | None) -> None:
     """Print a subscription's messages as JSON Lines until ``count`` messages, ``timeout``
     seconds without one, Ctrl-C or SIGTERM; each is processed once written. Recoveries go to
     stderr too, and first one line saying that the subscription is live (every change from
     then on is printed). Closing flushes the bookmark store."""
+    from ..feed.multi import MultiSubscriber  # start-up time: redis-py
     from ..feed.subscriber import to_line  # start-up time: redis-py
 
     def on_term(*_a: object) -> None:
@@ -33,8 +35,9 @@ def _run_subscription(sub: Subscriber | AggregatedSubscriber, count: int | None,
 
     previous = signal.signal(signal.SIGTERM, on_term)
     out = sys.stdout.buffer
-    click.echo(f"live on {sub.topic.name} ({sub.topic.partitions} partition(s)): every change "
-               "from now on is printed; Ctrl-C stops", err=True)
+    topics = sub.topics if isinstance(sub, MultiSubscriber) else [sub.topic]
+    where = ", ".join(f"{t.name} ({t.partitions} partition(s))" for t in topics)
+    click.echo(f"live on {where}: every change from now on is printed; Ctrl-C stops", err=True)
     try:
         with sub:
             def write(msg: Message) -> None:
@@ -94,6 +97,8 @@ def _report_recovery(msg: Message) -> None:
               help="Processed messages between two writes of the bookmark.")
 @click.option("--resync", is_flag=True, help="A bookmark older than the change feed: re-read "
               "the records changed since it, then go live (instead of an error).")
+@click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
+              "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("--delta", is_flag=True, help="Delta subscription (AMPS delta_subscribe): an "
               "update carries only the fields that changed; the topic needs change_previous.")
 @_message_limits
@@ -101,8 +106,8 @@ def _report_recovery(msg: Message) -> None:
 @friendly
 def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
               bookmark: str | None, client_name: str | None, sub_id: str | None,
-              persist_every: int, resync: bool, delta: bool, count: int | None,
-              timeout: float | None) -> None:
+              persist_every: int, resync: bool, topic_regex: bool, delta: bool,
+              count: int | None, timeout: float | None) -> None:
     """Print the changes of a topic as JSON Lines (one message per line, with a "kind":
     publish, oof, completed, recovery), AMPS subscribe semantics: records published to the
     topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
@@ -121,11 +126,19 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
     if client_name is None and bookmark is not None and bookmark.strip().upper() == "RECENT":
         raise click.UsageError("--bookmark RECENT needs the bookmark store: give --client-name "
                                "and --sub-id")
-    sub = sow_of(ctx).subscribe(topic, filter_, oof=oof, bookmark=bookmark,
-                              client_name=client_name, sub_id=sub_id,
-                              persist_every=persist_every, resync=resync, delta=delta,
-                              report=_report_recovery)
-    _run_subscription(sub, count, timeout)
+    client = sow_of(ctx)
+    names = client.resolve_topics(topic, topic_regex)
+    if client_name is not None and names != [topic]:
+        raise click.UsageError("--client-name keeps one topic's bookmarks: give one topic, "
+                               "not a pattern")
+
+    def one(name: str) -> Subscriber:
+        return client.subscribe(name, filter_, oof=oof, bookmark=bookmark,
+                                client_name=client_name, sub_id=sub_id,
+                                persist_every=persist_every, resync=resync, delta=delta,
+                                report=_report_recovery)
+
+    _run_subscription(one(topic) if names == [topic] else _many(one, names), count, timeout)
 
 
 @click.command("sow-and-subscribe")
@@ -134,6 +147,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @click.option("--oof", is_flag=True, help="Out-of-focus notices (see subscribe).")
 @click.option("--top-n", type=click.IntRange(min=0), help="The query returns at most N records.")
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
+@click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
+              "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("--delta", is_flag=True, help="AMPS sow_and_delta_subscribe: the records whole, "
               "then only the changed fields of each update (see subscribe --delta).")
 @click.option("--as-of", "as_of", help="The query as of this point (ISO-8601 time, bookmark "
@@ -146,8 +161,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @click.pass_context
 @friendly
 def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
-                      top_n: int | None, order_by: str | None, delta: bool,
-                      as_of: str | None, projection: tuple[str, ...],
+                      top_n: int | None, order_by: str | None, topic_regex: bool,
+                      delta: bool, as_of: str | None, projection: tuple[str, ...],
                       grouping: tuple[str, ...], count: int | None,
                       timeout: float | None) -> None:
     """Print the query result ("kind": "sow"), a group_end line (also when the result is
@@ -174,10 +189,30 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: 
                                                 filter_, report=_report_recovery),
                           count, timeout)
         return
-    sub = sow_of(ctx).sow_and_subscribe(topic, filter_, oof=oof, top_n=top_n,
+    client = sow_of(ctx)
+    names = client.resolve_topics(topic, topic_regex)
+
+    def one(name: str) -> Subscriber:
+        return client.sow_and_subscribe(name, filter_, oof=oof, top_n=top_n,
                                         order_by=order_by, report=_report_recovery,
                                         delta=delta, as_of=as_of)
-    _run_subscription(sub, count, timeout)
+
+    _run_subscription(one(topic) if names == [topic] else _many(one, names), count, timeout)
+
+
+def _many(one: Callable[[str], Subscriber], names: list[str]) -> MultiSubscriber:
+    """One subscription per topic of a pattern, read as one (closed again if one fails)."""
+    from ..feed.multi import MultiSubscriber  # start-up time: redis-py
+
+    subs: list[Subscriber] = []
+    try:
+        for name in names:
+            subs.append(one(name))
+    except BaseException:
+        for sub in subs:
+            sub.close()
+        raise
+    return MultiSubscriber(subs)
 
 
 @click.command()
