@@ -23,7 +23,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -58,7 +58,7 @@ from .publish.used import touch
 from .publish.validate import Item, prepare
 from .publish.wait import delete_counts, wait_applied
 from .query.filter import compile_filter
-from .query.sow import query
+from .query.sow import query, query_batches
 from .registry import apply_topics, get_topic, load_topics
 from .settings import Settings
 from .streamids import parse as parse_id
@@ -434,6 +434,25 @@ class Sow:
                 source = [rec for rec in source if rec.sow_key in wanted]
         return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select,
                      source=source)
+
+    def sow_batches(self, topic: str, batch_size: int, filter: str | None = None,
+                    keys: list[str] | None = None, top_n: int | None = None,
+                    order_by: str | None = None, skip_n: int = 0,
+                    select: list[str] | None = None) -> Iterator[list[Record]]:
+        """:meth:`sow` in batches of at most ``batch_size`` records (AMPS ``batch_size``):
+        without ``order_by`` a result of any size is read and handed over one batch at a
+        time (:func:`sow_redis.query.sow.query_batches`).
+
+        Raises:
+            as :meth:`sow`; ValueError: ``batch_size`` below 1.
+        """
+        if keys is not None:
+            check_key_list(keys)
+        t = self.topic(topic)
+        if t.idle_ms:
+            touch(self.r, t.name)
+        return query_batches(self.r, t, batch_size, filter, keys, top_n, order_by, skip_n,
+                             select)
 
     def _as_of(self, t: TopicConfig, when: str) -> tuple[list[int], list[Record]]:
         """The per-partition position of ``when`` and the records as they were there."""

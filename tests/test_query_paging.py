@@ -50,3 +50,18 @@ def test_cli_paging_and_select(url, topic_name):
     bad = run_cli(url, "sow", "-t", topic_name, "--select", "id", check=False)
     err = bad.stderr.decode().strip().splitlines()
     assert bad.returncode == 1 and len(err) == 1 and "--select" in err[0], err
+
+
+def test_batches_hand_over_every_match_once(sow, topic_name):
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": i, "px": i % 7} for i in range(100)])
+    batches = list(sow.sow_batches(topic_name, 16, "/px > 2"))
+    assert all(1 <= len(b) <= 16 for b in batches) and len(batches) >= 4
+    got = sorted(r.obj()["id"] for b in batches for r in b)
+    assert got == sorted(r.obj()["id"] for r in sow.sow(topic_name, "/px > 2"))
+    ordered = [r.obj()["id"] for b in sow.sow_batches(topic_name, 10, order_by="/id DESC",
+                                                      skip_n=5, top_n=25) for r in b]
+    assert ordered == list(range(94, 69, -1))
+    assert sum(len(b) for b in sow.sow_batches(topic_name, 7, skip_n=90, top_n=20)) == 10
+    with pytest.raises(ValueError, match="batch_size"):
+        next(sow.sow_batches(topic_name, 0))

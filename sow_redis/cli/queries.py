@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
               "record (a select list); repeat the option.")
 @click.option("--as-of", "as_of", help="The SOW as it was at this point: an ISO-8601 time, a "
               "bookmark or EPOCH (a topic with history).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Read and print N records at a "
+              "time (JSON Lines; without --order-by a result of any size takes the memory of "
+              "one batch).")
 @click.option("--order-by", help="e.g. \"/price DESC, /orderId\".")
 @click.option("--keys", help="Only these SOW keys (comma-separated).")
 @click.option("--with-key", is_flag=True, help="Print {\"sow_key\":…, \"data\":…} per record.")
@@ -40,8 +43,8 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
 @friendly
 def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
         top_n: int | None, skip_n: int, select: tuple[str, ...], as_of: str | None,
-        order_by: str | None, keys: str | None, with_key: bool, fmt: str,
-        separator: str | None) -> None:
+        batch_size: int | None, order_by: str | None, keys: str | None, with_key: bool,
+        fmt: str, separator: str | None) -> None:
     """Query the SOW of a topic: one JSON record per line.
 
     \b
@@ -50,6 +53,16 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights --order-by /tailnum --skip-n 20 --top-n 10 --select /tailnum --select /carrier
     """
     client = sow_of(ctx)
+    if batch_size is not None:
+        if fmt != "jsonl" or as_of is not None or with_key:
+            raise click.UsageError("--batch-size prints JSON Lines of the current records: "
+                                   "no --format, --as-of or --with-key")
+        out = sys.stdout.buffer
+        for batch in client.sow_batches(topic, batch_size, filter_, split_keys(keys), top_n,
+                                        order_by, skip_n, list(select) if select else None):
+            out.write(b"".join(rec.data + b"\n" for rec in batch))
+            out.flush()
+        return
     names = client.resolve_topics(topic, topic_regex)
     if names != [topic]:  # a pattern: each topic's records, every line naming its topic
         for name in names:

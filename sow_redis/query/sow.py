@@ -188,20 +188,8 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
     out: list[Record] = []
     objs: dict[str, JSONObject] = {}
     now_ms = server_ms(r) if topic.expiration_enabled and source is None else 0
-    for rec in records:
-        if now_ms and is_due(rec.expiry_ms, now_ms):
-            continue  # due: the expirer is about to remove it; never returned once due
-        if pred is not None or order is not None:
-            try:
-                obj = rec.obj()
-            except orjson.JSONDecodeError as exc:  # no JSON object: no filter can match it
-                log.warning("topic %s: record %r is no JSON object the query can read (%s); "
-                            "skipped", topic.name, rec.sow_key, exc)
-                continue
-            if not isinstance(obj, dict):
-                continue
-            if pred is not None and not pred(obj):
-                continue
+    for rec, obj in _matching(topic, records, pred, order is not None, now_ms):
+        if obj is not None:
             objs[rec.sow_key] = obj
         out.append(rec)
         if top_n is not None and order is None and len(out) >= skip_n + top_n:
@@ -210,6 +198,68 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
         out = sort_records(out, order, data=lambda rec: objs[rec.sow_key])
     out = out[skip_n:] if top_n is None else out[skip_n:skip_n + top_n]
     return out if selected is None else [_selected(rec, selected) for rec in out]
+
+
+def _matching(topic: TopicConfig, records: Iterable[Record], pred: Filter | None,
+              decode: bool, now_ms: int) -> Iterator[tuple[Record, JSONObject | None]]:
+    """The records that match ``pred`` and are not due at ``now_ms`` (0: no check), each
+    with its decoded data when a filter or ``decode`` (an order-by) needed it."""
+    for rec in records:
+        if now_ms and is_due(rec.expiry_ms, now_ms):
+            continue  # due: the expirer is about to remove it; never returned once due
+        if pred is None and not decode:
+            yield rec, None
+            continue
+        try:
+            obj = rec.obj()
+        except orjson.JSONDecodeError as exc:  # no JSON object: no filter can match it
+            log.warning("topic %s: record %r is no JSON object the query can read (%s); "
+                        "skipped", topic.name, rec.sow_key, exc)
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if pred is not None and not pred(obj):
+            continue
+        yield rec, obj
+
+
+def query_batches(r: Client, topic: TopicConfig, batch_size: int, filter: str | None = None,
+                  sow_keys: list[str] | None = None, top_n: int | None = None,
+                  order_by: str | None = None, skip_n: int = 0,
+                  select: list[str] | None = None) -> Iterator[list[Record]]:
+    """:func:`query` in batches of at most ``batch_size`` records (AMPS ``batch_size``):
+    without ``order_by`` the records are read, filtered and handed over as they come, so a
+    result of any size takes the memory of one batch (and of Redis's HSCAN pages); with
+    ``order_by`` the matches are sorted first, then handed over in batches.
+
+    Raises:
+        ValueError: ``batch_size`` below 1; as :func:`query` otherwise.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
+    if order_by is not None:
+        rows = query(r, topic, filter, sow_keys, top_n, order_by, skip_n, select)
+        for i in range(0, len(rows), batch_size):
+            yield rows[i:i + batch_size]
+        return
+    # a query of no record checks the arguments and counts the query (n_query)
+    query(r, topic, filter, sow_keys, 0, None, skip_n, select)
+    # start-up time: as in query()
+    from .filter import compile_filter
+
+    pred = compile_filter(filter) if filter else None
+    selected = [split_path(p) for p in select] if select is not None else None
+    now_ms = server_ms(r) if topic.expiration_enabled else 0
+    matches = _matching(topic, _source(r, topic, pred, sow_keys), pred, False, now_ms)
+    picked = itertools.islice(matches, skip_n, None if top_n is None else skip_n + top_n)
+    batch: list[Record] = []
+    for rec, _obj in picked:
+        batch.append(rec if selected is None else _selected(rec, selected))
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _selected(rec: Record, paths: list[tuple[str, ...]]) -> Record:
