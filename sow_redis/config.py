@@ -58,7 +58,7 @@ from .model.topic import (
 from .model.values import JSON, JSONObject, split_path
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9_.\-/]{1,200}$")
-MESSAGE_TYPES = ("json", "fix")
+MESSAGE_TYPES = ("json", "fix", "xml")
 KEY_GENERATORS = ("default", "chaining")
 FIX_SESSION_MSG_TYPES = ("0", "1", "2", "3", "4", "5", "A")
 """FIX session-level (administrative) MsgType (35) values: Heartbeat, TestRequest,

@@ -36,8 +36,9 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
 @click.option("--order-by", help="e.g. \"/price DESC, /orderId\".")
 @click.option("--keys", help="Only these SOW keys (comma-separated).")
 @click.option("--with-key", is_flag=True, help="Print {\"sow_key\":…, \"data\":…} per record.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "table", "fix"]), default="jsonl",
-              show_default=True, help="fix: tag=value fields, one record per line.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "table", "fix", "xml"]),
+              default="jsonl", show_default=True,
+              help="fix: tag=value fields, one record per line; xml: one XML document per line.")
 @click.option("--separator", help="With --format fix: field separator (default: the topic's).")
 @click.pass_context
 @friendly
@@ -88,6 +89,15 @@ def _print_records(client: Sow, topic: str, filter_: str | None, keys: str | Non
         _print_table(topic, records, with_key)
         return
     out = sys.stdout.buffer
+    if fmt == "xml":
+        from ..model.xml import encode as xml_encode  # start-up time: xml.sax
+
+        for rec in records:
+            out.write((topic.encode() + b" " if labelled else b"")
+                      + (rec.sow_key.encode() + b" " if with_key else b"")
+                      + xml_encode(rec.obj()) + b"\n")
+        out.flush()
+        return
     if fmt == "fix":
         t = client.topic(topic)
         if t.message_type != "fix":

@@ -14,6 +14,7 @@ from ..model.expiry import check_expiration
 from ..model.fix import to_message
 from ..model.messages import encode, index_members, parse, unwrap
 from ..model.topic import TopicConfig
+from ..model.xml import to_message as xml_message
 from .result import PublishResult, Rejected
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -58,12 +59,14 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
     text = data
     data, opts = unwrap(text)
     obj = None
-    if type(msg) is dict and data is text and topic.message_type != "fix" \
+    if type(msg) is dict and data is text and topic.message_type == "json" \
             and all(type(v) in _SCALARS for v in msg.values()):
         # a flat dict of JSON scalars is its own decoding: encode() accepted it (string
         # keys, integers in range, finite floats), and its text reads back equal, so it is
         # not parsed again (about a third of this function for such a message)
         obj = msg
+    if topic.message_type == "xml" and not isinstance(msg, dict):  # a dict is its own form
+        data, obj = xml_message(data)
     if topic.message_type == "fix":
         sep = fix_separator or topic.field_separator.encode()
         skip = frozenset(topic.skip_msg_types) if skip_msg_types is None else skip_msg_types
