@@ -216,8 +216,6 @@ _DERIVED_TRANSLATED = {"Name", "UnderlyingTopic", "Projection", "Grouping", "Fil
 def _derived(el: ET.Element, out: Imported, seen: set[str]) -> None:
     """Translate one ``<View>`` or ``<ConflatedTopic>`` into ``out.derived`` (or say in
     ``out.skipped`` why not)."""
-    from ..config import parse_topics
-
     kind, name = DERIVED_TAGS[el.tag], _text(el.find("Name"))
     where = f"SOW/{el.tag}[{name or '?'}]"
     for child in el:

@@ -11,7 +11,7 @@ from redis.exceptions import NoPermissionError, ResponseError, WatchError
 
 from .. import keys
 from ..apply.jobs import enqueue_job, job_marker_value, new_job_id
-from ..connection import Client, Fields, is_cluster
+from ..connection import Client, Fields, node_for_key
 from .chunk import Chunk, Pass
 from .commands import Command, send_commands
 from .fence import raw_fence, raw_fence_off, reason
@@ -149,6 +149,4 @@ class WatchedSink(RoundTripSink):
 
 def _node_of(r: Client, key: str) -> Client:
     """The client of the primary holding ``key`` on a cluster; ``r`` itself otherwise."""
-    if not is_cluster(r):
-        return r
-    return cast("Client", r.get_redis_connection(r.get_node_from_key(key)))  # type: ignore[attr-defined]
+    return node_for_key(r, key)[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from redis.exceptions import RedisError, ResponseError
 
 from .. import keys
-from ..connection import Client, is_cluster
+from ..connection import Client, node_for_key, reload_slot_map
 from ..errors import NotDurableError
 
 Command = tuple[str, tuple[object, ...], dict[str, object]]
@@ -57,18 +57,14 @@ def send_commands(r: Client, commands: list[Command], durable: bool,
 
 
 def _by_node(r: Client, commands: list[Command]) -> dict[str, tuple[Client, list[int]]]:
-    """Node name → (its client, positions of the commands on its keys); one entry named ""
+    """Node name → (its client, positions of the commands on its keys); one entry, "the server",
     off a cluster. WAIT counts the replicas that have the writes of its own connection: one
     plain pipeline per node (a cluster's pipeline would spread commands over pooled
     connections)."""
     groups: dict[str, tuple[Client, list[int]]] = {}
     for i, (_m, args, _k) in enumerate(commands):
-        if is_cluster(r):
-            key = args[3] if args[0] == "EVALSHA" else args[0]
-            node = r.get_node_from_key(key)  # type: ignore[attr-defined]
-            name, client = node.name, r.get_redis_connection(node)  # type: ignore[attr-defined]
-        else:
-            name, client = "", r
+        key = args[3] if args[0] == "EVALSHA" else args[0]
+        client, name = node_for_key(r, str(key))
         groups.setdefault(name, (client, []))[1].append(i)
     return groups
 
@@ -85,11 +81,10 @@ def _run_and_wait(r: Client, client: Client, commands: list[Command]) -> list[ob
         replies = pipe.execute(raise_on_error=False)
         return raise_first(commands + [("wait", ("WAIT",), {})], replies)
     except RedisError:
-        if is_cluster(r):  # a node gone or a slot moved: read the slot map again
-            try:
-                r.nodes_manager.initialize()  # type: ignore[attr-defined]
-            except RedisError:
-                pass  # the next call tries again
+        try:  # a node gone or a slot moved: read the slot map again (a cluster)
+            reload_slot_map(r)
+        except (RedisError, OSError):
+            pass  # the next call tries again
         raise
 
 
