@@ -124,7 +124,7 @@ def _publish(ctx: click.Context, topic: str, file: str, cmd: str, sow_key: str |
     is still sent, then the counts are printed and the exit status is
     :data:`~sow_redis.cli.common.EXIT_INTERRUPTED`."""
     from ..client import Sow  # start-up time: redis-py and rq
-    from ..model.expiry import check_expiration
+    from ..model.expiry import check_expiration  # start-up time: config
 
     with Interrupt() as stop:
         check_expiration(expiration)  # --expiration beyond 100 years: one line, nothing sent
