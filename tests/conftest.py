@@ -372,6 +372,15 @@ in this process's JVM)."""
 # (also the CLI's, in subprocesses) and the standalone cluster's daemons
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+SPARK_TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""Java options of this run's Spark JVMs: the drivers (this process's and the CLI's, through
+``PYSPARK_SUBMIT_ARGS``), the executors and the standalone daemons. Their jobs are small and
+short: the client compiler only (no C2 compile threads) and one GC thread cut their CPU time
+on a 2-core machine that runs the tests on several xdist workers at once."""
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{SPARK_TEST_JVM}' --conf "
+                      f"'spark.executor.extraJavaOptions={SPARK_TEST_JVM}' pyspark-shell")
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", SPARK_TEST_JVM)
+
 
 def executor_python(folder: Path) -> str:
     """An interpreter for Spark's Python workers that cannot import this checkout: the
