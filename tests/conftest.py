@@ -330,8 +330,10 @@ def sow_redis_cli(env: dict[str, str], *args: str, input: bytes | None = None,
     there); the others, and any with ``process=True``, as a process of their own."""
     if not process and _command(args) in IN_PROCESS:
         return _run_in_process(env, args, input)
+    spark = _command(args) == "spark"  # a JVM: at SPARK_NICE
     return subprocess.run([sys.executable, "-m", "sow_redis.cli", *args], env=env,
-                          input=input, capture_output=True, timeout=timeout)
+                          input=input, capture_output=True, timeout=timeout,
+                          preexec_fn=(lambda: _renice(0)) if spark else None)  # noqa: PLW1509
 
 
 def run_cli(url: str, *args: str, input: bytes | None = None, check: bool = True,
@@ -381,6 +383,19 @@ os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{SPARK_TES
                       f"'spark.executor.extraJavaOptions={SPARK_TEST_JVM}' pyspark-shell")
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", SPARK_TEST_JVM)
 
+SPARK_NICE = 10
+"""Niceness of this run's Spark JVMs (the standalone daemons and their executors, the
+session's driver, the CLI's ``spark`` commands): the Spark tests check results, not timings,
+while the fault and expiry tests on the other xdist workers measure seconds and lose them
+when JVMs compete with their Redis and workers for the 2 cores."""
+
+
+def _renice(pid: int) -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, SPARK_NICE)
+    except OSError:  # gone already, or not allowed: it runs at the normal priority
+        pass
+
 
 def executor_python(folder: Path) -> str:
     """An interpreter for Spark's Python workers that cannot import this checkout: the
@@ -406,6 +421,8 @@ def spark_standalone(tmp_path_factory):
 
     cluster = start_standalone(tmp_path_factory.mktemp("spark-standalone"), workers=2,
                                cores=1, memory="1g")
+    for proc in cluster.procs:  # their executors, started later, inherit it
+        _renice(proc.pid)
     yield cluster
     cluster.stop()
 
@@ -432,5 +449,8 @@ def spark(request, tmp_path_factory):
             else:
                 os.environ["PYSPARK_PYTHON"] = saved
     session.sparkContext.setLogLevel("ERROR")
+    gateway = getattr(session.sparkContext._gateway, "proc", None)  # the driver's JVM
+    if gateway is not None:
+        _renice(gateway.pid)
     yield session
     session.stop()
