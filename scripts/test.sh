@@ -5,6 +5,9 @@
 # Tests start their own redis-server on a free port; the machine's 6379 is never touched.
 # `--fast` as the first argument runs the fast lane: every test not marked slow, cluster,
 # spark, browser or faults (markers in pyproject.toml); with no argument every test runs.
+# Tests run in parallel on SOW_TEST_WORKERS (default 6) pytest-xdist workers, through
+# PYTEST_ADDOPTS ("-n N --dist loadgroup"; tests/conftest.py keeps the tests of the Spark
+# session on one worker); SOW_TEST_WORKERS=0 runs them in this process, one after the other.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SOW_EXTRAS="dev,demo,spark" SOW_BROWSER=1 bash "$root/scripts/setup.sh"
@@ -28,4 +31,5 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   set -- -m "not slow and not cluster and not spark and not browser and not faults" "$@"
 fi
+export PYTEST_ADDOPTS="-n ${SOW_TEST_WORKERS:-6} --dist loadgroup${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
 exec .venv/bin/python -m pytest "$@"

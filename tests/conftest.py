@@ -11,6 +11,7 @@ either kind.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -59,6 +60,83 @@ def pytest_generate_tests(metafunc):
     if module in CORE and PLANE_FIXTURES & set(metafunc.fixturenames):
         cluster = pytest.param("cluster", marks=pytest.mark.cluster)  # not in the fast lane
         metafunc.parametrize("plane", ["server", cluster], indirect=True)
+
+
+# -- pytest-xdist (scripts/test.sh runs the suite with -n N --dist loadgroup) ---------------
+SPARK_FIXTURES = frozenset({"spark", "spark_standalone"})
+"""The tests that take one of these fixtures (as a parameter) run on one xdist worker, one
+after the other, so the standalone Spark cluster and the session start once per run."""
+
+WHOLE_FILES = frozenset({"tests/test_fixtures.py"})
+"""Files whose tests run on one worker in file order: a later test there checks what an
+earlier one left (test_fixtures: ``lonely_url`` is the same server within a module)."""
+
+LONGEST = ("test_cli_spark_shell_on_the_cluster", "test_expirer_and_workers_race_for_60s",
+           "test_kill9_workers_during_500k_mixed_ingest", "test_every_failure_path_is_one_line",
+           "test_up_cluster_starts_a_cluster", "test_redis_kill9_keeps_every_acknowledged",
+           "test_cli_spark_load", "test_redis_unreachable_10s", "test_readme_")
+"""Tests of 15 s or more (``--durations``) outside the Spark group: under xdist they are
+handed out right after the Spark group, so none of them starts last."""
+
+
+@functools.cache
+def _spark_tests() -> frozenset[str]:
+    """``path::name`` of every test function in tests/ with a :data:`SPARK_FIXTURES`
+    parameter, from the files' syntax trees: the xdist controller schedules by node id and
+    collects nothing itself."""
+    import ast
+
+    found = set()
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and \
+                    SPARK_FIXTURES & {a.arg for a in node.args.args}:
+                found.add(f"tests/{path.name}::{node.name}")
+    return frozenset(found)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: pytest-xdist's group scheduling, where the tests of
+    :func:`_spark_tests` form the group ``spark-session`` and each of :data:`WHOLE_FILES`
+    a group of its own (pytest-xdist 3.8 cannot see an ``xdist_group`` mark on pytest 9.2:
+    pytest-dev/pytest-xdist#1386); every other test is a unit of its own, handed to
+    whichever worker is free."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    spark = _spark_tests()
+
+    class SparkGroupScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("[", 1)[0] in spark:
+                return "spark-session"
+            if nodeid.split("::", 1)[0] in WHOLE_FILES:
+                return nodeid.split("::", 1)[0]
+            return super()._split_scope(nodeid)
+
+    return SparkGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist: the run starts with the work that takes longest, so no worker is
+    left with a long test at the end: the Spark group, then :data:`LONGEST`, then the tests
+    marked spark, faults or slow, then those on the cluster, then the rest (each in
+    collection order; every worker sorts alike). Without xdist the files' order stays."""
+    if not hasattr(config, "workerinput"):  # not a pytest-xdist worker
+        return
+
+    def rank(item) -> int:
+        if item.nodeid.split("[", 1)[0] in _spark_tests():
+            return 0
+        if item.name.startswith(LONGEST):
+            return 1
+        marks = {m.name for m in item.iter_markers()}
+        if marks & {"spark", "faults", "slow"}:
+            return 2
+        return 3 if "cluster" in marks else 4
+
+    items.sort(key=rank)  # stable: collection order within a rank
 
 
 @pytest.fixture
@@ -253,8 +331,10 @@ def sow_redis_cli(env: dict[str, str], *args: str, input: bytes | None = None,
     there); the others, and any with ``process=True``, as a process of their own."""
     if not process and _command(args) in IN_PROCESS:
         return _run_in_process(env, args, input)
+    spark = _command(args) == "spark"  # a JVM: at SPARK_NICE
     return subprocess.run([sys.executable, "-m", "sow_redis.cli", *args], env=env,
-                          input=input, capture_output=True, timeout=timeout)
+                          input=input, capture_output=True, timeout=timeout,
+                          preexec_fn=(lambda: _renice(0)) if spark else None)  # noqa: PLW1509
 
 
 def run_cli(url: str, *args: str, input: bytes | None = None, check: bool = True,
@@ -295,6 +375,28 @@ in this process's JVM)."""
 # (also the CLI's, in subprocesses) and the standalone cluster's daemons
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
+SPARK_TEST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""Java options of this run's Spark JVMs: the drivers (this process's and the CLI's, through
+``PYSPARK_SUBMIT_ARGS``), the executors and the standalone daemons. Their jobs are small and
+short: the client compiler only (no C2 compile threads) and one GC thread cut their CPU time
+on a 2-core machine that runs the tests on several xdist workers at once."""
+os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f"--driver-java-options '{SPARK_TEST_JVM}' --conf "
+                      f"'spark.executor.extraJavaOptions={SPARK_TEST_JVM}' pyspark-shell")
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", SPARK_TEST_JVM)
+
+SPARK_NICE = 10
+"""Niceness of this run's Spark JVMs (the standalone daemons and their executors, the
+session's driver, the CLI's ``spark`` commands): the Spark tests check results, not timings,
+while the fault and expiry tests on the other xdist workers measure seconds and lose them
+when JVMs compete with their Redis and workers for the 2 cores."""
+
+
+def _renice(pid: int) -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, SPARK_NICE)
+    except OSError:  # gone already, or not allowed: it runs at the normal priority
+        pass
+
 
 def executor_python(folder: Path) -> str:
     """An interpreter for Spark's Python workers that cannot import this checkout: the
@@ -320,6 +422,8 @@ def spark_standalone(tmp_path_factory):
 
     cluster = start_standalone(tmp_path_factory.mktemp("spark-standalone"), workers=2,
                                cores=1, memory="1g")
+    for proc in cluster.procs:  # their executors, started later, inherit it
+        _renice(proc.pid)
     yield cluster
     cluster.stop()
 
@@ -346,5 +450,8 @@ def spark(request, tmp_path_factory):
             else:
                 os.environ["PYSPARK_PYTHON"] = saved
     session.sparkContext.setLogLevel("ERROR")
+    gateway = getattr(session.sparkContext._gateway, "proc", None)  # the driver's JVM
+    if gateway is not None:
+        _renice(gateway.pid)
     yield session
     session.stop()

@@ -94,3 +94,23 @@ def test_a_finding_fails_the_run_before_pytest(scratch: Path, tool: str, ran: li
     assert _calls(scratch) == ran  # pytest never started
     assert f"{tool}: 1 finding" in res.stdout
     assert f"check {tool} (sow_redis): FAILED (exit status 3); tests not run" in res.stderr
+
+
+@pytest.mark.parametrize("workers, addopts, want", [
+    (None, None, "-n 6 --dist loadgroup"),
+    ("0", None, "-n 0 --dist loadgroup"),
+    ("3", "-p no:cacheprovider", "-n 3 --dist loadgroup -p no:cacheprovider")])
+def test_test_sh_runs_pytest_on_xdist_workers(scratch: Path, workers, addopts, want):
+    """The tests run on SOW_TEST_WORKERS (default 6) pytest-xdist workers with the group
+    scheduling of tests/conftest.py, through PYTEST_ADDOPTS (a PYTEST_ADDOPTS of the caller
+    is kept after them); the arguments still reach pytest as given."""
+    python = scratch / ".venv" / "bin" / "python"
+    python.write_text(f'#!/usr/bin/env bash\necho "$PYTEST_ADDOPTS" >> "{scratch / "calls.log"}"\n')
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SOW_TEST_WORKERS", "PYTEST_ADDOPTS")}
+    env.update({k: v for k, v in (("SOW_TEST_WORKERS", workers), ("PYTEST_ADDOPTS", addopts))
+                if v is not None})
+    res = subprocess.run(["bash", str(scratch / "scripts" / "test.sh"), "-q"], check=False,
+                         env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert _calls(scratch)[-1] == want

@@ -24,8 +24,10 @@ def test_a_node_port_whose_bus_port_is_in_use_is_skipped(monkeypatch):
         busy = held.getsockname()[1]
         if busy - 10000 < 1024:
             return  # no candidate below it to offer
-        offered = iter([busy - 10000, server.free_port()])
-        monkeypatch.setattr(server, "free_port", lambda: next(offered))
+        # busy - 10000 first, then real free ports (one may be skipped in turn: above 55535,
+        # or its bus port taken by another process of the run)
+        offered, real = iter([busy - 10000]), server.free_port
+        monkeypatch.setattr(server, "free_port", lambda: next(offered, None) or real())
         port = server.free_cluster_port()
     assert port != busy - 10000
 
