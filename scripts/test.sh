@@ -7,7 +7,9 @@
 # spark, browser or faults (markers in pyproject.toml); with no argument every test runs.
 # Tests run in parallel on SOW_TEST_WORKERS (default 6) pytest-xdist workers, through
 # PYTEST_ADDOPTS ("-n N --dist loadgroup"; tests/conftest.py keeps the tests of the Spark
-# session on one worker); SOW_TEST_WORKERS=0 runs them in this process, one after the other.
+# session on one worker), then the tests bound to wall-clock time (marker serial) one at a
+# time; SOW_TEST_WORKERS=0 runs them all in this process, one after the other, and a
+# caller's own -m makes one parallel run of what it selects.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SOW_EXTRAS="dev,demo,spark" SOW_BROWSER=1 bash "$root/scripts/setup.sh"
@@ -27,9 +29,27 @@ check() {  # check NAME COMMAND...: "check NAME: <tool's last line>"; on a findi
 
 check "ruff (sow_redis)" .venv/bin/ruff check sow_redis
 check "mypy (sow_redis)" .venv/bin/mypy
+lane=""
 if [ "${1:-}" = "--fast" ]; then
   shift
-  set -- -m "not slow and not cluster and not spark and not browser and not faults" "$@"
+  lane="not slow and not cluster and not spark and not browser and not faults"
 fi
-export PYTEST_ADDOPTS="-n ${SOW_TEST_WORKERS:-6} --dist loadgroup${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
-exec .venv/bin/python -m pytest "$@"
+workers="${SOW_TEST_WORKERS:-6}"
+own_marks=0
+for arg in "$@"; do [ "$arg" = "-m" ] && own_marks=1; done
+if [ "$workers" = "0" ] || [ "$own_marks" = "1" ]; then
+  # one process (SOW_TEST_WORKERS=0), or the caller's own -m: one run as asked
+  [ "$workers" = "0" ] || export PYTEST_ADDOPTS="-n $workers --dist loadgroup${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
+  exec .venv/bin/python -m pytest ${lane:+-m "$lane"} "$@"
+fi
+# the parallel part: every test but those bound to wall-clock time (marker serial)
+status=0
+PYTEST_ADDOPTS="-n $workers --dist loadgroup${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}" \
+  .venv/bin/python -m pytest -m "${lane:+($lane) and }not serial" "$@" || status=$?
+# then the serial part, one test at a time (exit status 5: none selected, e.g. with -k)
+serial=0
+.venv/bin/python -m pytest -m "${lane:+($lane) and }serial" "$@" || serial=$?
+[ "$serial" = "5" ] && serial=0
+[ "$status" = "5" ] && status=0
+if [ "$status" != "0" ]; then exit "$status"; fi
+exit "$serial"

@@ -607,6 +607,12 @@ class Sow:
             UnknownTopicError: the pattern is no regular expression, or no topic matches.
         """
         try:
+            pattern.encode()
+        except UnicodeEncodeError:  # bytes of no UTF-8 (a shell argument): no name, no pattern
+            shown = pattern.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise UnknownTopicError(f"topic {shown!r} is not a topic name (1-200 characters "
+                                    "of A-Z a-z 0-9 _ . - /) nor a pattern") from None
+        try:
             regex = re2.compile(pattern)
         except re2.error as exc:
             raise UnknownTopicError(f"topic pattern {pattern!r} is no regular expression "

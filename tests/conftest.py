@@ -118,6 +118,21 @@ def pytest_xdist_make_scheduler(config, log):
     return SparkGroupScheduling(config, log)
 
 
+SERIAL_FILES = frozenset({
+    "test_resilience.py", "test_cluster_failover.py", "test_migrate_live.py", "test_cli_unix.py",
+    "test_logs.py", "test_workers.py", "test_expirer_wake.py"})
+"""Test files bound to wall-clock time (a restart within seconds, a Ctrl-C at a given moment, a
+cluster failover's 2 s node timeout): on 2 cores, beside 6 busy xdist workers, they starve
+and fail. They are marked ``serial``, and scripts/test.sh runs them after the parallel part,
+one at a time."""
+
+
+def pytest_itemcollected(item):
+    """Mark the tests of :data:`SERIAL_FILES` ``serial``."""
+    if item.path.name in SERIAL_FILES:
+        item.add_marker(pytest.mark.serial)
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist: the run starts with the work that takes longest, so no worker is
     left with a long test at the end: the Spark group, then :data:`LONGEST`, then the tests

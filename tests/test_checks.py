@@ -80,7 +80,10 @@ def _calls(scratch: Path) -> list[str]:
 def test_test_sh_runs_ruff_then_mypy_then_pytest_with_its_arguments(scratch: Path):
     res = _run(scratch, "-q", "-k", "delta")
     assert res.returncode == 0, res.stderr
-    assert _calls(scratch) == ["ruff check sow_redis", "mypy ", "python -m pytest -q -k delta"]
+    # the parallel part, then the tests bound to wall-clock time (marker serial), one by one
+    assert _calls(scratch) == ["ruff check sow_redis", "mypy ",
+                               "python -m pytest -m not serial -q -k delta",
+                               "python -m pytest -m serial -q -k delta"]
     lines = res.stdout.splitlines()
     assert lines[:2] == ["check ruff (sow_redis): ruff: all good",
                          "check mypy (sow_redis): mypy: all good"]
@@ -97,9 +100,10 @@ def test_a_finding_fails_the_run_before_pytest(scratch: Path, tool: str, ran: li
 
 
 @pytest.mark.parametrize("workers, addopts, want", [
-    (None, None, "-n 6 --dist loadgroup"),
-    ("0", None, "-n 0 --dist loadgroup"),
-    ("3", "-p no:cacheprovider", "-n 3 --dist loadgroup -p no:cacheprovider")])
+    (None, None, ["-n 6 --dist loadgroup", ""]),
+    ("0", None, [""]),  # one process: one run, no xdist options
+    ("3", "-p no:cacheprovider", ["-n 3 --dist loadgroup -p no:cacheprovider",
+                                  "-p no:cacheprovider"])])
 def test_test_sh_runs_pytest_on_xdist_workers(scratch: Path, workers, addopts, want):
     """The tests run on SOW_TEST_WORKERS (default 6) pytest-xdist workers with the group
     scheduling of tests/conftest.py, through PYTEST_ADDOPTS (a PYTEST_ADDOPTS of the caller
@@ -113,4 +117,4 @@ def test_test_sh_runs_pytest_on_xdist_workers(scratch: Path, workers, addopts, w
     res = subprocess.run(["bash", str(scratch / "scripts" / "test.sh"), "-q"], check=False,
                          env=env, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
-    assert _calls(scratch)[-1] == want
+    assert _calls(scratch)[2:] == want  # after ruff and mypy: the parallel and serial parts

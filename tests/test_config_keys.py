@@ -31,7 +31,7 @@ key = ["/a"]
 name = "bad"
 key = ["nope"]
 partitions = 0
-message_type = "xml"
+message_type = "protobuf"
 hash_index = [[]]
 colour = "red"
 

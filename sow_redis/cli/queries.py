@@ -74,13 +74,13 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
                    with_key, fmt, separator, labelled=False)
 
 
-def _print_records(client: Sow, topic: str, filter_: str | None, keys: str | None,
+def _print_records(sow: Sow, topic: str, filter_: str | None, keys: str | None,
                    top_n: int | None, order_by: str | None, skip_n: int,
                    select: tuple[str, ...], as_of: str | None, with_key: bool, fmt: str,
                    separator: str | None, labelled: bool) -> None:
     """Print one topic's query result (``labelled``: JSON lines carry ``topic``)."""
     try:
-        records = client.sow(topic, filter_, split_keys(keys), top_n, order_by,
+        records = sow.sow(topic, filter_, split_keys(keys), top_n, order_by,
                              skip_n=skip_n, select=list(select) if select else None,
                              as_of=as_of)
     except ValueError as exc:  # a --select path that is no field path
@@ -99,7 +99,7 @@ def _print_records(client: Sow, topic: str, filter_: str | None, keys: str | Non
         out.flush()
         return
     if fmt == "fix":
-        t = client.topic(topic)
+        t = sow.topic(topic)
         if t.message_type != "fix":
             raise click.ClickException(f"--format fix needs a FIX topic; '{topic}' holds "
                                        f"{t.message_type} messages (use jsonl or table)")
