@@ -120,7 +120,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 SERIAL_FILES = frozenset({
     "test_resilience.py", "test_cluster_failover.py", "test_migrate_live.py", "test_cli_unix.py",
-    "test_logs.py", "test_workers.py", "test_expirer_wake.py"})
+    "test_logs.py", "test_workers.py", "test_expirer_wake.py", "test_up_existing.py",
+    "test_dashboard_sow.py"})
 """Test files bound to wall-clock time (a restart within seconds, a Ctrl-C at a given moment, a
 cluster failover's 2 s node timeout): on 2 cores, beside 6 busy xdist workers, they starve
 and fail. They are marked ``serial``, and scripts/test.sh runs them after the parallel part,
