@@ -158,13 +158,13 @@ def test_a_restarted_deriver_makes_the_view_whole_again(sow, topic_name):
     sow.publish(topic_name, [{"id": i, "sym": "A", "qty": 1, "px": i} for i in range(5)])
     with _Running(sow):
         wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name),
-                   20, "the view built")
+                   60, "the view built")
     # changes while no deriver runs: a new group, a group gone
     sow.publish(topic_name, [{"id": i, "sym": "B", "qty": 2, "px": 1} for i in range(5)])
     assert [r["sym"] for r in _rows(sow, f"{topic_name}_by_sym").values()] == ["A"]
     with _Running(sow):
         wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name),
-                   20, "the view whole again")
+                   60, "the view whole again")
     assert [r["sym"] for r in _rows(sow, f"{topic_name}_by_sym").values()] == ["B"]
 
 
@@ -173,7 +173,7 @@ def test_a_conflated_topic_gets_at_most_one_update_per_key_per_interval(sow, top
     conflated = f"{topic_name}_c"
     sow.publish(topic_name, [{"id": 1, "v": 0}, {"id": 2, "v": 0}])
     with _Running(sow):
-        wait_until(lambda: len(_rows(sow, conflated)) == 2, 20, "the initial records")
+        wait_until(lambda: len(_rows(sow, conflated)) == 2, 60, "the initial records")
         with sow.subscribe(conflated, oof=True) as sub:
             started = time.monotonic()
             for v in range(1, 61):  # 60 updates of each key in about 1.2 s
@@ -276,11 +276,11 @@ def test_an_expired_record_leaves_its_group_and_the_conflated_topic(sow, topic_n
     sow.publish(topic_name, {"id": 3, "sym": "B", "qty": 5, "px": 3}, expiration=0.2)
     with _Running(sow):
         wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name)
-                   and len(_rows(sow, f"{topic_name}_c")) == 3, 20, "the view built")
+                   and len(_rows(sow, f"{topic_name}_c")) == 3, 60, "the view built")
         time.sleep(0.3)
         assert Expirer(sow.r, sow.settings, topics=[topic_name]).run(burst=True) == 1
-        wait_until(lambda: len(_rows(sow, f"{topic_name}_c")) == 2, 20, "removed from c")
+        wait_until(lambda: len(_rows(sow, f"{topic_name}_c")) == 2, 60, "removed from c")
         wait_until(lambda: _rows(sow, f"{topic_name}_by_sym") == _recomputed(sow, topic_name),
-                   20, "the view after the expiry")
+                   60, "the view after the expiry")
     groups = {r["sym"]: r["orders"] for r in _rows(sow, f"{topic_name}_by_sym").values()}
     assert groups == {"A": 1, "B": 1}

@@ -33,7 +33,7 @@ def test_worker_and_expirer_log_their_events_as_json_lines(url, topic_name):
     print(kinds)
     assert kinds[0] == "worker_start" and kinds[-1] == "worker_stop"
     assert "lease_taken" in kinds
-    (rej,) = [e for e in evs if e.get("event") == "rejected"]
+    (rej,) = [e for e in evs if e.get("event") == "rejected" and e.get("topic") == topic_name]
     assert rej["reason"] == "bad_json" and rej["level"] == "WARNING" and rej["ts"].endswith("Z")
     time.sleep(0.1)
     out = run_cli(url, "--log-json", "expirer", "--burst", "-t", topic_name)
