@@ -5,7 +5,7 @@
 # Tests start their own redis-server on a free port; the machine's 6379 is never touched.
 # `--fast` as the first argument runs the fast lane: every test not marked slow, cluster,
 # spark, browser or faults (markers in pyproject.toml); with no argument every test runs.
-# Tests run in parallel on SOW_TEST_WORKERS (default 6) pytest-xdist workers, through
+# Tests run in parallel on SOW_TEST_WORKERS (default 4) pytest-xdist workers, through
 # PYTEST_ADDOPTS ("-n N --dist loadgroup"; tests/conftest.py keeps the tests of the Spark
 # session on one worker), then the tests bound to wall-clock time (marker serial) one at a
 # time; SOW_TEST_WORKERS=0 runs them all in this process, one after the other, and a
@@ -34,7 +34,7 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   lane="not slow and not cluster and not spark and not browser and not faults"
 fi
-workers="${SOW_TEST_WORKERS:-6}"
+workers="${SOW_TEST_WORKERS:-4}"
 own_marks=0
 for arg in "$@"; do [ "$arg" = "-m" ] && own_marks=1; done
 if [ "$workers" = "0" ] || [ "$own_marks" = "1" ]; then

@@ -75,6 +75,8 @@ class _Follower:
                               filter=target.filter or None, oof=True, sow=True)
         self.ready = False  # the initial records are in
         self._initial: JSONObject = {}
+        self.rows: dict[str, JSONObject] = {}  # SOW key → what the next flush writes
+        self.gone: set[str] = set()  # SOW keys the next flush removes
 
     def step(self) -> int:
         """Take the messages that arrived (waiting at most :data:`STEP_S` for the first) and
@@ -91,8 +93,27 @@ class _Follower:
     def take(self, msg: Message) -> None:
         raise NotImplementedError
 
+    def mark(self, key: str, row: JSONObject | None) -> None:
+        """Write ``row`` as ``key``'s record at the next flush (None: remove the record)."""
+        if row is None:
+            self.rows.pop(key, None)
+            self.gone.add(key)
+        else:
+            self.rows[key] = row
+            self.gone.discard(key)
+
+    def changed(self, changed: list[tuple[str, str, JSONObject]]) -> None:
+        """Mark the rows an :class:`~sow_redis.model.aggregate.Aggregation` says changed
+        (nothing before the initial records are in: :meth:`reconcile` writes those)."""
+        if self.ready:
+            for what, key, row in changed:
+                self.mark(key, row if what == "publish" else None)
+
     def flush(self) -> None:
-        raise NotImplementedError
+        """Write what is marked (every step; a conflated topic once per interval)."""
+        if self.ready and (self.rows or self.gone):
+            rows, gone, self.rows, self.gone = self.rows, self.gone, {}, set()
+            self.write(rows, gone)
 
     def write(self, upserts: dict[str, JSONObject], removals: set[str]) -> None:
         """Publish ``upserts`` (SOW key → record) and remove ``removals`` from the target."""
@@ -123,8 +144,6 @@ class _ViewFollower(_Follower):
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
         self.agg = Aggregation(list(target.projection), list(target.grouping),
                                domain=target.name)
-        self.rows: dict[str, JSONObject] = {}
-        self.gone: set[str] = set()
         super().__init__(sow, target)
 
     def take(self, msg: Message) -> None:
@@ -134,28 +153,14 @@ class _ViewFollower(_Follower):
         elif kind == "group_end":
             self.reconcile(dict(self.agg.rows()))
         elif kind in ("publish", "oof"):
-            changed = (self.agg.upsert(msg["sow_key"], msg["data"]) if kind == "publish"
-                       else self.agg.remove(msg["sow_key"]))
-            for what, key, row in changed:
-                if what == "publish":
-                    self.rows[key] = row
-                    self.gone.discard(key)
-                else:
-                    self.rows.pop(key, None)
-                    self.gone.add(key)
-
-    def flush(self) -> None:
-        if self.ready and (self.rows or self.gone):
-            rows, gone, self.rows, self.gone = self.rows, self.gone, {}, set()
-            self.write(rows, gone)
+            self.changed(self.agg.upsert(msg["sow_key"], msg["data"]) if kind == "publish"
+                         else self.agg.remove(msg["sow_key"]))
 
 
 class _ConflationFollower(_Follower):
     """A conflated topic: the latest version of each changed record, every interval."""
 
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
-        self.latest: dict[str, JSONObject] = {}
-        self.gone: set[str] = set()
         self.due = 0.0
         super().__init__(sow, target)
 
@@ -167,21 +172,14 @@ class _ConflationFollower(_Follower):
             initial, self._initial = self._initial, {}
             self.reconcile(initial)
             self.due = time.monotonic() + self.target.interval_ms / 1000
-        elif kind == "publish":
-            self.latest[msg["sow_key"]] = msg["data"]
-            self.gone.discard(msg["sow_key"])
-        elif kind == "oof":
-            self.latest.pop(msg["sow_key"], None)
-            self.gone.add(msg["sow_key"])
+        elif kind in ("publish", "oof"):
+            self.mark(msg["sow_key"], msg["data"] if kind == "publish" else None)
 
     def flush(self) -> None:
         now = time.monotonic()
-        if not self.ready or now < self.due:
-            return
-        self.due = now + self.target.interval_ms / 1000
-        if self.latest or self.gone:
-            latest, gone, self.latest, self.gone = self.latest, self.gone, {}, set()
-            self.write(latest, gone)
+        if self.ready and now >= self.due:
+            self.due = now + self.target.interval_ms / 1000
+            super().flush()
 
 
 class _JoinFollower(_Follower):
@@ -197,8 +195,7 @@ class _JoinFollower(_Follower):
         self.pred = compile_filter(target.filter) if target.filter else None
         self.records: tuple[dict[str, JSONObject], ...] = ({}, {})
         self.by_value: tuple[dict[str, set[str]], ...] = ({}, {})
-        self.rows: dict[str, JSONObject] = {}
-        self.gone: set[str] = set()
+        self.rows, self.gone = {}, set()
         self.ends = 0
         self.sow, self.target = sow, target
         self.subs = [Subscriber(sow.r, sow.topic(name), oof=True, sow=True)
@@ -240,7 +237,7 @@ class _JoinFollower(_Follower):
         if value is not None:
             index.get(value, set()).discard(key)
             for partner in self.by_value[other].get(value, ()):
-                self._changed(self.agg.remove(_pair(side, key, partner)))
+                self.changed(self.agg.remove(_pair(side, key, partner)))
         if record is None:
             return
         records[key] = record
@@ -253,23 +250,7 @@ class _JoinFollower(_Follower):
                            else (self.records[other][partner], record))
             row = {self.names[0]: left, self.names[1]: right}
             if self.pred is None or _matches(self.pred, row):
-                self._changed(self.agg.upsert(_pair(side, key, partner), row))
-
-    def _changed(self, changed: list[tuple[str, str, JSONObject]]) -> None:
-        if not self.ready:
-            return
-        for what, key, row in changed:
-            if what == "publish":
-                self.rows[key] = row
-                self.gone.discard(key)
-            else:
-                self.rows.pop(key, None)
-                self.gone.add(key)
-
-    def flush(self) -> None:
-        if self.ready and (self.rows or self.gone):
-            rows, gone, self.rows, self.gone = self.rows, self.gone, {}, set()
-            self.write(rows, gone)
+                self.changed(self.agg.upsert(_pair(side, key, partner), row))
 
     def close(self) -> None:
         for sub in self.subs:

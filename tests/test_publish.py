@@ -328,6 +328,7 @@ def test_an_input_that_fails_midway_keeps_what_was_appended_and_says_so(tmp_path
     assert sum(sow.r.xlen(keys.log("t", p)) for p in range(2)) == 3
 
 
+@pytest.mark.serial  # five publishes within TOPIC_KEEP_S (50 ms): not beside busy workers
 def test_a_publisher_keeps_its_topic_definition_and_sees_a_change_at_the_next_publish(
         sow, topic_name, monkeypatch):
     """``Sow.publish`` keeps the definition of the topics it publishes to (no registry round

@@ -247,7 +247,7 @@ def test_cli_spark_load(url, topic_name, tmp_path):
     src.write_bytes(b'{"k": 1}\n{"k": 2}\n{"nokey": 3}\n')
     log = tmp_path / "spark.log"
     out = run_cli(url, "spark", "load", "-t", topic_name, str(src), "--master", "local[1]",
-                  timeout=180, SOW_SPARK_LOG=str(log))
+                  timeout=400, SOW_SPARK_LOG=str(log))
     line = out.stdout.decode().strip().splitlines()[-1]
     print(line, out.stderr.decode()[:2000])
     assert line.startswith(f"loaded 3 row(s) into {topic_name}: appended 2, applied 2, "
@@ -263,7 +263,7 @@ def test_cli_spark_load(url, topic_name, tmp_path):
     keys_file = tmp_path / "keys.jsonl"
     keys_file.write_bytes(b'{"k": 1}\n{"k": 7}\n')
     out = run_cli(url, "spark", "load", "-t", topic_name, str(keys_file), "--delete",
-                  "--master", "local[1]", timeout=180)
+                  "--master", "local[1]", timeout=400)
     line = out.stdout.decode().strip().splitlines()[-1]
     print(line)
     assert line.startswith(f"loaded 2 row(s) into {topic_name} as deletes: appended 2, "

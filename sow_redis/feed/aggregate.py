@@ -14,14 +14,14 @@ error messages pass through as they are.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
 
 from ..model.aggregate import Aggregation
 from ..model.values import JSONObject
-from .subscriber import Message, Subscriber
+from .reader import Message, MessageReader
+from .subscriber import Subscriber
 
 
-class AggregatedSubscriber:
+class AggregatedSubscriber(MessageReader):
     """The rows of ``aggregation`` over the records ``sub`` delivers.
 
     Args:
@@ -69,33 +69,6 @@ class AggregatedSubscriber:
                 out["reason"] = msg.get("reason", "match") if msg["kind"] == "oof" else "match"
             self._ready.append(out)
 
-    def __iter__(self) -> Iterator[Message]:
-        while True:
-            msg = self.get(timeout=3600.0)
-            if msg is not None:
-                yield msg
-
-    def run(self, callback: Callable[[Message], object], count: int | None = None,
-            timeout: float | None = None) -> int:
-        """As :meth:`Subscriber.run`: call ``callback`` with each message until ``count``
-        messages or ``timeout`` seconds without one; returns the messages handled."""
-        n = 0
-        while count is None or n < count:
-            msg = self.get(timeout=timeout if timeout is not None else 3600.0)
-            if msg is None:
-                if timeout is not None:
-                    break
-                continue
-            callback(msg)
-            n += 1
-        return n
-
     def close(self) -> None:
         """Close the underlying subscription."""
         self.sub.close()
-
-    def __enter__(self) -> AggregatedSubscriber:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -7,16 +7,16 @@ interleave as they arrive (each message names its ``topic``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 
 from ..model.topic import TopicConfig
-from .subscriber import Message, Subscriber
+from .reader import Message, MessageReader
+from .subscriber import Subscriber
 
 POLL_S = 0.005
 """Seconds each subscription is waited for in turn while none has a message."""
 
 
-class MultiSubscriber:
+class MultiSubscriber(MessageReader):
     """Messages of ``subs`` (each a :class:`~sow_redis.feed.subscriber.Subscriber`), the
     one with a message first, in turn."""
 
@@ -38,33 +38,7 @@ class MultiSubscriber:
             if time.monotonic() >= deadline:
                 return None
 
-    def __iter__(self) -> Iterator[Message]:
-        while True:
-            msg = self.get(timeout=3600.0)
-            if msg is not None:
-                yield msg
-
-    def run(self, callback: Callable[[Message], object], count: int | None = None,
-            timeout: float | None = None) -> int:
-        """As :meth:`Subscriber.run <sow_redis.feed.subscriber.Subscriber.run>`."""
-        n = 0
-        while count is None or n < count:
-            msg = self.get(timeout=timeout if timeout is not None else 3600.0)
-            if msg is None:
-                if timeout is not None:
-                    break
-                continue
-            callback(msg)
-            n += 1
-        return n
-
     def close(self) -> None:
         """Close every subscription."""
         for sub in self.subs:
             sub.close()
-
-    def __enter__(self) -> MultiSubscriber:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

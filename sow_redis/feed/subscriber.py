@@ -61,7 +61,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol, cast
 
 import orjson
@@ -85,10 +85,10 @@ from ..registry import await_migration, get_topic, migration_holds
 from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
 from .live import ShardListener, refresh_topology
+from .reader import Message, MessageReader
 
 log = logging.getLogger(__name__)
 
-Message = JSONObject
 
 MIGRATION_WAIT_S = 600.0
 """Seconds a subscriber waits at most for a shape migration of its topic to end before it
@@ -111,7 +111,7 @@ class Tracker(Protocol):
         """The application handled the delivered change ``seq`` of partition ``p``."""
 
 
-class Subscriber:
+class Subscriber(MessageReader):
     """One subscription to a topic; iterate it (or :meth:`get`) for messages.
 
     Args:
@@ -586,27 +586,6 @@ class Subscriber:
                 and "seq" in msg and msg.get("seq") is not None:
             self.tracker.processed(msg["partition"], msg["seq"])
 
-    def __iter__(self) -> Iterator[Message]:
-        while True:
-            msg = self.get(timeout=3600.0)
-            if msg is not None:
-                yield msg
-
-    def run(self, callback: Callable[[Message], object], count: int | None = None,
-            timeout: float | None = None) -> int:
-        """Call ``callback`` with each message (processed when it returns) until ``count``
-        messages or ``timeout`` seconds without one; returns the messages handled."""
-        n = 0
-        while count is None or n < count:
-            msg = self.get(timeout=timeout if timeout is not None else 3600.0)
-            if msg is None:
-                if timeout is not None:
-                    break
-                continue
-            callback(msg)
-            n += 1
-        return n
-
     def close(self) -> None:
         """Stop listening (the last message counts as processed), then run :attr:`on_close`."""
         self._settle_last()
@@ -617,11 +596,6 @@ class Subscriber:
             self._live.close()
             self._live = None
 
-    def __enter__(self) -> Subscriber:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _after_migration(r: Client, topic: TopicConfig) -> TopicConfig:
