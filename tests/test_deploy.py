@@ -105,6 +105,7 @@ def test_systemd_units_parse_and_run_real_commands():
     units = _units()
     print(sorted(units))
     assert sorted(units) == ["sow-redis-config.service", "sow-redis-dashboard.service",
+                             "sow-redis-deriver.service",
                              "sow-redis-expirer.service", "sow-redis-metrics.service",
                              "sow-redis-redis.service", "sow-redis-worker@.service"]
     commands = {}
@@ -121,6 +122,7 @@ def test_systemd_units_parse_and_run_real_commands():
     print(commands)
     assert commands == {"sow-redis-config.service": ["config", "apply"],
                         "sow-redis-dashboard.service": ["dashboard"],
+                        "sow-redis-deriver.service": ["derive"],
                         "sow-redis-expirer.service": ["expirer"],
                         "sow-redis-metrics.service": ["metrics"],
                         "sow-redis-worker@.service": ["worker"]}
@@ -168,7 +170,7 @@ def test_compose_file_parses_and_runs_real_commands():
                 if s["command"][0] == "sow-redis"}
     print(commands)
     assert commands == {"config": ["config", "apply"], "worker": ["worker"],
-                        "expirer": ["expirer"], "metrics": ["metrics"],
+                        "expirer": ["expirer"], "deriver": ["derive"], "metrics": ["metrics"],
                         "dashboard": ["dashboard"]}
     assert services["redis"]["command"][:2] == ["redis-server", "/etc/sow-redis/redis.conf"]
     assert "./redis.conf:/etc/sow-redis/redis.conf:ro" in services["redis"]["volumes"]
@@ -202,7 +204,7 @@ def test_kubernetes_manifests_parse_and_run_real_commands():
     print(commands)
     assert commands == {"sow-redis-config": ["config", "apply"],
                         "sow-redis-worker": ["worker"], "sow-redis-expirer": ["expirer"],
-                        "sow-redis-metrics": ["metrics"]}
+                        "sow-redis-deriver": ["derive"], "sow-redis-metrics": ["metrics"]}
     # every Deployment's selector matches its pods; every Service selects a workload
     labels = []
     for d in by_kind["Deployment"] + by_kind["StatefulSet"]:
