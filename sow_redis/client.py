@@ -590,9 +590,9 @@ class Sow:
         t = self.topic(topic)
         position, records = self._as_of(t, as_of)
         rows = query(self.r, t, filter, None, top_n, order_by, source=records)
+        mark = str(Bookmark(tuple(position)))  # the query's position: the replay starts there
         sub = self._subscriber(topic, filter=filter, oof=oof, report=report, delta=delta,
-                               bookmark=str(Bookmark(tuple(position))))
-        mark = str(Bookmark(tuple(position)))
+                               bookmark=mark)
         sub.prepend([*({"kind": "sow", "topic": t.name, "sow_key": rec.sow_key,
                         "seq": rec.seq, "bookmark": mark, "data": rec.obj()} for rec in rows),
                      {"kind": "group_end", "topic": t.name, "count": len(rows),
