@@ -13,7 +13,13 @@ deletes a few. Then, in ``--runs`` alternating rounds:
 
 Memory: ``MEMORY USAGE`` of the topic's change streams over the changes they hold (bytes per
 retained version), against the records hash over its records (bytes per record, the record's
-own size in Redis). Prints a table of medians and writes JSON (``--json``).
+own size in Redis). An update keeps its new version whole and, as its previous state, only
+the members that differ (apply/lua/include/reverse_delta.lua).
+
+Ingest: then ``--runs`` alternating rounds publish the same workload (the ``--n`` inserts,
+then the ``--changes`` updates) into a fresh topic with history (``on``) and one without
+(``off``): messages per second (wall) and redis-server CPU µs per message (``INFO cpu``).
+Prints a table of medians and writes JSON (``--json``).
 
     .venv/bin/python scripts/bench_history.py --n 100000 --changes 10000 --runs 3
 """
@@ -29,7 +35,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchlib import machine_info, private_redis, write_json
+from benchlib import machine_info, private_redis, redis_cpu_s, write_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,6 +47,29 @@ def _feed_bytes(sow: Sow, name: str, partitions: int) -> int:
     """``MEMORY USAGE`` of the topic's change streams, in bytes."""
     return sum(int(sow.r.memory_usage(keys.changes(name, p), samples=0) or 0)
                for p in range(partitions))
+
+
+def _ingest(sow: Sow, history: bool, args: argparse.Namespace, pad: str) -> tuple[float, float]:
+    """Publish the workload (inserts, then updates: half publish, half delta_publish) into a
+    fresh topic with or without history; ``(messages per second, Redis CPU µs per
+    message)``."""
+    name = f"ingest_{uuid.uuid4().hex[:8]}"
+    sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = '
+                     f'{args.partitions}\n' + ('history = { window = "1h" }\n' if history else ""))
+    step = max(1, args.n // max(1, args.changes))
+    changed = list(range(0, args.n, step))[:args.changes]
+    half = len(changed) // 2
+    cpu0, t0 = redis_cpu_s(sow.r), time.perf_counter()
+    for start in range(0, args.n, 10_000):
+        sow.publish(name, [{"id": i, "v": 0, "pad": pad}
+                           for i in range(start, min(args.n, start + 10_000))])
+    sow.publish(name, [{"id": i, "v": 1, "pad": pad} for i in changed[:half]])
+    sow.delta_publish(name, [{"id": i, "v": 2} for i in changed[half:]])
+    took, cpu = time.perf_counter() - t0, redis_cpu_s(sow.r) - cpu0
+    n = args.n + len(changed)
+    for p in range(args.partitions):
+        sow.r.delete(keys.records(name, p), keys.changes(name, p), keys.log(name, p))
+    return n / took, cpu / n * 1e6
 
 
 def main() -> int:
@@ -85,6 +114,10 @@ def main() -> int:
                     ok &= len(recs) == args.n and all(r.obj()["v"] == 0 for r in recs)
         r = sow.r
         feed = _feed_bytes(sow, name, args.partitions)
+        ingest: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+        for run in range(args.runs):
+            for kind in (("off", "on") if run % 2 == 0 else ("on", "off")):
+                ingest[kind].append(_ingest(sow, kind == "on", args, pad))
         held = sum(int(r.xlen(keys.changes(name, p))) for p in range(args.partitions))
         versions = args.n + len(changed) + min(100, args.n)
         records = sum(int(r.memory_usage(keys.records(name, p), samples=0) or 0)
@@ -92,6 +125,8 @@ def main() -> int:
         count = sum(int(r.hlen(keys.records(name, p))) for p in range(args.partitions))
         machine = machine_info(r)
     med = {k: statistics.median(v) for k, v in timings.items()}
+    rate = {k: statistics.median(x[0] for x in v) for k, v in ingest.items()}
+    cpu = {k: statistics.median(x[1] for x in v) for k, v in ingest.items()}
     per_version, per_record = feed / versions, records / count
     per_insert = feed_inserts / args.n
     per_update = (feed - feed_inserts) / (versions - args.n)
@@ -105,7 +140,13 @@ def main() -> int:
     print(f"memory: {per_version:.0f} B per retained version ({held} change blocks) against "
           f"{per_record:.0f} B per record: {per_version / per_record:.2f}×; an insert "
           f"{per_insert:.0f} B ({per_insert / per_record:.2f}×), an update or delete "
-          f"{per_update:.0f} B ({per_update / per_record:.2f}×: new and previous version)")
+          f"{per_update:.0f} B ({per_update / per_record:.2f}×: the new version and what "
+          "differs)")
+    print(f"{'ingest':10} {'msgs/s':>9} {'redis µs/msg':>13}")
+    for k in ("off", "on"):
+        print(f"{'history ' + k:10} {rate[k]:9.0f} {cpu[k]:13.2f}")
+    print(f"history on ÷ off: {rate['on'] / rate['off']:.2f}× messages per second, "
+          f"{cpu['on'] / cpu['off']:.2f}× Redis CPU per message")
     print("check: " + ("as-of records equal the records at the point" if ok
                        else "VERIFY FAILED"))
     out = write_json(args.json, {"args": vars(args), "machine": machine, "loadavg_start": load,
@@ -113,7 +154,8 @@ def main() -> int:
                                  "medians": med, "bytes_per_version": per_version,
                                  "bytes_per_record": per_record,
                                  "bytes_per_insert": per_insert,
-                                 "bytes_per_update": per_update, "ok": ok})
+                                 "bytes_per_update": per_update, "ingest": ingest,
+                                 "ingest_rate": rate, "ingest_redis_us": cpu, "ok": ok})
     print(f"results: {out}")
     return 0 if ok else 1
 

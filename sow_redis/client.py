@@ -39,6 +39,7 @@ from .errors import BookmarkError, MessageError, UnknownTopicError
 from .feed.aggregate import AggregatedSubscriber
 from .feed.bookmark import Bookmark
 from .feed.bookmark_store import BookmarkStore
+from .feed.changes import iso_ms
 from .feed.history import as_of_position, records_as_of
 from .feed.subscriber import Message, Subscriber
 from .migrate import apply_with_migration
@@ -457,7 +458,7 @@ class Sow:
     def _as_of(self, t: TopicConfig, when: str) -> tuple[list[int], list[Record]]:
         """The per-partition position of ``when`` and the records as they were there."""
         position = as_of_position(self.r, t, when)
-        return position, list(records_as_of(self.r, t, position))
+        return position, list(records_as_of(self.r, t, position, iso_ms(when)))
 
     # deleting ------------------------------------------------------------------------
     def sow_delete(self, topic: str, filter: str | None = None, keys: list[str] | None = None,

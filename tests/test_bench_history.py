@@ -20,3 +20,5 @@ def test_bench_history_checks_and_reports(tmp_path: Path) -> None:
     assert result["ok"] and set(result["medians"]) == {"current", "as-of"}
     assert result["bytes_per_update"] > result["bytes_per_insert"] > 0
     assert "as-of ÷ current" in proc.stdout
+    assert set(result["ingest_rate"]) == {"off", "on"} and min(result["ingest_rate"].values()) > 0
+    assert "history on ÷ off" in proc.stdout

@@ -390,6 +390,16 @@ def apply_log_args(topic: TopicConfig, p: int, fence: int, count: int,
     return partition(topic, p).args("log", fence, count, upto)
 
 
+def previous_mode(t: TopicConfig) -> str:
+    """ARGV[12] of a partition's scripts (lua/include/partition.lua): "2" when the topic keeps
+    history (its change events carry the previous state as the members that differ, to keep
+    a retained version small: lua/include/reverse_delta.lua), "1" with ``change_previous``
+    (the previous record whole), else "0"."""
+    if t.history_ms:
+        return "2"
+    return "1" if t.change_previous else "0"
+
+
 @dataclass(frozen=True)
 class Partition:
     """One partition of a topic as every script that writes its records sees it
@@ -416,7 +426,7 @@ class Partition:
         return (keys.partition_channel(t.name, self.p), t.name, self.p, len(t.hash_index),
                 "1" if t.dead_letter else "0", "1" if t.expiration_enabled else "0",
                 *retention_args(t), expiry_for(t, None, "0-0"), t.fingerprint,
-                "1" if t.change_previous else "0")
+                previous_mode(t))
 
     def args(self, op: str, *rest: ScriptArg) -> tuple[list[str], list[ScriptArg]]:
         """``(KEYS, ARGV)`` of operation ``op`` with its own arguments ``rest``

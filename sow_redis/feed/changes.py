@@ -164,6 +164,25 @@ def check_retained(r: Client, topic: TopicConfig, bm: Bookmark, feed: bool = Tru
                                 f"{retained}{RESYNC_HINT}")
 
 
+def iso_ms(text: str) -> int | None:
+    """Milliseconds since the epoch of ``text`` when it is written as an ISO-8601 time (UTC
+    when it names no zone); None when it is not written as a time (a bookmark, ``EPOCH``).
+
+    Raises:
+        BookmarkError: written as a time, but not a valid ISO-8601 time.
+    """
+    word = text.strip()
+    if "," in word or not ("T" in word or ":" in word or word.count("-") >= 2):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(word.replace("Z", "+00:00"))
+    except ValueError:
+        raise BookmarkError(f"not an ISO-8601 time: {word[:80]!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)
+
+
 def resolve(r: Client, topic: TopicConfig, text: str, resync: bool = False) -> Bookmark:
     """A bookmark from its string, ``EPOCH``, ``NOW`` or an ISO-8601 time (``RECENT`` is the
     bookmark store's: :mod:`.bookmark_store`).
@@ -187,14 +206,8 @@ def resolve(r: Client, topic: TopicConfig, text: str, resync: bool = False) -> B
         return Bookmark(tuple(seqs))
     if word.upper() == "NOW":
         return Bookmark(tuple(current_seqs(r, topic)))
-    if "," not in word and ("T" in word or ":" in word or word.count("-") >= 2):
-        try:
-            when = dt.datetime.fromisoformat(word.replace("Z", "+00:00"))
-        except ValueError:
-            raise BookmarkError(f"not an ISO-8601 time: {word[:80]!r}") from None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=dt.UTC)
-        ms = int(when.timestamp() * 1000)
+    ms = iso_ms(word)
+    if ms is not None:
         seqs = []
         for p in range(topic.partitions):
             try:

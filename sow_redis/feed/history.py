@@ -19,13 +19,14 @@ pages the result like any query (``source``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import orjson
 
 from .. import keys
-from ..connection import Client
+from ..connection import Client, StreamEntry
 from ..errors import BookmarkError
-from ..model.events import ChangeEvent
+from ..model.events import ChangeEvent, parse_block
 from ..model.records import Record
 from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
@@ -53,17 +54,42 @@ def as_of_position(r: Client, topic: TopicConfig, when: str) -> list[int]:
         raise BookmarkError(f"as-of {when.strip()[:80]!r}: {why}") from None
 
 
-def records_as_of(r: Client, topic: TopicConfig, position: list[int]) -> Iterator[Record]:
+def records_as_of(r: Client, topic: TopicConfig, position: list[int],
+                  at_ms: int | None = None) -> Iterator[Record]:
     """The records of every partition as they were at ``position`` (see the module
     docstring). A record restored from a change carries that change's seq minus one and
-    log stream id, and no expiry (its expiry at the time is not in the change).
+    log stream id; its expiry when the change is its removal, else none (a publish's change
+    does not hold the expiry of the record it replaced, which was not due: a due record is
+    removed, with its own change, before a publish replaces it).
+
+    A record due at the point (expiry in ms at or before ``at_ms``, the point's time; by
+    default the time of the partition's change at ``position``) is left out, as a query at
+    that moment would have left it out although the expirer had not removed it yet.
 
     Raises:
         FeedGap: the change feed no longer holds a change after ``position`` (trimmed while
             the query ran).
     """
     for p, at in enumerate(position):
-        yield from _partition_as_of(r, topic, p, at)
+        cutoff = _change_ms(r, topic, p, at) if at_ms is None else at_ms
+        for rec in _partition_as_of(r, topic, p, at):
+            if not 0 < rec.expiry_ms <= cutoff:
+                yield rec
+
+
+def _change_ms(r: Client, topic: TopicConfig, p: int, seq: int) -> int:
+    """Server time in ms of the call that made change ``seq`` of partition ``p`` (0 when the
+    feed no longer holds it or ``seq`` is 0)."""
+    if seq <= 0:
+        return 0
+    found = cast("list[StreamEntry]",
+                 r.xrevrange(keys.changes(topic.name, p), f"{seq}-0", "-", count=1))
+    for _id, fields in found:
+        try:
+            return int(parse_block(fields[b"block"])["ms"])
+        except (ValueError, TypeError, KeyError):  # not a block: no time known
+            return 0
+    return 0
 
 
 def _partition_as_of(r: Client, topic: TopicConfig, p: int, at: int) -> Iterator[Record]:
@@ -99,5 +125,6 @@ def _state_before(ev: ChangeEvent) -> Record | None:
         data = ev["previous"]
     if data is None:
         return None
-    return Record(sow_key=ev["sow_key"], seq=max(ev["seq"] - 1, 0), expiry_ms=0,
+    expiry = ev.get("expiry_ms", 0) if ev["op"] == "sow_delete" else 0
+    return Record(sow_key=ev["sow_key"], seq=max(ev["seq"] - 1, 0), expiry_ms=expiry,
                   stream_id=ev.get("id", ""), data=orjson.dumps(data))

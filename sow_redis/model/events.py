@@ -27,7 +27,10 @@ in-process ``memory://`` backend, whose Lua has no MessagePack)::
   ms since the epoch on the Redis server clock, 0 = none; ``data``: the record's JSON text.
 * ``previous``: on a topic with ``change_previous = true``, the record's JSON text before a
   ``publish`` or ``delta_publish`` (``null`` when there was no record), so a subscriber that
-  joined late still knows what changed (exact out-of-focus notices, deltas); ``""``
+  joined late still knows what changed (exact out-of-focus notices, deltas); on a topic that
+  keeps history, where every change is retained for the window, only what differs, as a
+  reverse delta ``~[{members before}, [names absent before]]`` (top-level members, copied
+  as their stored text), from which :func:`parse_block` rebuilds the previous record; ``""``
   otherwise, and on a removal, whose ``data`` is the removed record. A block written before
   ``previous`` existed has 7 fields per change; :func:`parse_block` reads both (the width is
   the block's field count over its ``last - first + 1`` changes).
@@ -122,11 +125,17 @@ def _width(arr: list[JSON]) -> int:
     return width if width in _WIDTHS and width * count == fields else 0
 
 
-def _previous(raw: object) -> tuple[bool, JSONObject | None]:
-    """``(recorded, previous record)`` of a change's ``previous`` field: not recorded for
-    ``""`` or anything that is not ``null`` or a JSON object."""
+def _previous(raw: object, data: JSONObject) -> tuple[bool, JSONObject | None]:
+    """``(recorded, previous record)`` of a change's ``previous`` field, the change's record
+    being ``data``: ``null``, a JSON object, or a reverse delta (``~[{members before},
+    [names absent before]]``, written for a topic that keeps history:
+    apply/lua/include/reverse_delta.lua), from which the previous record is ``data`` without
+    the names absent before, with the members before; not recorded for ``""`` or anything
+    else."""
     if not raw or not isinstance(raw, (str, bytes)):
         return False, None
+    if raw[:1] in ("~", b"~"):
+        return _undone(raw[1:], data)
     try:
         obj = orjson.loads(raw)
     except (orjson.JSONDecodeError, TypeError):
@@ -134,6 +143,22 @@ def _previous(raw: object) -> tuple[bool, JSONObject | None]:
     if obj is None or type(obj) is dict:
         return True, obj
     return False, None
+
+
+def _undone(raw: str | bytes, data: JSONObject) -> tuple[bool, JSONObject | None]:
+    """``(recorded, previous record)`` of a reverse delta's JSON (see :func:`_previous`):
+    not recorded when it is not ``[object, [text, …]]``."""
+    try:
+        delta = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        return False, None
+    if not (type(delta) is list and len(delta) == 2 and type(delta[0]) is dict
+            and type(delta[1]) is list and all(type(k) is str for k in delta[1])):
+        return False, None
+    absent = set(delta[1])
+    before = {k: v for k, v in data.items() if k not in absent}
+    before.update(delta[0])
+    return True, before
 
 
 def _unpack(raw: bytes) -> object:
@@ -245,7 +270,7 @@ def parse_block(raw: bytes) -> ChangeBlock:
         if reason:
             ev["reason"] = reason
         if width == EVENT_WIDTH and arr[i + 7]:
-            recorded, previous = _previous(arr[i + 7])
+            recorded, previous = _previous(arr[i + 7], obj)
             if recorded:
                 ev["previous"] = previous
         events.append(ev)

@@ -35,6 +35,7 @@
 --@include expiry
 --@include event
 --@include remove_record
+--@include reverse_delta
 --@include write_record
 --@include apply_prepared
 --@include apply_planned

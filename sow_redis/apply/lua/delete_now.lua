@@ -32,6 +32,7 @@
 --@include expiry
 --@include event
 --@include remove_record
+--@include reverse_delta
 --@include write_record
 
 local P = partition_context()

@@ -7,7 +7,8 @@
     data, previous
   op is "publish", "delta_publish" or "sow_delete" (reason "deleted" or "expired"; "" for the
   others); data is the record's JSON text; previous is, on a topic with change_previous, the
-  record's JSON text before a publish or delta_publish ("null" when there was none), and ""
+  record's JSON text before a publish or delta_publish ("null" when there was none; on a
+  topic that keeps history, only what differs: include reverse_delta), and ""
   otherwise (a removal's data is the removed record: its previous state). The array is encoded with MessagePack (Redis's
   cmsgpack: strings copied once, about a third of the cost of building JSON text in Lua), or
   as a JSON array where the server's Lua has no cmsgpack (fakeredis for memory://).

@@ -21,7 +21,8 @@
            (TTL 0 under policy min) or a lifetime in ms added to the entry's stream id time
   ARGV[11] the fingerprint of the caller's topic definition (TopicConfig.fingerprint)
   ARGV[12] "1" when the topic's change events carry each record's previous state
-           (change_previous; include event)
+           (change_previous; include event), "2" when they carry it as what differs
+           (a topic that keeps history: include reverse_delta), "0" otherwise
   ARGV[OP + i] the operation's own i-th argument (OP = 12)
 ]]
 local OP = 12
@@ -38,7 +39,7 @@ local function partition_context()
     chan = ARGV[2], topic = ARGV[3], partition = ARGV[4], nidx = nidx,
     dead_letter = ARGV[6] == "1", expiring = ARGV[7] == "1",
     keep_count = ARGV[8], keep_ms = ARGV[9], ttl = ARGV[10], fingerprint = ARGV[11],
-    previous = ARGV[12] == "1",
+    previous = ARGV[12] == "1" or ARGV[12] == "2", reverse = ARGV[12] == "2",
   }
 end
 

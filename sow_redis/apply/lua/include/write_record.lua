@@ -130,7 +130,9 @@ local function upsert(P, S, op, id, key, data, ex, members)
   local exp_ms = ex
   if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
   local d = S.deferred
-  emit(S, op, key, id, exp_ms, data, nil, S.previous and previous_data(P, S, d, key, old))
+  local previous = S.previous and previous_data(P, S, d, key, old)
+  if previous and P.reverse then previous = reverse_delta(previous, data) end
+  emit(S, op, key, id, exp_ms, data, nil, previous)
   if d and ex ~= "" then
     -- an expiry in bulk mode (not on a topic without expiration): write the batch so far,
     -- then this message by itself
