@@ -57,7 +57,7 @@ from .publish.retry import append_blocks
 from .publish.used import touch
 from .publish.validate import Item, prepare
 from .publish.wait import delete_counts, wait_applied
-from .query.filter import compile_filter
+from .query.filter import check_deterministic, compile_filter
 from .query.sow import query, query_batches
 from .registry import apply_topics, get_topic, load_topics
 from .settings import Settings
@@ -470,7 +470,8 @@ class Sow:
             The number of records removed.
 
         Raises:
-            ValueError (not exactly one of filter / keys / data), FilterSyntaxError,
+            ValueError (not exactly one of filter / keys / data), FilterSyntaxError (also a
+            filter calling ``NOW()``: every partition must find the same records),
             KeyListError (as for :meth:`sow`), MessageError (bad data), WaitTimeout.
         """
         if sum(x is not None for x in (filter, keys, data)) != 1:
@@ -480,7 +481,9 @@ class Sow:
         t = self.topic(topic)
         t.check_writable()
         if filter is not None:
-            compile_filter(filter)  # a syntax error is the caller's, before anything is logged
+            # a syntax error is the caller's, before anything is logged; so is NOW(): each
+            # partition (and a worker after a restart) must find the same records
+            check_deterministic(compile_filter(filter), "a sow_delete filter")
             ids = append_delete_all_partitions(self.r, t, {"filter": filter})
         elif keys is not None:
             ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})

@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import wait_until
 
-from sow_redis.errors import FilterSyntaxError
+from sow_redis.errors import ConfigError, FilterSyntaxError
 from sow_redis.query.filter import compile_filter
 
 
@@ -186,3 +186,22 @@ def test_constant_calls_fold_at_compile_time():
     assert f({"x": 1}) and not f({"x": 2})
     # folded: the call is a constant, so the AND chain holds only the comparison of /x
     assert compile_filter("LENGTH(CONCAT('ab', 'c')) = 3")._fn.__name__ == "<lambda>"
+
+
+def test_now_is_refused_where_the_answer_must_not_depend_on_time():
+    from sow_redis.client import Sow
+
+    assert compile_filter("/a = 1").deterministic
+    assert not compile_filter("/a = 1 OR NOW() > /t").deterministic
+    assert not compile_filter("unix_timestamp() > 0").deterministic
+    sow = Sow("memory://now-refused", inline=True)
+    sow.apply_config('[[topic]]\nname = "o"\nkey = ["/k"]\n')
+    sow.publish("o", {"k": 1, "t": 0})
+    with pytest.raises(FilterSyntaxError, match=r"a sow_delete filter must give the same answer"):
+        sow.sow_delete("o", filter="NOW() > /t")
+    assert len(sow.sow("o", "NOW() > /t")) == 1  # a query may use it
+    view = ('[[topic]]\nname = "o"\nkey = ["/k"]\n\n[[view]]\nname = "v"\nunderlying = "o"\n'
+            'projection = ["/k", "COUNT(/k) AS /n"]\ngrouping = ["/k"]\n'
+            'filter = "NOW() > /t"\n')
+    with pytest.raises(ConfigError, match=r"view 'v': 'filter': the filter must give the same"):
+        sow.apply_config(view)

@@ -95,7 +95,7 @@ from lark.exceptions import (
 from ..errors import FilterEvalError, FilterSyntaxError
 from ..model.values import JSON, JSONObject, canonical, get_path, split_path
 
-__all__ = ["MAX_DEPTH", "MAX_FILTER_CHARS", "Filter", "compile_filter"]
+__all__ = ["MAX_DEPTH", "MAX_FILTER_CHARS", "Filter", "check_deterministic", "compile_filter"]
 
 MAX_DEPTH = 200
 """Deepest nesting a filter may have (levels of the parse tree; a flat AND / OR chain is one
@@ -1389,14 +1389,21 @@ class Filter:
 
     Attributes:
         text: the filter text it was compiled from.
+        deterministic: False when it calls ``NOW()`` / ``UNIX_TIMESTAMP()``: its result for
+            a record depends on when it is evaluated, so it is refused where the same answer
+            must come every time (a ``sow_delete`` filter, applied per partition and again
+            after a worker restart; a view's filter), as AMPS refuses non-deterministic
+            functions there.
     """
 
-    __slots__ = ("_fn", "_terms", "text")
+    __slots__ = ("_fn", "_terms", "deterministic", "text")
 
-    def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None) -> None:
+    def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None,
+                 deterministic: bool = True) -> None:
         self.text = text
         self._fn = fn
         self._terms = terms
+        self.deterministic = deterministic
 
     def __call__(self, record: JSONObject) -> bool:
         """True only when the filter evaluates to TRUE for ``record`` (not FALSE or UNKNOWN).
@@ -1482,7 +1489,23 @@ def compile_filter(text: str) -> Filter:
         expr = _Compiler(text).compile(tree)
     except RecursionError:  # constant folding evaluates nested closures
         raise _depth_error(text) from None
-    return Filter(text, expr.fn, expr.terms)
+    clocks = tree.scan_values(lambda v: isinstance(v, Token) and v.type == "FUNC_NAME"
+                              and v.lower() in _NON_DETERMINISTIC)
+    return Filter(text, expr.fn, expr.terms, deterministic=next(iter(clocks), None) is None)
+
+
+_NON_DETERMINISTIC = frozenset({"now", "unix_timestamp"})
+"""Functions whose value depends on when they are evaluated (see :attr:`Filter.deterministic`)."""
+
+
+def check_deterministic(flt: Filter, where: str) -> None:
+    """Raise FilterSyntaxError (one line naming ``where``) when ``flt`` calls ``NOW()`` or
+    ``UNIX_TIMESTAMP()``."""
+    if not flt.deterministic:
+        raise FilterSyntaxError(
+            f"{where} must give the same answer whenever it is evaluated: NOW() and "
+            f"UNIX_TIMESTAMP() are not allowed there (AMPS: non-deterministic functions) in "
+            f'"{_shown(flt.text, cut=True)}"')
 
 
 def _depth_error(text: str) -> FilterSyntaxError:
