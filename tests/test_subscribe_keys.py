@@ -94,9 +94,28 @@ def test_cli_keys_on_subscribe_and_sow_and_subscribe(url, topic_name):
         ("sow", {"k": 2, "px": 20}), ("group_end", None)]
     bad = run_cli(url, "subscribe", "-t", topic_name, "--keys", "no!key", "--timeout", "1",
                   check=False)
-    assert bad.returncode != 0
+    assert bad.returncode == 1
     err = bad.stderr.decode().strip()
     assert "not a SOW key" in err and len(err.splitlines()) == 1 and "Traceback" not in err
     agg = run_cli(url, "sow-and-subscribe", "-t", topic_name, "--keys", key[1], "--grouping",
                   "/k", "--projection", "/k", check=False)
-    assert agg.returncode != 0 and "--keys" in agg.stderr.decode()
+    assert agg.returncode == 2 and "--keys" in agg.stderr.decode()
+
+
+def test_sow_and_subscribe_as_of_by_keys(sow, topic_name):
+    from sow_redis.feed.bookmark import Bookmark
+    from sow_redis.feed.changes import current_seqs
+
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n'
+                     'history = { window = "1d" }\n')
+    sow.publish(topic_name, [{"k": k, "px": 10 * k} for k in range(1, 5)])
+    key = {rec.obj()["k"]: rec.sow_key for rec in sow.sow(topic_name)}
+    when = str(Bookmark(tuple(current_seqs(sow.r, sow.topic(topic_name)))))  # this point
+    sow.publish(topic_name, [{"k": 2, "px": 21}, {"k": 4, "px": 41}])  # after the point
+    with sow.sow_and_subscribe(topic_name, as_of=when, keys=[key[2], key[3]]) as sub:
+        got = _drain(sub)
+    # the query as of the point (k2 still 20), then k2's change since; nothing of k1 or k4
+    seen = [(m["kind"], (m.get("data") or {}).get("k"), (m.get("data") or {}).get("px"))
+            for m in got if m["kind"] != "completed"]
+    assert sorted(seen[:2]) == [("sow", 2, 20), ("sow", 3, 30)]
+    assert seen[2:] == [("group_end", None, None), ("publish", 2, 21)]
