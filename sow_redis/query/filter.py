@@ -50,7 +50,8 @@ Semantics, in short:
     ``GREATEST(/bid, /ask)`` and ``LEAST`` of numbers;
   - time: ``NOW() - /ts < 60`` — ``NOW()`` and AMPS's ``UNIX_TIMESTAMP()`` are the current
     time in seconds since the epoch (a float with microseconds), read each time the filter
-    is evaluated (never folded into a constant: a subscription's ``NOW()`` moves on);
+    is evaluated (never folded into a constant: a subscription's ``NOW()`` moves on); a
+    filter calling them is not :attr:`Filter.deterministic` (refused for sow_delete, views);
   - NULL: ``COALESCE(/bid, /last, 0) > 100`` (the first argument that is not NULL),
     ``/x IS NULL``, ``/x IS NOT NULL``.
 
