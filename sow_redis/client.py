@@ -58,7 +58,7 @@ from .publish.retry import append_blocks
 from .publish.used import touch
 from .publish.validate import Item, prepare
 from .publish.wait import delete_counts, wait_applied
-from .query.filter import compile_filter
+from .query.filter import check_deterministic, compile_filter
 from .query.sow import query, query_batches
 from .registry import apply_topics, get_topic, load_topics
 from .settings import Settings
@@ -471,7 +471,8 @@ class Sow:
             The number of records removed.
 
         Raises:
-            ValueError (not exactly one of filter / keys / data), FilterSyntaxError,
+            ValueError (not exactly one of filter / keys / data), FilterSyntaxError (also a
+            filter calling ``NOW()``: every partition must find the same records),
             KeyListError (as for :meth:`sow`), MessageError (bad data), WaitTimeout.
         """
         if sum(x is not None for x in (filter, keys, data)) != 1:
@@ -481,7 +482,9 @@ class Sow:
         t = self.topic(topic)
         t.check_writable()
         if filter is not None:
-            compile_filter(filter)  # a syntax error is the caller's, before anything is logged
+            # a syntax error is the caller's, before anything is logged; so is NOW(): each
+            # partition (and a worker after a restart) must find the same records
+            check_deterministic(compile_filter(filter), "a sow_delete filter")
             ids = append_delete_all_partitions(self.r, t, {"filter": filter})
         elif keys is not None:
             ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})
@@ -528,7 +531,8 @@ class Sow:
                   bookmark: str | None = None, client_name: str | None = None,
                   sub_id: str | None = None, persist_every: int = 10,
                   auto_processed: bool = True, resync: bool = False, delta: bool = False,
-                  report: Callable[[Message], None] | None = None) -> Subscriber:
+                  report: Callable[[Message], None] | None = None,
+                  keys: list[str] | None = None) -> Subscriber:
         """Subscribe to a topic's changes (AMPS ``subscribe``): the records published to it
         that match ``filter`` (the merged record of a delta_publish) and, with ``oof``, an
         out-of-focus notice for each matching record that is removed (``deleted``,
@@ -553,21 +557,28 @@ class Sow:
             delta: AMPS ``delta_subscribe``: an update of a record the subscriber holds
                 carries only the fields that changed (``delta`` true, ``removed``); the topic
                 must set ``change_previous = true``.
+            keys: only the changes of these SOW keys (AMPS ``SowKeys`` on a subscribe
+                command); with ``filter`` both must hold; out-of-focus notices only for
+                these keys. None: every key.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, BookmarkError (malformed, ahead of the
             topic, or older than the change feed without ``resync``), ConfigError
-            (``delta`` on a topic without ``change_previous``).
+            (``delta`` on a topic without ``change_previous``), KeyListError (more than
+            :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have).
         """
+        if keys is not None:
+            check_key_list(keys)
         return self._subscriber(topic, filter=filter, oof=oof, bookmark=bookmark,
                                 client_name=client_name, sub_id=sub_id,
                                 persist_every=persist_every, auto_processed=auto_processed,
-                                resync=resync, report=report, delta=delta)
+                                resync=resync, report=report, delta=delta, keys=keys)
 
     def sow_and_subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                           top_n: int | None = None, order_by: str | None = None,
                           report: Callable[[Message], None] | None = None,
-                          delta: bool = False, as_of: str | None = None) -> Subscriber:
+                          delta: bool = False, as_of: str | None = None,
+                          keys: list[str] | None = None) -> Subscriber:
         """AMPS ``sow_and_subscribe``: the query result (``sow`` messages, with ``top_n`` and
         ``order_by``), a ``group_end`` message (also when the result is empty), then the live
         changes as :meth:`subscribe` gives them, as if query and subscription were placed at
@@ -581,19 +592,28 @@ class Sow:
         live: no gap and no duplicate (the query and the replay start at the same
         per-partition position).
 
+        With ``keys`` (AMPS ``SowKeys``): the query returns only the records of these SOW
+        keys and the subscription delivers only their changes (see :meth:`subscribe`).
+
         Raises:
             UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without
-            ``change_previous``), BookmarkError (``as_of``: see :meth:`sow`).
+            ``change_previous``), BookmarkError (``as_of``: see :meth:`sow`), KeyListError
+            (``keys``: see :meth:`subscribe`).
         """
+        if keys is not None:
+            check_key_list(keys)
         if as_of is None:
             return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
-                                    order_by=order_by, report=report, delta=delta)
+                                    order_by=order_by, report=report, delta=delta, keys=keys)
         t = self.topic(topic)
         position, records = self._as_of(t, as_of)
+        if keys is not None:
+            wanted = set(keys)
+            records = [rec for rec in records if rec.sow_key in wanted]
         rows = query(self.r, t, filter, None, top_n, order_by, source=records)
         mark = str(Bookmark(tuple(position)))  # the query's position: the replay starts there
         sub = self._subscriber(topic, filter=filter, oof=oof, report=report, delta=delta,
-                               bookmark=mark)
+                               bookmark=mark, keys=keys)
         sub.prepend([*({"kind": "sow", "topic": t.name, "sow_key": rec.sow_key,
                         "seq": rec.seq, "bookmark": mark, "data": rec.obj()} for rec in rows),
                      {"kind": "group_end", "topic": t.name, "count": len(rows),

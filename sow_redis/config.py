@@ -221,7 +221,7 @@ def parse_topics(text: str, source: str = "<config>") -> list[TopicConfig]:
         problems.append(f"{source}: no [[topic]] table found")
         raise ConfigError(problems)
     topics: list[TopicConfig] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # topic name → where it was first defined
     for i, raw in enumerate(tables, 1):
         if not isinstance(raw, dict):
             problems.append(f"{source}: topic #{i}: 'topic' must be an array of tables "
@@ -297,7 +297,7 @@ def _check_underlying(where: str, kind: str, name: JSON, d: JSONObject,
         problems.append(f"{where}: 'join' needs two underlying topics")
 
 
-def _parse_derived(doc: JSONObject, source: str, seen: set[str],
+def _parse_derived(doc: JSONObject, source: str, seen: dict[str, str],
                    problems: list[str]) -> list[TopicConfig]:
     """The ``[[view]]`` and ``[[conflated_topic]]`` tables as topics (keyed by the deriver:
     no key fields), their problems added to ``problems``. The ``underlying`` topic and the
@@ -320,9 +320,9 @@ def _parse_derived(doc: JSONObject, source: str, seen: set[str],
                 problems.append(f"{where}: 'name' must be 1-200 characters of "
                                 "A-Z a-z 0-9 _ . - /")
             elif name in seen:
-                problems.append(f"{where}: topic defined twice")
+                problems.append(f"{where}: topic defined twice (also {seen[name]})")
             else:
-                seen.add(name)
+                seen[name] = f"{kind} #{i}"
             _check_underlying(where, kind, name, d, problems)
             parts = d.get("partitions", 1)
             if not 1 <= parts <= 1024:
@@ -348,7 +348,20 @@ def _parse_derived(doc: JSONObject, source: str, seen: set[str],
     return out
 
 
-def _check_topic(source: str, i: int, raw: Table, seen: set[str],
+def _twice(where: str, first: str, message_type: object) -> str:
+    """The problem of a topic name defined a second time (``first``: where it was first).
+
+    AMPS scopes a topic by name and message type (an ``xml`` and a ``json`` topic may share
+    a name); sow_redis scopes it by name alone: every Redis key, lease, CLI command and
+    subscription names a topic by its name (docs/configuration.md, "One name, one topic")."""
+    if first.endswith(f"message_type {message_type}"):
+        return f"{where}: topic defined twice (also {first})"
+    return (f"{where}: topic defined twice (also {first}; this one message_type "
+            f"{message_type}): sow_redis scopes topics by name alone, not by name and message "
+            "type as AMPS does: rename one")
+
+
+def _check_topic(source: str, i: int, raw: Table, seen: dict[str, str],
                  problems: list[str]) -> Table:
     """Check the ``i``-th ``[[topic]]`` table ``raw`` of ``source`` (``seen``: the names of
     the topics before it, this one's added), appending one line per problem to
@@ -366,9 +379,9 @@ def _check_topic(source: str, i: int, raw: Table, seen: set[str],
             problems.append(
                 f"{where}: 'name' must be 1-200 characters of A-Z a-z 0-9 _ . - /")
     elif name in seen:
-        problems.append(f"{where}: topic defined twice")
+        problems.append(_twice(where, seen[name], raw.get("message_type", "json")))
     else:
-        seen.add(name)
+        seen[name] = f"topic #{i}, message_type {raw.get('message_type', 'json')}"
     for u in sorted(set(raw) - _FIELDS):
         problems.append(f"{where}: unknown field '{u}'")
     d = dict(t)

@@ -23,7 +23,7 @@ from .connection import Client, Pipeline, write_in_stages
 from .errors import ConfigError, FilterSyntaxError, UnknownTopicError
 from .model.topic import TopicConfig
 from .partition_state import read_partitions
-from .query.filter import compile_filter
+from .query.filter import check_deterministic, compile_filter
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def _derived_problems(topics: list[TopicConfig], names: set[str], source: str) -
                                 "registry")
         if t.filter:
             try:
-                compile_filter(t.filter)
+                check_deterministic(compile_filter(t.filter), "the filter")
             except FilterSyntaxError as exc:
                 problems.append(f"{source}: {t.kind} '{t.name}': 'filter': {exc}")
     return problems

@@ -46,7 +46,8 @@ name = "ok"
     assert any("'message_type' must be one of json" in x for x in p)
     assert any("'hash_index': an index needs at least one field path" in x for x in p)
     assert "sow.toml: topic #2 'bad': unknown field 'colour'" in p
-    assert "sow.toml: topic #3 'ok': topic defined twice" in p
+    assert ("sow.toml: topic #3 'ok': topic defined twice (also topic #1, message_type json)"
+            in p)
     assert len(p) == 6
 
 
@@ -369,3 +370,18 @@ def test_topic_names_are_validated_whole():
         parse_topics('[[topic]]\nname = "orders\\n"\nkey = ["/k"]\n')
     with pytest.raises(ConfigError, match="dead_letter"):
         parse_topics('[[topic]]\nname = "orders"\nkey = ["/k"]\ndead_letter = "dl\\n"\n')
+
+
+def test_a_name_defined_for_two_message_types_is_refused_in_one_line():
+    """AMPS scopes a topic by name and message type; sow_redis by name alone (issue 25.7):
+    a json and an xml topic of one name are one clear problem naming both definitions."""
+    text = ('[[topic]]\nname = "alerts"\nkey = ["/id"]\n\n'
+            '[[topic]]\nname = "alerts"\nkey = ["/id"]\nmessage_type = "xml"\n\n'
+            '[[topic]]\nname = "alerts"\nkey = ["/n"]\n')
+    with pytest.raises(ConfigError) as e:
+        parse_topics(text, source="sow.toml")
+    assert e.value.problems == [
+        "sow.toml: topic #2 'alerts': topic defined twice (also topic #1, message_type json; "
+        "this one message_type xml): sow_redis scopes topics by name alone, not by name and "
+        "message type as AMPS does: rename one",
+        "sow.toml: topic #3 'alerts': topic defined twice (also topic #1, message_type json)"]

@@ -729,7 +729,7 @@ def test_whitespace_is_free() -> None:
         ("(/a = 1", 8, "unexpected end of filter"),
         ("/a IN ()", 8, "unexpected ')'"),
         ("/a = 'abc", 6, "unexpected character \"'\""),
-        ("/a == 1", 5, "unexpected '='"),
+        ("/a === 1", 6, "unexpected '='"),  # == is AMPS equality; a third = is not
         ("x = 1", 1, "unexpected name 'x'"),
         ("/a = 1 1", 8, "unexpected '1'"),
         ("", 1, "empty filter"),

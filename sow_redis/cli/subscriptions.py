@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 import orjson
 
-from .common import friendly, sow_of
+from .common import friendly, sow_of, split_keys
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
     from ..feed.aggregate import AggregatedSubscriber
@@ -86,6 +86,8 @@ def _report_recovery(msg: Message) -> None:
 @click.command()
 @click.option("-t", "--topic", required=True, help="SOW topic.")
 @click.option("-f", "--filter", "filter_", help="Only records that match (AMPS filter).")
+@click.option("--keys", help="Only these SOW keys (comma-separated, AMPS SowKeys); with "
+              "--filter both must hold.")
 @click.option("--oof", is_flag=True, help="Out-of-focus notices: matching records removed "
               "(deleted, expired) or no longer matching (match).")
 @click.option("--bookmark", help="Replay the change feed after this point first: a bookmark, "
@@ -104,7 +106,7 @@ def _report_recovery(msg: Message) -> None:
 @_message_limits
 @click.pass_context
 @friendly
-def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
+def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | None, oof: bool,
               bookmark: str | None, client_name: str | None, sub_id: str | None,
               persist_every: int, resync: bool, topic_regex: bool, delta: bool,
               count: int | None, timeout: float | None) -> None:
@@ -113,11 +115,13 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
     topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
     feed. With --client-name/--sub-id the subscription resumes from its stored bookmark.
     With --delta an update of a record carries "delta": true, only the changed fields in
-    "data" and the removed ones in "removed" (JSON Pointers).
+    "data" and the removed ones in "removed" (JSON Pointers). With --keys only the changes
+    of those SOW keys are delivered.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 subscribe -t orders -f "/price > 100"
+      sow-redis --redis-url redis://127.0.0.1:6390/0 subscribe -t orders --keys K1,K2 --oof
       sow-redis --redis-url redis://127.0.0.1:6390/0 subscribe -t orders \\
           --client-name w1 --sub-id orders-feed
     """
@@ -136,7 +140,7 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
         return client.subscribe(name, filter_, oof=oof, bookmark=bookmark,
                                 client_name=client_name, sub_id=sub_id,
                                 persist_every=persist_every, resync=resync, delta=delta,
-                                report=_report_recovery)
+                                report=_report_recovery, keys=split_keys(keys))
 
     _run_subscription(one(topic) if names == [topic] else _many(one, names), count, timeout)
 
@@ -144,6 +148,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @click.command("sow-and-subscribe")
 @click.option("-t", "--topic", required=True, help="SOW topic.")
 @click.option("-f", "--filter", "filter_", help="Only records that match (AMPS filter).")
+@click.option("--keys", help="Only these SOW keys (comma-separated, AMPS SowKeys); with "
+              "--filter both must hold.")
 @click.option("--oof", is_flag=True, help="Out-of-focus notices (see subscribe).")
 @click.option("--top-n", type=click.IntRange(min=0), help="The query returns at most N records.")
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
@@ -160,7 +166,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
 @_message_limits
 @click.pass_context
 @friendly
-def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: bool,
+def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | None,
+                      oof: bool,
                       top_n: int | None, order_by: str | None, topic_regex: bool,
                       delta: bool, as_of: str | None, projection: tuple[str, ...],
                       grouping: tuple[str, ...], count: int | None,
@@ -182,9 +189,10 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: 
     if projection or grouping:
         if not (projection and grouping):
             raise click.UsageError("--projection and --grouping go together")
-        if delta or top_n is not None or order_by is not None or as_of is not None:
+        if (delta or top_n is not None or order_by is not None or as_of is not None
+                or keys is not None):
             raise click.UsageError("an aggregated subscription (--projection) takes no "
-                                   "--delta, --top-n, --order-by or --as-of")
+                                   "--delta, --top-n, --order-by, --as-of or --keys")
         _run_subscription(sow_of(ctx).aggregate(topic, list(projection), list(grouping),
                                                 filter_, report=_report_recovery),
                           count, timeout)
@@ -195,7 +203,7 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, oof: 
     def one(name: str) -> Subscriber:
         return client.sow_and_subscribe(name, filter_, oof=oof, top_n=top_n,
                                         order_by=order_by, report=_report_recovery,
-                                        delta=delta, as_of=as_of)
+                                        delta=delta, as_of=as_of, keys=split_keys(keys))
 
     _run_subscription(one(topic) if names == [topic] else _many(one, names), count, timeout)
 

@@ -134,6 +134,9 @@ class Subscriber(MessageReader):
             :meth:`close`); False: call :meth:`processed` for each (several handler threads).
         delta: a delta subscription (see the module docstring); the topic must record the
             previous state of its records (``change_previous = true``).
+        keys: only these SOW keys (AMPS ``SowKeys`` on a subscription): the query part
+            returns only these records, and only their changes (and out-of-focus notices)
+            are delivered; combined with ``filter``, both must hold. None: every key.
 
     Raises:
         ConfigError: ``delta`` on a topic without ``change_previous``.
@@ -148,7 +151,7 @@ class Subscriber(MessageReader):
                  tracker: Tracker | None = None,
                  report: Callable[[Message], None] | None = None,
                  auto_processed: bool = True, resync: bool = False,
-                 delta: bool = False) -> None:
+                 delta: bool = False, keys: list[str] | None = None) -> None:
         # start-up time: the filter grammar (lark, re2: ~0.13 s) loads only for a filter
         from ..query.filter import compile_filter
 
@@ -160,6 +163,7 @@ class Subscriber(MessageReader):
             topic = _after_migration(r, topic)  # started during a migration: its new layout
         self.r, self.topic, self.oof, self.delta = r, topic, oof, delta
         self.pred = compile_filter(filter) if filter else None
+        self._keys = frozenset(keys) if keys is not None else None
         self._order = parse_order_by(order_by) if order_by else None
         self._top_n = top_n
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
@@ -235,8 +239,16 @@ class Subscriber(MessageReader):
         MULTI/EXEC (the records exactly as of that seq)."""
         pipe = self.r.pipeline(transaction=True)
         pipe.hget(keys.state(self.topic.name, p), "seq")
-        pipe.hgetall(keys.records(self.topic.name, p))
-        seq_raw, raw = pipe.execute()
+        wanted = sorted(self._keys) if self._keys is not None else None
+        if wanted is None:
+            pipe.hgetall(keys.records(self.topic.name, p))
+        elif wanted:
+            pipe.hmget(keys.records(self.topic.name, p), wanted)
+        seq_raw, *got = pipe.execute()
+        if wanted is None:
+            raw = got[0]
+        else:  # only the subscribed keys: HMGET them instead of reading the partition
+            raw = {k: v for k, v in zip(wanted, got[0] if got else []) if v is not None}
         now = server_ms(self.r) if self.topic.expiration_enabled else 0
         out = []
         for k, v in raw.items():
@@ -357,6 +369,8 @@ class Subscriber(MessageReader):
     def _message(self, p: int, ev: ChangeEvent) -> Message | None:
         """The message of one change for this subscription, None when it gets none."""
         key, data = ev["sow_key"], cast("JSONObject", ev["data"])
+        if self._keys is not None and key not in self._keys:
+            return None  # a subscription by SOW keys: another record
         view = self._view[p]
         base = {"topic": self.topic.name, "sow_key": key, "partition": p, "seq": ev["seq"],
                 "id": ev["id"], "expiry_ms": ev["expiry_ms"]}

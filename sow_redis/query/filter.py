@@ -26,9 +26,38 @@ Semantics, in short:
   holding an array is TRUE when any element satisfies it (``/tags = 'y'`` matches
   ``["x", "y"]``; FIX repeating groups are stored as lists), UNKNOWN when no element does
   but one is UNKNOWN, else FALSE.
-* Functions: ``UPPER``, ``LOWER``, ``LEN``, ``ABS``, ``COALESCE``, ``CONCAT(a, b, …)``,
-  ``INSTR(text, part)`` (1-based position, 0 when absent); ``BEGINS WITH (…)`` and
-  ``ENDS WITH (…)`` take one or more texts.
+* Functions (AMPS User Guide, "AMPS Functions"; names case-insensitive; each is NULL when an
+  argument is NULL or of the wrong type, except ``COALESCE``; positions are 1-based and
+  texts count characters), each with an example that holds:
+
+  - strings: ``CONCAT(/first, ' ', /last) = 'Ada Lovelace'``; ``UPPER(/ticker) IN ('MSFT',
+    'IBM')`` and ``LOWER``; ``LENGTH('IBM.N') = 5`` (``LEN`` an alias);
+    ``SUBSTR('fandango', 5) = 'ango'``, ``SUBSTR(text, start[, length])`` (a negative start
+    counts from the end, 0 counts as 1, past either end ``''``);
+    ``REVERSE(SUBSTR('fandango', 5)) == 'ogna'``; ``INSTR(/levels, 'critical') != 0`` (the
+    position of the part, 0 when absent) and the case-insensitive ``INSTR_I``;
+    ``STREQUAL_I(/code, 'QED') == 1`` (1 or 0); ``TRIM('  X1 ') = 'X1'``, ``LTRIM`` /
+    ``RTRIM``, with a second argument the characters to strip (``LTRIM('0012', '0')``);
+    ``REPLACE('IBM.N', '.N', '') = 'IBM'`` (every occurrence, literal text);
+  - regular expressions (RE2, see ``LIKE`` below): ``REGEXP_MATCH(/sym, '^IB')``, the
+    function form of ``/sym LIKE '^IB'``; ``REGEXP_REPLACE('IBM.N', '\\.[A-Z]+$', '') =
+    'IBM'`` (every match; ``\\1`` … in the replacement name groups; NULL when the replacement
+    names a group the pattern lacks);
+  - numbers: ``ABS(-2.5) = 2.5``; ``ROUND(2.675, 2) = 2.68``, ``ROUND(n[, digits])`` half
+    away from zero on the number's shortest decimal text (negative digits: tens, hundreds);
+    ``CEILING(2.5) = 3`` (``CEIL``) and ``FLOOR(-1.2) = -2``; ``SQRT(9) = 3`` (NULL below 0);
+    ``POWER(2, 10) = 1024`` (NULL on overflow or a non-real result); ``SIGN(-3) = -1``;
+    ``GREATEST(/bid, /ask)`` and ``LEAST`` of numbers;
+  - time: ``NOW() - /ts < 60`` — ``NOW()`` and AMPS's ``UNIX_TIMESTAMP()`` are the current
+    time in seconds since the epoch (a float with microseconds), read each time the filter
+    is evaluated (never folded into a constant: a subscription's ``NOW()`` moves on); a
+    filter calling them is not :attr:`Filter.deterministic` (refused for sow_delete, views);
+  - NULL: ``COALESCE(/bid, /last, 0) > 100`` (the first argument that is not NULL),
+    ``/x IS NULL``, ``/x IS NOT NULL``.
+
+  ``BEGINS WITH (…)`` and ``ENDS WITH (…)`` take one or more texts. ``==`` is ``=``.
+  A call whose arguments are all constants is evaluated once, when compiling; a constant
+  ``REGEXP_*`` pattern is compiled once, one read from a record once per distinct pattern.
 * ``LIKE`` takes a regular expression and searches anywhere in the text (unanchored) —
   use ``^``/``$`` to anchor. AMPS uses PCRE syntax; here the pattern runs on RE2
   (``google-re2``), a linear-time engine: a search takes time proportional to the text
@@ -44,14 +73,16 @@ Semantics, in short:
 
 from __future__ import annotations
 
+import decimal
 import functools
 import math
 import operator
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import Protocol, TypeAlias
+from typing import ClassVar, Protocol, TypeAlias, cast
 
 import re2
 from lark import Lark, Token, Tree
@@ -65,7 +96,7 @@ from lark.exceptions import (
 from ..errors import FilterEvalError, FilterSyntaxError
 from ..model.values import JSON, JSONObject, canonical, get_path, split_path
 
-__all__ = ["MAX_DEPTH", "MAX_FILTER_CHARS", "Filter", "compile_filter"]
+__all__ = ["MAX_DEPTH", "MAX_FILTER_CHARS", "Filter", "check_deterministic", "compile_filter"]
 
 MAX_DEPTH = 200
 """Deepest nesting a filter may have (levels of the parse tree; a flat AND / OR chain is one
@@ -150,6 +181,7 @@ def _kind(value: object) -> int:
 
 _COMPARE_OPS: dict[str, Comparison] = {
     "=": operator.eq,
+    "==": operator.eq,
     "!=": operator.ne,
     "<>": operator.ne,
     "<": operator.lt,
@@ -157,7 +189,7 @@ _COMPARE_OPS: dict[str, Comparison] = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-_FLIPPED = {"=": "=", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+_FLIPPED = {"=": "=", "==": "==", "!=": "!=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
 _EQUALITY = (operator.eq, operator.ne)
 
 
@@ -247,6 +279,11 @@ def _arith(fn: Arithmetic, left: JSON, right: JSON) -> int | float | None:
 
 
 # ------------------------------------------------------------------------ functions
+#
+# Every function here but COALESCE, NOW and UNIX_TIMESTAMP is NULL when an argument is NULL
+# (the caller checks, see _Compiler.func), and NULL when an argument has the wrong type (an
+# object or array where a text or number is wanted, text that is no number where a number is
+# wanted). Texts count characters (Unicode code points); positions are 1-based as in AMPS.
 
 
 def _fn_upper(value: JSON) -> str | None:
@@ -259,14 +296,51 @@ def _fn_lower(value: JSON) -> str | None:
     return None if text is None else text.lower()
 
 
-def _fn_len(value: JSON) -> int | None:
+def _fn_length(value: JSON) -> int | None:
     text = _as_text(value)
     return None if text is None else len(text)
+
+
+def _fn_reverse(value: JSON) -> str | None:
+    text = _as_text(value)
+    return None if text is None else text[::-1]
 
 
 def _fn_abs(value: JSON) -> int | float | None:
     number = _as_number(value)
     return None if number is None else abs(number)
+
+
+def _integral(fn: Callable[[float], int]) -> Callable[[JSON], int | None]:
+    """CEILING / FLOOR: the whole number as an int (NULL for infinity or not a number)."""
+
+    def whole(value: JSON) -> int | None:
+        number = _as_number(value)
+        if number is None or type(number) is int:
+            return number
+        try:
+            return fn(number)
+        except (OverflowError, ValueError):  # inf, nan
+            return None
+
+    return whole
+
+
+def _fn_sqrt(value: JSON) -> float | None:
+    number = _as_number(value)
+    if number is None or number < 0 or number != number:
+        return None
+    try:
+        return math.sqrt(number)
+    except OverflowError:  # an int too large for a float
+        return None
+
+
+def _fn_sign(value: JSON) -> int | None:
+    number = _as_number(value)
+    if number is None or number != number:
+        return None
+    return (number > 0) - (number < 0)
 
 
 def _fn_concat(values: list[JSON]) -> str | None:
@@ -279,21 +353,158 @@ def _fn_instr(values: list[JSON]) -> int | None:
     return None if text is None or search is None else text.find(search) + 1
 
 
-# name → (min args, max args or None, implementation taking the argument value)
-_FUNCTIONS: dict[str, tuple[int, int | None, Callable[[JSON], JSON] | None]] = {
-    "upper": (1, 1, _fn_upper),
-    "lower": (1, 1, _fn_lower),
-    "len": (1, 1, _fn_len),
-    "abs": (1, 1, _fn_abs),
-    "coalesce": (1, None, None),  # special-cased: lazy, first non-NULL argument
-    "concat": (2, None, None),  # _NARY: the argument values as a list
-    "instr": (2, 2, None),
-}
+def _fn_instr_i(values: list[JSON]) -> int | None:
+    text, search = _as_text(values[0]), _as_text(values[1])
+    if text is None or search is None:
+        return None
+    return text.casefold().find(search.casefold()) + 1
 
-_NARY: dict[str, Callable[[list[JSON]], JSON]] = {"concat": _fn_concat, "instr": _fn_instr}
+
+def _fn_strequal_i(values: list[JSON]) -> int | None:
+    a, b = _as_text(values[0]), _as_text(values[1])
+    return None if a is None or b is None else int(a.casefold() == b.casefold())
+
+
+def _whole(value: JSON) -> int | None:
+    """A position or count argument: a number (or numeric text) truncated toward zero."""
+    number = _as_number(value)
+    if number is None or type(number) is int:
+        return number
+    if number != number or number in (math.inf, -math.inf):
+        return None
+    return int(number)
+
+
+def _fn_substr(values: list[JSON]) -> str | None:
+    """``SUBSTR(text, start[, length])``: from the 1-based ``start`` (a negative start counts
+    from the end, 0 counts as 1), ``length`` characters or to the end; ``''`` when the start
+    is past either end or the length is below 1."""
+    text, start = _as_text(values[0]), _whole(values[1])
+    if text is None or start is None:
+        return None
+    count = _whole(values[2]) if len(values) > 2 else len(text)
+    if count is None:
+        return None
+    begin = start - 1 if start > 0 else (0 if start == 0 else len(text) + start)
+    if count < 1 or begin < 0 or begin >= len(text):
+        return ""
+    return text[begin:begin + count]
+
+
+def _fn_replace(values: list[JSON]) -> str | None:
+    text, search, by = (_as_text(v) for v in values)
+    if text is None or search is None or by is None:
+        return None
+    return text.replace(search, by) if search else text
+
+
+def _trim(method: Callable[[str, str | None], str]) -> Callable[[list[JSON]], str | None]:
+    """TRIM / LTRIM / RTRIM: white space, or any of the characters of the second argument."""
+
+    def trim(values: list[JSON]) -> str | None:
+        text = _as_text(values[0])
+        chars = _as_text(values[1]) if len(values) > 1 else None
+        if text is None or (len(values) > 1 and chars is None):
+            return None
+        return method(text, chars)
+
+    return trim
+
+
+def _fn_round(values: list[JSON]) -> int | float | None:
+    """``ROUND(n[, digits])``: half away from zero (as C ``round``, not Python's half-even) on
+    the shortest decimal text of ``n``; ``digits`` below 0 rounds to tens, hundreds, …"""
+    number = _as_number(values[0])
+    digits = _whole(values[1]) if len(values) > 1 else 0
+    if number is None or digits is None or number != number:
+        return None
+    if number in (math.inf, -math.inf):
+        return None
+    if (type(number) is int and digits >= 0) or digits > 340:  # beyond a double's digits
+        return number
+    if digits < -400:
+        return 0
+    exact = decimal.Decimal(repr(number)).quantize(
+        decimal.Decimal(1).scaleb(-digits), rounding=decimal.ROUND_HALF_UP,
+        context=_DECIMALS)
+    return int(exact) if digits <= 0 else float(exact)
+
+
+_DECIMALS = decimal.Context(prec=1000, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+
+
+def _fn_power(values: list[JSON]) -> int | float | None:
+    """``POWER(base, exponent)``: exact for an int base and an int exponent 0..64, else a
+    float; NULL when the result overflows or is not a real number."""
+    base, exp = _as_number(values[0]), _as_number(values[1])
+    if base is None or exp is None:
+        return None
+    if type(base) is int and type(exp) is int and 0 <= exp <= 64:
+        exact: int = base ** exp
+        return exact
+    try:
+        result = math.pow(base, exp)
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return None
+    return None if result != result or result in (math.inf, -math.inf) else result
+
+
+def _extreme(pick: Callable[[list[int | float]], int | float]
+             ) -> Callable[[list[JSON]], int | float | None]:
+    """GREATEST / LEAST of numbers (numeric text read as a number; NULL if any is none)."""
+
+    def extreme(values: list[JSON]) -> int | float | None:
+        numbers = [_as_number(v) for v in values]
+        if any(n is None or n != n for n in numbers):
+            return None
+        return pick([n for n in numbers if n is not None])
+
+    return extreme
+
+
+_UNARY: dict[str, Callable[[JSON], JSON]] = {
+    "upper": _fn_upper,
+    "lower": _fn_lower,
+    "length": _fn_length,
+    "len": _fn_length,
+    "reverse": _fn_reverse,
+    "abs": _fn_abs,
+    "ceiling": _integral(math.ceil),
+    "ceil": _integral(math.ceil),
+    "floor": _integral(math.floor),
+    "sqrt": _fn_sqrt,
+    "sign": _fn_sign,
+}
+"""Functions of one argument (NULL in, NULL out)."""
+
+_NARY: dict[str, Callable[[list[JSON]], JSON]] = {
+    "concat": _fn_concat,
+    "instr": _fn_instr,
+    "instr_i": _fn_instr_i,
+    "strequal_i": _fn_strequal_i,
+    "substr": _fn_substr,
+    "replace": _fn_replace,
+    "trim": _trim(str.strip),
+    "ltrim": _trim(str.lstrip),
+    "rtrim": _trim(str.rstrip),
+    "round": _fn_round,
+    "power": _fn_power,
+    "greatest": _extreme(max),
+    "least": _extreme(min),
+}
 """Functions of several arguments: NULL when any argument is NULL, else the function of the
-argument values. ``CONCAT(a, b, …)``: the texts joined; ``INSTR(text, part)``: the 1-based
-position of the first ``part`` in ``text``, 0 when it is not there."""
+argument values (a list)."""
+
+_ARITY: dict[str, tuple[int, int | None]] = {
+    **{name: (1, 1) for name in _UNARY},
+    "concat": (2, None), "instr": (2, 2), "instr_i": (2, 2), "strequal_i": (2, 2),
+    "substr": (2, 3), "replace": (3, 3), "trim": (1, 2), "ltrim": (1, 2), "rtrim": (1, 2),
+    "round": (1, 2), "power": (2, 2), "greatest": (1, None), "least": (1, None),
+    # built by _Compiler methods (lazy, evaluated per record, or compiling a pattern once)
+    "coalesce": (1, None), "now": (0, 0), "unix_timestamp": (0, 0),
+    "regexp_match": (2, 2), "regexp_replace": (3, 3),
+}
+"""Every function name (lower case) → (fewest arguments, most or None for any number)."""
 
 
 # ----------------------------------------------------------------------------- LIKE
@@ -399,6 +610,79 @@ def _dynamic_searcher(source: str) -> Callable[[str], bool] | None:
         return _searcher(_re2_compile(source))
     except ValueError:
         return None
+
+
+_REPLACE_OPTIONS = re2.Options()
+_REPLACE_OPTIONS.log_errors = False  # REGEXP_REPLACE keeps groups: \\1 in the replacement
+
+_MAX_REPLACED_CHARS = 64 * 1024 * 1024
+"""REGEXP_REPLACE is NULL when its result could exceed this many characters (text length + 1
+times the replacement's length: an empty-matching pattern replaces at every position)."""
+
+
+class _Replacer(Protocol):
+    """What REGEXP_REPLACE uses of a compiled RE2 pattern."""
+
+    def sub(self, repl: str, text: str) -> str:
+        """``text`` with every match replaced by ``repl`` (``\\1`` … name groups)."""
+
+
+def _re2_replacer(source: str) -> _Replacer:
+    """Compile a REGEXP_REPLACE pattern. Raises ValueError(what) as :func:`_re2_compile`."""
+    try:
+        regex: _Replacer = re2.compile(source, _REPLACE_OPTIONS)
+    except re2.error as exc:
+        raw = exc.args[0] if exc.args else "invalid pattern"
+        message = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        what = _like_error_what(message.replace("\n", " "))
+        raise ValueError(what.replace("LIKE", "REGEXP_REPLACE")) from None
+    return regex
+
+
+@functools.lru_cache(maxsize=256)
+def _dynamic_replacer(source: str) -> _Replacer | None:
+    """Replacer for a pattern read from a record; None if it is invalid."""
+    try:
+        return _re2_replacer(source)
+    except ValueError:
+        return None
+
+
+def _substitute(regex: _Replacer, repl: str, text: str) -> str | None:
+    """``regex.sub(repl, text)``; NULL for a replacement naming a missing group, or a result
+    that could be longer than :data:`_MAX_REPLACED_CHARS`."""
+    if (len(text) + 1) * max(len(repl), 1) > _MAX_REPLACED_CHARS:
+        return None
+    try:
+        return regex.sub(repl, text)
+    except (re2.error, ValueError, IndexError):
+        return None
+
+
+def _nary_call(impl: Callable[[list[JSON]], JSON], pos: int, args: list[_Expr]) -> _Expr:
+    """A call of a :data:`_NARY` function: NULL as soon as an argument is NULL, else
+    ``impl`` of the argument values; folded to a constant when every argument is one."""
+    afs = tuple(a.fn for a in args)
+    if len(afs) == 2:
+        f, g = afs
+
+        def call2(record: JSON) -> JSON:
+            a = f(record)
+            if a is None:
+                return None
+            b = g(record)
+            return None if b is None else impl([a, b])
+
+        return _folded(call2, pos, *args)
+
+    def call_n(record: JSON) -> JSON:
+        values = [f(record) for f in afs]
+        for value in values:
+            if value is None:
+                return None
+        return impl(values)
+
+    return _folded(call_n, pos, *args)
 
 
 # ------------------------------------------------------------------------- compiler
@@ -588,37 +872,88 @@ class _Compiler:
     def func(self, tokens: list[Token], args: list[_Expr]) -> _Expr:
         (name_tok,) = tokens
         name = str(name_tok).lower()
-        if name not in _FUNCTIONS:
-            raise _error(self.text, name_tok.start_pos or 0,
-                         f"unknown function {str(name_tok)!r}")
-        lo, hi, impl = _FUNCTIONS[name]
+        pos = name_tok.start_pos or 0
+        if name not in _ARITY:
+            raise _error(self.text, pos, f"unknown function {str(name_tok)!r}")
+        lo, hi = _ARITY[name]
         if len(args) < lo or (hi is not None and len(args) > hi):
-            want = f"{lo}" if lo == hi else f"at least {lo}"
-            plural = "" if lo == 1 else "s"
-            raise _error(
-                self.text,
-                (name_tok.start_pos or 0),
-                f"{name.upper()} takes {want} argument{plural}, got {len(args)}",
-            )
-        pos = (name_tok.start_pos or 0)
-        if name == "coalesce":
-            fns = [a.fn for a in args]
-
-            def coalesce(record: JSON) -> JSON:
-                for f in fns:
-                    value = f(record)
-                    if value is not None:
-                        return value
-                return None
-
-            return _folded(coalesce, pos, *args)
+            want = (f"{lo}" if lo == hi else f"at least {lo}" if hi is None
+                    else f"{lo} to {hi}")
+            plural = "" if want in ("1", "at least 1") else "s"
+            raise _error(self.text, pos,
+                         f"{name.upper()} takes {want} argument{plural}, got {len(args)}")
+        special = self._SPECIAL.get(name)
+        if special is not None:
+            return special(self, pos, args)
         if name in _NARY:
-            nary, afs = _NARY[name], [a.fn for a in args]
-            return _folded(lambda record: nary([f(record) for f in afs]), pos, *args)
+            return _nary_call(_NARY[name], pos, args)
         (arg,) = args
-        af = arg.fn
-        assert impl is not None
+        af, impl = arg.fn, _UNARY[name]
         return _folded(lambda record: impl(af(record)), pos, arg)
+
+    def _coalesce(self, pos: int, args: list[_Expr]) -> _Expr:
+        """``COALESCE(a, b, …)``: the first argument that is not NULL (lazy), else NULL."""
+        fns = [a.fn for a in args]
+
+        def coalesce(record: JSON) -> JSON:
+            for f in fns:
+                value = f(record)
+                if value is not None:
+                    return value
+            return None
+
+        return _folded(coalesce, pos, *args)
+
+    def _now(self, pos: int, _args: list[_Expr]) -> _Expr:
+        """``NOW()`` / ``UNIX_TIMESTAMP()``: the current time in seconds since the epoch (a
+        float, microseconds), read each time the filter is evaluated: never a constant."""
+        clock = time.time
+        return _Expr(fn=lambda record: clock(), pos=pos)
+
+    def _regexp_match(self, pos: int, args: list[_Expr]) -> _Expr:
+        """``REGEXP_MATCH(text, pattern)``: the function form of ``text LIKE pattern``."""
+        return self.like([], args)
+
+    def _regexp_replace(self, pos: int, args: list[_Expr]) -> _Expr:
+        """``REGEXP_REPLACE(text, pattern, replacement)``: every match of the RE2 pattern
+        replaced (``\\1`` … in the replacement name groups); a constant pattern is compiled
+        once, one read from a record per distinct text (cached)."""
+        value, pattern, by = args
+        if pattern.const:
+            if pattern.value is None:
+                return _folded(lambda record: None, pos, *args)
+            source = pattern.raw if pattern.raw is not None else _as_text(pattern.value)
+            if source is None:
+                raise _error(self.text, pattern.pos, "REGEXP_REPLACE pattern must be a string")
+            try:
+                regex = _re2_replacer(source)
+            except ValueError as exc:
+                raise _error(self.text, pattern.pos, str(exc)) from None
+            vf, bf = value.fn, by.fn
+            found = _searcher(cast("_Regex", regex))  # no match (common): no substitution
+
+            def replace_const(record: JSON) -> str | None:
+                text, repl = _as_text(vf(record)), _as_text(bf(record))
+                if text is None or repl is None:
+                    return None
+                return _substitute(regex, repl, text) if found(text) else text
+
+            return _folded(replace_const, pos, value, by)
+        vf, pf, bf = value.fn, pattern.fn, by.fn
+
+        def replace_dynamic(record: JSON) -> str | None:
+            text, source, repl = _as_text(vf(record)), _as_text(pf(record)), _as_text(bf(record))
+            if text is None or source is None or repl is None:
+                return None
+            regex = _dynamic_replacer(source)
+            return None if regex is None else _substitute(regex, repl, text)
+
+        return _folded(replace_dynamic, pos, *args)
+
+    _SPECIAL: ClassVar[dict[str, Callable[[_Compiler, int, list[_Expr]], _Expr]]] = {
+        "coalesce": _coalesce, "now": _now, "unix_timestamp": _now,
+        "regexp_match": _regexp_match, "regexp_replace": _regexp_replace,
+    }
 
     # -- arithmetic -----------------------------------------------------------
 
@@ -1055,14 +1390,21 @@ class Filter:
 
     Attributes:
         text: the filter text it was compiled from.
+        deterministic: False when it calls ``NOW()`` / ``UNIX_TIMESTAMP()``: its result for
+            a record depends on when it is evaluated, so it is refused where the same answer
+            must come every time (a ``sow_delete`` filter, applied per partition and again
+            after a worker restart; a view's filter), as AMPS refuses non-deterministic
+            functions there.
     """
 
-    __slots__ = ("_fn", "_terms", "text")
+    __slots__ = ("_fn", "_terms", "deterministic", "text")
 
-    def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None) -> None:
+    def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None,
+                 deterministic: bool = True) -> None:
         self.text = text
         self._fn = fn
         self._terms = terms
+        self.deterministic = deterministic
 
     def __call__(self, record: JSONObject) -> bool:
         """True only when the filter evaluates to TRUE for ``record`` (not FALSE or UNKNOWN).
@@ -1148,7 +1490,23 @@ def compile_filter(text: str) -> Filter:
         expr = _Compiler(text).compile(tree)
     except RecursionError:  # constant folding evaluates nested closures
         raise _depth_error(text) from None
-    return Filter(text, expr.fn, expr.terms)
+    clocks = tree.scan_values(lambda v: isinstance(v, Token) and v.type == "FUNC_NAME"
+                              and v.lower() in _NON_DETERMINISTIC)
+    return Filter(text, expr.fn, expr.terms, deterministic=next(iter(clocks), None) is None)
+
+
+_NON_DETERMINISTIC = frozenset({"now", "unix_timestamp"})
+"""Functions whose value depends on when they are evaluated (see :attr:`Filter.deterministic`)."""
+
+
+def check_deterministic(flt: Filter, where: str) -> None:
+    """Raise FilterSyntaxError (one line naming ``where``) when ``flt`` calls ``NOW()`` or
+    ``UNIX_TIMESTAMP()``."""
+    if not flt.deterministic:
+        raise FilterSyntaxError(
+            f"{where} must give the same answer whenever it is evaluated: NOW() and "
+            f"UNIX_TIMESTAMP() are not allowed there (AMPS: non-deterministic functions) in "
+            f'"{_shown(flt.text, cut=True)}"')
 
 
 def _depth_error(text: str) -> FilterSyntaxError:
