@@ -46,7 +46,7 @@ def _own_redis(folder: Path):
 CORE = {"test_publish", "test_query", "test_expiration", "test_chaining", "test_subscribe",
         "test_workers", "test_write_through", "test_apply_load", "test_integrity",
         "test_migrate_live", "test_change_previous", "test_delta_subscribe", "test_aggregate",
-        "test_derive", "test_history"}
+        "test_derive", "test_history", "test_transient"}
 """Test modules whose data-plane tests run on one server and on the cluster."""
 
 PLANE_FIXTURES = {"url", "r", "sow", "backend_url", "lonely_url"}

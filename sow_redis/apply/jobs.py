@@ -940,8 +940,18 @@ def apply_here(r: Client, topic: TopicConfig, partitions: list[int], settings: S
 
 
 def _trim(r: Client, topic: TopicConfig, p: int, settings: Settings) -> None:
-    """Drop applied log entries once the stream is longer than ``log_max_len``."""
+    """Drop applied log entries once the stream is longer than ``log_max_len``. A transient
+    topic's log is what its SOW is rebuilt from: only its applied entries older than its
+    ``log_retention`` go (none without one)."""
     log_key = keys.log(topic.name, p)
+    if topic.transient:
+        if topic.log_retention_ms:
+            sec, usec = r.time()
+            cutoff = int(sec) * 1000 + int(usec) // 1000 - topic.log_retention_ms
+            cursor = parse(read_cursor(r, topic.name, p))
+            upto = min(cursor, (max(cutoff, 0), 0))
+            r.xtrim(log_key, minid="%d-%d" % upto, approximate=False)
+        return
     if r.xlen(log_key) > settings.log_max_len:
         # LIMIT 0: no cap on the entries one call removes (Redis caps "~" trims otherwise)
         r.xtrim(log_key, minid=read_cursor(r, topic.name, p), approximate=True, limit=0)
