@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from conftest import start_worker, wait_until
 
 from sow_redis import keys
 from sow_redis.apply.jobs import _trim, apply_here, lagging_partitions
@@ -110,6 +111,24 @@ def test_a_transient_topic_rebuilt_after_its_records_are_removed(lonely_url, top
                                    for p in range(PARTS) if p not in grown)
     last_block = r.xrevrange(keys.changes(topic_name, grown[0]), count=1)[0][0]
     assert int(last_block.split(b"-")[0]) > seqs[grown[0]]
+
+
+def test_a_worker_that_starts_on_a_lost_sow_rebuilds_it(url, topic_name):
+    """``sow-redis worker`` started on a Redis whose transient topic lost its SOW (records
+    and state, as a restart without RDB/AOF for them leaves it): its first sweep finds the
+    partitions behind their logs, and its jobs rebuild the records as they were."""
+    sow, t, _settings = setup(url, topic_name)
+    r = sow.r
+    publish_mix(sow, topic_name)
+    before = snapshot(r, t)
+    lose_sow(r, t)
+    worker = start_worker(url)
+    try:
+        wait_until(lambda: snapshot(r, t) == before, 30, "the worker rebuilt the SOW")
+    finally:
+        worker.terminate()
+        out, _ = worker.communicate(timeout=30)
+    assert out.count(b"the SOW was lost; rebuilding it") == PARTS, out.decode()[-2000:]
 
 
 def test_a_bad_log_entry_is_rejected_again_not_a_crash(lonely_url, topic_name):
@@ -225,6 +244,41 @@ def test_the_log_of_a_transient_topic_is_kept_and_log_retention_bounds_it(lonely
         cursor = r.hget(keys.state(topic_name, p), "cursor")
         # everything before the cursor is older than 1 ms: the cursor's entry stays
         assert [e[0] for e in r.xrange(keys.log(topic_name, p))] == [cursor]
+
+
+def _drain(sub, idle: float = 0.3) -> list[dict]:
+    out = []
+    while (m := sub.get(timeout=idle)) is not None:
+        out.append(m)
+    return out
+
+
+def test_a_subscriber_sees_no_replayed_event_and_resyncs_at_the_next_change(lonely_url,
+                                                                          topic_name):
+    """What a subscriber sees of a rebuild: none of the replayed entries' events (it got them
+    before the SOW was lost); the next live change shows a gap in the seqs, which it
+    recovers by re-reading the records (each rebuilt record once, as a publish), then the
+    change itself. A deleted record is not announced again."""
+    sow, t, settings = setup(lonely_url, topic_name)
+    r = sow.r
+    with sow.subscribe(topic_name, oof=True) as sub:
+        sow.publish(topic_name, [{"id": i, "sym": "A", "px": i} for i in range(3)])
+        sow.sow_delete(topic_name, keys=[x.sow_key for x in sow.sow(topic_name, "/id = 2")])
+        assert sorted((m["kind"], m["data"]["id"]) for m in _drain(sub)) == [
+            ("oof", 2), ("publish", 0), ("publish", 1), ("publish", 2)]
+        lose_sow(r, t)
+        rebuild(r, t, settings)
+        assert _drain(sub, 0.2) == []
+        sow.delta_publish(topic_name, [{"id": 0, "px": 100}, {"id": 1, "px": 101}])
+        got = _drain(sub)
+    print([(m["kind"], m.get("how"), (m.get("data") or {}).get("px")) for m in got])
+    recoveries = [m for m in got if m["kind"] == "recovery"]
+    assert recoveries and all((m["cause"], m["how"]) == ("gap", "requery") for m in recoveries)
+    events = [m for m in got if m["kind"] != "recovery"]
+    assert all(m["data"]["id"] in (0, 1) for m in events)  # nothing of the deleted id 2
+    for i in (0, 1):  # the record re-read (at most once), then the change, or both in one
+        mine = [m["data"] for m in events if m["data"]["id"] == i]
+        assert 1 <= len(mine) <= 2 and mine[-1] == {"id": i, "sym": "A", "px": 100 + i}
 
 
 @pytest.mark.parametrize("extra, problem", [
