@@ -282,7 +282,7 @@ def start_worker(url: str, *args: str, **extra: str) -> subprocess.Popen:
 
 IN_PROCESS = frozenset({"config", "publish", "delta-publish", "sow", "sow-delete", "subscribe",
                         "sow-and-subscribe", "bookmarks", "errors", "chains", "stats", "status",
-                        "keys"})
+                        "keys", "rebuild"})
 """Commands :func:`run_cli` runs in the test's own process (click's ``CliRunner``): they end
 by themselves and what they print is under test, not the process. The others (``up``,
 ``down``, ``worker``, ``expirer``, ``dashboard``, ``metrics``, ``spark``: processes,

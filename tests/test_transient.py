@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from conftest import start_worker, wait_until
+from conftest import run_cli, start_worker, wait_until
 
 from sow_redis import keys
 from sow_redis.apply.jobs import _trim, apply_here, lagging_partitions
@@ -279,6 +279,55 @@ def test_a_subscriber_sees_no_replayed_event_and_resyncs_at_the_next_change(lone
     for i in (0, 1):  # the record re-read (at most once), then the change, or both in one
         mine = [m["data"] for m in events if m["data"]["id"] == i]
         assert 1 <= len(mine) <= 2 and mine[-1] == {"id": i, "sym": "A", "px": 100 + i}
+
+
+def test_sow_rebuild_drops_the_sow_and_replays_the_log(lonely_url, topic_name):
+    """``Sow.rebuild`` (inline: in this process) drops every partition's SOW under its lease
+    and replays the log: the same records; with recovery point "now" an empty SOW. The
+    fencing token survives the drop: a worker that held the lease before is refused."""
+    sow, t, settings = setup(lonely_url, topic_name)
+    r = sow.r
+    publish_mix(sow, topic_name)
+    before = snapshot(r, t)
+    fences = [int(r.hget(keys.state(topic_name, p), "fence")) for p in range(PARTS)]
+    horizons = sow.rebuild(topic_name)
+    assert horizons == {p: r.xrevrange(keys.log(topic_name, p), count=1)[0][0].decode()
+                        for p in range(PARTS)}
+    assert snapshot(r, t) == before
+    assert all(int(r.hget(keys.state(topic_name, p), "fence")) > fences[p]
+               for p in range(PARTS))
+    sow.apply_config(cfg(topic_name, 'persistence = "transient"\nrecovery_point = "now"\n'))
+    sow.rebuild(topic_name)
+    assert sow.sow(topic_name) == []
+
+
+def test_cli_rebuild(lonely_url, topic_name):
+    """``sow-redis rebuild -t T``: one line saying what it did; the workers (here: this
+    process) rebuild. A persistent topic, or a partition leased by another process for
+    --timeout seconds, is one error line, exit status 1."""
+    sow, t, settings = setup(lonely_url, topic_name)
+    r = sow.r
+    publish_mix(sow, topic_name)
+    before = snapshot(r, t)
+    out = run_cli(lonely_url, "rebuild", "-t", topic_name).stdout.decode()
+    assert out == (f"topic '{topic_name}': dropped the SOW of {PARTS} partition(s); the "
+                   "workers rebuild it from its log (recovery point epoch)\n")
+    assert lagging_partitions(r, t) == list(range(PARTS))
+    rebuild(r, t, settings)
+    assert snapshot(r, t) == before
+    r.set(keys.lease(topic_name, 1), "elsewhere:1:x", px=10_000)
+    bad = run_cli(lonely_url, "rebuild", "-t", topic_name, "--timeout", "0.1", check=False)
+    err = bad.stderr.decode()
+    assert bad.returncode == 1 and err.count("\n") == 1, err
+    assert "partition(s) [1] stayed leased by another process for 0.1 s" in err
+    assert "dropped [0]" in err
+    r.delete(keys.lease(topic_name, 1))
+    sow.apply_config(cfg(topic_name, ""))
+    bad = run_cli(lonely_url, "rebuild", "-t", topic_name, check=False)
+    assert bad.returncode == 1
+    assert bad.stderr.decode() == (f"Error: topic '{topic_name}' is persistent: its SOW cannot "
+                                   "be rebuilt from its log (persistence = \"transient\" keeps "
+                                   "the log for that)\n")
 
 
 @pytest.mark.parametrize("extra, problem", [
