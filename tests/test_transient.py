@@ -131,6 +131,29 @@ def test_a_worker_that_starts_on_a_lost_sow_rebuilds_it(url, topic_name):
     assert out.count(b"the SOW was lost; rebuilding it") == PARTS, out.decode()[-2000:]
 
 
+def test_a_chaining_topic_is_rebuilt_with_its_chains(lonely_url, topic_name):
+    """A transient topic with the chaining key generator (seeds/003): the rebuild re-links
+    the chains from the log, so the one record of the chain and the chain table are what
+    they were."""
+    settings = Settings.from_env(redis_url=lonely_url)
+    sow = Sow(settings=settings, inline=True)
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/DocumentNumber", '
+                     '"/ParentDocument"]\nkey_generator = { type = "chaining" }\n'
+                     'persistence = "transient"\n')
+    t, r = sow.topic(topic_name), sow.r
+    for m in [{"DocumentNumber": 1, "Status": "Started"},
+              {"DocumentNumber": 2, "ParentDocument": 1, "Order": "Antivenom"},
+              {"DocumentNumber": 3, "ParentDocument": 2, "Order": "Sandwich"},
+              {"DocumentNumber": 4, "ParentDocument": 1, "Status": "Pending"},
+              {"DocumentNumber": 9, "Status": "Alone"}]:
+        sow.delta_publish(topic_name, m)
+    before = snapshot(r, t), r.hgetall(keys.chain(topic_name, 0))
+    assert len(before[0][0][0]) == 2 and len(before[1]) == 5
+    lose_sow(r, t)
+    rebuild(r, t, settings)
+    assert (snapshot(r, t), r.hgetall(keys.chain(topic_name, 0))) == before
+
+
 def test_a_bad_log_entry_is_rejected_again_not_a_crash(lonely_url, topic_name):
     """The rebuild applies through apply.lua as ever: an entry that is no message goes to
     the partition's error stream (again), and the others are rebuilt."""
