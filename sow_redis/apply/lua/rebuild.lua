@@ -76,5 +76,6 @@ end
 
 local t = redis.call("TIME")
 redis.call("HSET", P.state, "cursor", cursor, "seq", string.format("%d", seq),
-  "rebuild_to", horizon, "rebuilt_ms", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  "rebuild_to", horizon,
+  "rebuilt_ms", string.format("%d", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
 return {1, cursor, horizon}
