@@ -7,6 +7,7 @@ workers' code (:func:`sow_redis.apply.jobs.apply_here`)."""
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -113,22 +114,35 @@ def test_a_transient_topic_rebuilt_after_its_records_are_removed(lonely_url, top
     assert int(last_block.split(b"-")[0]) > seqs[grown[0]]
 
 
-def test_a_worker_that_starts_on_a_lost_sow_rebuilds_it(url, topic_name):
-    """``sow-redis worker`` started on a Redis whose transient topic lost its SOW (records
-    and state, as a restart without RDB/AOF for them leaves it): its first sweep finds the
-    partitions behind their logs, and its jobs rebuild the records as they were."""
+def test_workers_rebuild_a_lost_sow_when_it_is_lost_and_when_they_start(url, topic_name):
+    """``sow-redis worker``: a running worker's sweep finds a partition of a transient topic
+    without its applied cursor (no new entry needed) and rebuilds it; a worker started on a
+    Redis whose transient topic lost its SOW (records and state, as a restart without RDB/AOF
+    for them leaves it) finds it at its first sweep. Both rebuild the records as they were."""
     sow, t, _settings = setup(url, topic_name)
     r = sow.r
     publish_mix(sow, topic_name)
-    before = snapshot(r, t)
+    outs = []
+    worker = start_worker(url)
+    try:  # the worker runs: it applies a publish (not inline), then the SOW is lost
+        Sow(settings=Settings.from_env(redis_url=url, write_through=False)).publish(
+            topic_name, {"id": 50, "sym": "W", "px": 5}, wait=True, timeout=30)
+        time.sleep(0.6)  # a sweep (every 0.5 s) after the publish: the worker knows the logs
+        before = snapshot(r, t)
+        lose_sow(r, t)
+        wait_until(lambda: snapshot(r, t) == before, 30, "the running worker rebuilt it")
+    finally:
+        worker.terminate()
+        outs.append(worker.communicate(timeout=30)[0])
     lose_sow(r, t)
     worker = start_worker(url)
     try:
-        wait_until(lambda: snapshot(r, t) == before, 30, "the worker rebuilt the SOW")
+        wait_until(lambda: snapshot(r, t) == before, 30, "the worker rebuilt it at its start")
     finally:
         worker.terminate()
-        out, _ = worker.communicate(timeout=30)
-    assert out.count(b"the SOW was lost; rebuilding it") == PARTS, out.decode()[-2000:]
+        outs.append(worker.communicate(timeout=30)[0])
+    for out in outs:
+        assert out.count(b"the SOW was lost; rebuilding it") == PARTS, out.decode()[-2000:]
 
 
 def test_a_chaining_topic_is_rebuilt_with_its_chains(lonely_url, topic_name):

@@ -446,9 +446,30 @@ class LagScanner:
         return out
 
 
+def lost_partitions(r: Client, topics: Mapping[str, TopicConfig]) -> dict[str, list[int]]:
+    """Transient topic name → its partitions whose SOW was lost (no applied cursor, see
+    ``lua/rebuild.lua``), in one pipelined round trip (one ``HEXISTS`` per partition of the
+    transient topics; persistent topics cost nothing). A worker's job rebuilds them."""
+    transient = [t for _n, t in sorted(topics.items()) if t.transient]
+    if not transient:
+        return {}
+    pipe = r.pipeline(transaction=False)
+    for t in transient:
+        for p in range(t.partitions):
+            pipe.hexists(keys.state(t.name, p), "cursor")
+    found = iter(pipe.execute())
+    out: dict[str, list[int]] = {}
+    for t in transient:
+        lost = [p for p in range(t.partitions) if not next(found)]
+        if lost:
+            out[t.name] = lost
+    return out
+
+
 def sweep(r: Client, settings: Settings, recover: bool = False,
           scanner: LagScanner | None = None) -> int:
-    """Enqueue jobs for every lagging partition of every topic, after :func:`reclaim` and
+    """Enqueue jobs for every lagging partition of every topic, and every partition of a
+    transient topic whose SOW was lost (:func:`lost_partitions`), after :func:`reclaim` and
     :func:`stale_markers`. One worker process sweeps at a time (the sweep lease
     :data:`keys.SWEEP_LEASE`, lifetime three sweep intervals); ``recover`` (after an outage)
     sweeps whoever holds it.
@@ -465,7 +486,10 @@ def sweep(r: Client, settings: Settings, recover: bool = False,
     topics = cache.all()
     scanner = scanner or LagScanner()
     n = 0
-    for name, lag in scanner.lagging(r, topics).items():
+    work = scanner.lagging(r, topics)
+    for name, lost in lost_partitions(r, topics).items():  # a lost SOW: rebuilt by a job
+        work[name] = sorted(set(work.get(name, [])) | set(lost))
+    for name, lag in work.items():
         reclaim(r, name, lag, recover)
         stale_markers(r, topics[name], lag, settings, scanner.suspects)
         n += ensure_jobs(r, name, lag, settings)
