@@ -170,6 +170,27 @@ def test_a_chaining_topic_is_rebuilt_with_its_chains(lonely_url, topic_name):
     assert (snapshot(r, t), r.hgetall(keys.chain(topic_name, 0))) == before
 
 
+def test_a_rebuild_after_a_shape_migration(lonely_url, topic_name):
+    """After ``--migrate`` (2 → 3 partitions) a rebuild from epoch replays the old layout's
+    entries (those of another partition now go to the error stream) and then the records the
+    migration re-published: the same records as after the migration. (Not with expiring
+    records: the migration restores each absolute expiry, which its re-published entry gives
+    to the millisecond only.)"""
+    sow = Sow(lonely_url, inline=True)
+    sow.apply_config(cfg(topic_name))
+    sow.publish(topic_name, [{"id": i, "sym": "ABC"[i % 3], "px": i} for i in range(30)])
+    sow.delta_publish(topic_name, [{"id": i, "px": 100 + i} for i in range(0, 12, 2)])
+    assert sow.sow_delete(topic_name, filter="/id < 3") == 3
+    sow.apply_config(cfg(topic_name).replace(f"partitions = {PARTS}", "partitions = 3"),
+                     migrate=True)
+    t, r = sow.topic(topic_name), sow.r
+    before = snapshot(r, t)
+    assert sum(len(recs) for recs, *_ in before.values()) == 27
+    sow.rebuild(topic_name)
+    assert snapshot(r, t) == before
+    assert sum(r.xlen(keys.partition_errors(topic_name, p)) for p in range(3)) > 0
+
+
 def test_a_bad_log_entry_is_rejected_again_not_a_crash(lonely_url, topic_name):
     """The rebuild applies through apply.lua as ever: an entry that is no message goes to
     the partition's error stream (again), and the others are rebuilt."""
@@ -416,3 +437,4 @@ def test_config_round_trip_and_shape():
     assert (p.persistence, p.recovery_point, p.transient) == ("persistent", "epoch", False)
     assert "persistence" not in to_toml([p])
     assert p.fingerprint == t.fingerprint  # not a shape field: no migration
+
