@@ -450,7 +450,7 @@ def lost_partitions(r: Client, topics: Mapping[str, TopicConfig]) -> dict[str, l
     """Transient topic name → its partitions whose SOW was lost (no applied cursor, see
     ``lua/rebuild.lua``), in one pipelined round trip (one ``HEXISTS`` per partition of the
     transient topics; persistent topics cost nothing). A worker's job rebuilds them."""
-    transient = [t for _n, t in sorted(topics.items()) if t.transient]
+    transient = [t for t in topics.values() if t.transient]
     if not transient:
         return {}
     pipe = r.pipeline(transaction=False)
