@@ -715,7 +715,13 @@ class _Drain:
             with _active_lock:
                 _active.discard((name, q))
             return False
-        self.held[q] = _Held(self.r, self.scripts, self.topic, q, fence, self.settings)
+        try:  # a transient topic's lost SOW starts its rebuild here (PartitionApplier)
+            self.held[q] = _Held(self.r, self.scripts, self.topic, q, fence, self.settings)
+        except BaseException:
+            with _active_lock:
+                _active.discard((name, q))
+            _release(self.scripts, keys.lease(name, q), self.owner)
+            raise
         if self.adopt:  # a worker's job: the marker says "served" from now on, and the job
             # that waited for q leaves the queue (a publisher enqueues none for q now)
             _set_marker(self.r, name, q, held_marker_value(self.owner, fence),
