@@ -354,6 +354,26 @@ class Sow:
         """Drain ``partitions`` in this process with the workers' code (see :meth:`handoff`)."""
         return apply_here(self.r, t, partitions, self.settings, timeout)
 
+    def rebuild(self, topic: str, wait: bool = False, timeout: float = 60.0) -> dict[int, str]:
+        """Drop the SOW of transient ``topic`` and have it rebuilt from its log, from its
+        ``recovery_point`` (AMPS SOW ``Durability`` transient, ``RecoveryPoint``; seeds/004;
+        :func:`sow_redis.rebuild.drop_sow`): here when :attr:`inline`, else by the workers
+        (ingest jobs enqueued; ``wait``: until they replayed the log as it was when dropped).
+
+        Returns:
+            partition → the log's last entry when it was dropped (``0-0``: an empty log).
+
+        Raises:
+            SowError: the topic is persistent, or a partition stayed leased by another
+                process for ``timeout`` seconds; WaitTimeout; UnknownTopicError.
+        """
+        from .rebuild import drop_sow  # start-up time: only for this call
+
+        t = self.topic(topic)
+        horizons = drop_sow(self.r, t, self.settings, timeout)
+        self.handoff(t, horizons, wait=wait, timeout=timeout)
+        return horizons
+
     def publish(self, topic: str, messages: JSON, sow_key: str | None = None, wait: bool = False,
                 timeout: float = 60.0, expiration: float | None = None,
                 separator: str | None = None) -> PublishResult:

@@ -18,6 +18,9 @@ One ``[[topic]]`` table per SOW topic (AMPS ``SOW/Topic``, seeds/004 "Configurat
                                   # a duration, { age = "1h", count = 100000 }, or 0 (no feed)
     change_previous = false       # true: each change event also carries the record's previous
                                   # state (exact OOF for late joiners, delta subscriptions)
+    persistence = "persistent"    # "transient": a lost SOW is rebuilt from the log (kept)
+    recovery_point = "epoch"      # transient: rebuild from "epoch", "now" or an ISO-8601 time
+    log_retention = "7d"          # transient: log entries kept this long (default: all)
 
     [[topic]]                     # a FIX order topic with cancel/replace chains (seeds/003)
     name = "orders"
@@ -50,9 +53,11 @@ from .model.topic import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PARTITIONS,
     MAX_CHANGE_RETENTION_COUNT,
+    PERSISTENCE,
     TopicConfig,
     duration_text,
     parse_duration_ms,
+    parse_recovery_point,
     topic_from_dict,
 )
 from .model.values import JSON, JSONObject, split_path
@@ -145,6 +150,10 @@ _SHAPES: dict[str, _Shape] = {
                          'table like { age = "1h", count = 100000 }'),
     "change_previous": (_is_bool, "true or false"),
     "history": (_is_table, 'a table like { window = "7d", granularity = "1s" }'),
+    "persistence": (_is_str, '"persistent" or "transient"'),
+    "recovery_point": (_is_str, '"epoch", "now" or an ISO-8601 time like '
+                       '"2026-11-27T06:00:00Z"'),
+    "log_retention": (_is_duration, 'a duration like "7d" or 604800'),
 }
 """Every ``[[topic]]`` field → (type check on the TOML value, what the field must be). Each
 field is type-checked here first, so the value checks below only ever see the right type."""
@@ -405,6 +414,7 @@ def _check_topic(source: str, i: int, raw: Table, seen: dict[str, str],
     _check_expiration(where, t, d, problems)
     _check_change_retention(where, t, d, problems)
     _check_history(where, t, d, problems)
+    _check_persistence(where, t, d, problems)
     return d
 
 
@@ -592,6 +602,34 @@ def _check_history(where: str, t: Table, d: Table, problems: list[str]) -> None:
     d["history_window"], d["history_granularity"] = window, granularity
 
 
+def _check_persistence(where: str, t: Table, d: Table, problems: list[str]) -> None:
+    """``persistence`` ("persistent", the default, or "transient"; AMPS SOW ``Durability``),
+    and a transient topic's ``recovery_point`` (AMPS ``RecoveryPoint``: "epoch", "now" or an
+    ISO-8601 time) and ``log_retention`` (a duration > 0; default: the log is kept whole),
+    which a persistent topic cannot set (seeds/004, "Durability")."""
+    mode = t.get("persistence", "persistent")
+    if mode not in PERSISTENCE:
+        problems.append(f"{where}: 'persistence' must be \"persistent\" or \"transient\", "
+                        f"got {mode!r}")
+        return
+    for name in ("recovery_point", "log_retention"):
+        if name in t and mode != "transient":
+            problems.append(f"{where}: '{name}' applies to a transient topic only "
+                            "(persistence = \"transient\")")
+    if "recovery_point" in t:
+        try:
+            parse_recovery_point(t["recovery_point"])
+        except ValueError as exc:
+            problems.append(f"{where}: 'recovery_point': {exc}")
+    if "log_retention" in t:
+        try:
+            d["log_retention"] = duration_text(t["log_retention"])
+            if parse_duration_ms(d["log_retention"]) <= 0:
+                problems.append(f"{where}: 'log_retention' must be > 0")
+        except ValueError as exc:
+            problems.append(f"{where}: 'log_retention': {exc}")
+
+
 def to_toml(topics: list[TopicConfig]) -> str:
     """The topics as a configuration file that :func:`parse_topics` reads back to the same
     definitions: one ``[[topic]]`` table each, with ``name``, ``key`` and every field that
@@ -607,7 +645,7 @@ def to_toml(topics: list[TopicConfig]) -> str:
         for name in ("key_domain", "message_type", "partitions", "hash_index",
                      "max_message_bytes", "partition_by", "expiration", "expiration_policy",
                      "dead_letter", "idle_expiration", "field_separator", "skip_msg_types",
-                     "change_previous"):
+                     "change_previous", "persistence", "recovery_point", "log_retention"):
             value = getattr(t, name)
             if value != getattr(default, name):
                 d[name] = ([list(ix) for ix in value] if name == "hash_index"

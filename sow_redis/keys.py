@@ -92,7 +92,10 @@ def expiry(topic: str, p: int) -> str:
 
 
 def state(topic: str, p: int) -> str:
-    """HASH with ``cursor`` (last applied stream id), ``seq`` (change sequence), ``fence``."""
+    """HASH with ``cursor`` (last applied stream id; on a transient topic also the mark of a
+    SOW that exists: ``lua/rebuild.lua``), ``seq`` (change sequence), ``fence``, the change
+    counters ``n_insert`` … and, after a transient topic's rebuild, ``rebuild_to`` (the log
+    entry up to which it replays without change events) and ``rebuilt_ms`` (server ms)."""
     return partition_tag(topic, p) + ":state"
 
 

@@ -24,6 +24,7 @@ from .errors import ConfigError, FilterSyntaxError, UnknownTopicError
 from .model.topic import TopicConfig
 from .partition_state import read_partitions
 from .query.filter import check_deterministic, compile_filter
+from .streamids import ZERO
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ def store_topics(r: Client, topics: list[TopicConfig]) -> int:
         The new registry version.
     """
     sec, usec = r.time()
+    started = _newly_transient(r, topics)
 
     def definitions(pipe: Pipeline) -> None:
         for t in topics:
@@ -128,8 +130,33 @@ def store_topics(r: Client, topics: list[TopicConfig]) -> int:
     # definitions first, then the version bump that makes readers load them
     version = write_in_stages(r, [definitions, bump])[-1]
     store_fingerprints(r, topics)
+    if started:
+        pipe = r.pipeline(transaction=False)
+        for t in started:
+            for p in range(t.partitions):
+                pipe.hsetnx(keys.state(t.name, p), "cursor", ZERO)
+        pipe.execute()
     r.publish(keys.REGISTRY_CHANNEL, str(version))
     return int(version)
+
+
+def _newly_transient(r: Client, topics: list[TopicConfig]) -> list[TopicConfig]:
+    """The transient topics of ``topics`` that the registry holds not at all or as
+    persistent: :func:`store_topics` gives each of their partitions an applied cursor
+    (``0-0`` where none is), the mark of a SOW that exists (``lua/rebuild.lua``), so a
+    worker never takes a partition nothing was applied to yet for a lost SOW."""
+    transient = [t for t in topics if t.transient]
+    if not transient:
+        return []
+    out = []
+    for t, raw in zip(transient, r.hmget(keys.REGISTRY, [t.name for t in transient])):
+        try:
+            was = raw is not None and TopicConfig.from_json(raw).transient
+        except (ValueError, KeyError, TypeError):  # not a definition sow_redis wrote
+            was = False
+        if not was:
+            out.append(t)
+    return out
 
 
 def store_fingerprints(r: Client, topics: list[TopicConfig]) -> None:

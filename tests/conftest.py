@@ -46,7 +46,7 @@ def _own_redis(folder: Path):
 CORE = {"test_publish", "test_query", "test_expiration", "test_chaining", "test_subscribe",
         "test_workers", "test_write_through", "test_apply_load", "test_integrity",
         "test_migrate_live", "test_change_previous", "test_delta_subscribe", "test_aggregate",
-        "test_derive", "test_history", "test_subscribe_keys"}
+        "test_derive", "test_history", "test_subscribe_keys", "test_transient"}
 """Test modules whose data-plane tests run on one server and on the cluster."""
 
 PLANE_FIXTURES = {"url", "r", "sow", "backend_url", "lonely_url"}
@@ -282,7 +282,7 @@ def start_worker(url: str, *args: str, **extra: str) -> subprocess.Popen:
 
 IN_PROCESS = frozenset({"config", "publish", "delta-publish", "sow", "sow-delete", "subscribe",
                         "sow-and-subscribe", "bookmarks", "errors", "chains", "stats", "status",
-                        "keys"})
+                        "keys", "rebuild"})
 """Commands :func:`run_cli` runs in the test's own process (click's ``CliRunner``): they end
 by themselves and what they print is under test, not the process. The others (``up``,
 ``down``, ``worker``, ``expirer``, ``dashboard``, ``metrics``, ``spark``: processes,

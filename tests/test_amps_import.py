@@ -209,7 +209,6 @@ def test_untranslatable_topics_and_elements_are_listed_one_line_each():
     rest = skipped[3:]
     for needle in ("SOW/Topic[A]/FileName: not translated",
                    "SOW/Topic[A]/SlabSize: not translated",
-                   "SOW/Topic[A]/Durability: not translated",
                    "SOW/Topic[X]: MessageType 'xml' is not supported (json, fix): topic skipped",
                    "SOW/Topic[Custom]: KeyGenerator module 'mine' is not the chaining key "
                    "generator: topic skipped",
@@ -219,7 +218,7 @@ def test_untranslatable_topics_and_elements_are_listed_one_line_each():
                    "SOW/Topic[A]: a topic of this name is already imported",
                    "SOW/Topic[bad name!]: 'name' must be"):
         assert sum(line.startswith(needle) for line in rest) == 1, needle
-    assert len(rest) == 9
+    assert len(rest) == 8
     assert all("\n" not in line for line in skipped)
 
 
@@ -282,3 +281,31 @@ def test_cli_writes_the_toml_lists_what_it_skipped_and_the_result_applies(tmp_pa
     run_cli(url, "worker", "--burst")
     rows = run_cli(url, "sow", "-t", topic_name).stdout.decode().splitlines()
     assert len(rows) == 1 and '"us"' in rows[0]
+
+
+def test_durability_and_recovery_point():
+    """``Durability`` transient → ``persistence``, with its ``RecoveryPoint`` (epoch, now, an
+    AMPS timestamp in UTC); persistent is the default; a bookmark, another durability, or a
+    recovery point of a persistent topic are listed (seeds/004, "Durability")."""
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/k</Key><Durability>Transient</Durability>"
+                         "<RecoveryPoint>20261127T060000</RecoveryPoint></Topic>")
+    assert (t.persistence, t.recovery_point, skipped) == \
+        ("transient", "2026-11-27T06:00:00Z", [])
+    assert t.recovery_ms == 1_795_759_200_000
+    for point in ("NOW", "epoch"):
+        (t,), _ = _one(f"<Topic><Name>T</Name><Key>/k</Key><Durability>transient</Durability>"
+                       f"<RecoveryPoint>{point}</RecoveryPoint></Topic>")
+        assert (t.persistence, t.recovery_point) == ("transient", point.lower())
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/k</Key><Durability>persistent</Durability>"
+                         "<RecoveryPoint>now</RecoveryPoint></Topic>")
+    assert (t.persistence, t.recovery_point) == ("persistent", "epoch")
+    assert skipped == ["SOW/Topic[T]/RecoveryPoint: not translated: applies to a transient "
+                       "topic only"]
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/k</Key><Durability>transient</Durability>"
+                         "<RecoveryPoint>1|42|</RecoveryPoint></Topic>")
+    assert (t.persistence, t.recovery_point) == ("transient", "epoch")
+    assert len(skipped) == 1 and skipped[0].startswith("SOW/Topic[T]/RecoveryPoint: not")
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/k</Key><Durability>mmap</Durability>"
+                         "</Topic>")
+    assert t.persistence == "persistent" and skipped == [
+        "SOW/Topic[T]/Durability: not translated: 'mmap' is neither persistent nor transient"]

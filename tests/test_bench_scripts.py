@@ -163,3 +163,14 @@ def test_split_daily_writes_each_day_in_order_with_increasing_times(tmp_path: Pa
         [1], [0, 2], [3]]
     times = [f.stat().st_mtime for f in files]
     assert times == sorted(times) and len(set(times)) == 3  # Spark takes them in this order
+
+
+def test_bench_rebuild_compares_the_rebuild_with_the_first_apply(tmp_path: Path) -> None:
+    out = tmp_path / "rebuild.json"
+    proc = _run("bench_rebuild.py", "--n", "3000", "--keys", "500", "--partitions", "2",
+                "--runs", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
+    res = json.loads(out.read_bytes())
+    assert set(res["medians"]) == {"apply", "rebuild"}
+    assert all(v["entries_per_s"] > 0 for v in res["medians"].values())
+    assert res["log_bytes_per_entry"] > 0

@@ -375,6 +375,8 @@ class PartitionApplier:
         """True after a :meth:`step` that found the log drained with nothing left to apply."""
         self._in_redis = not topic.chaining  # the next batch may start with prepared publishes
         self._trusted_skip = 0  # steps before the next look for trusted entries
+        if topic.transient:
+            rebuild_if_lost(scripts, topic, p, fence)
 
     def _reset(self) -> None:
         self._planner, self._cursor, self._planned = None, None, None
@@ -582,6 +584,30 @@ class PartitionApplier:
     def cursor(self) -> str | None:
         """The cursor after every batch read so far (None: unknown, read again)."""
         return self._cursor
+
+
+def rebuild_if_lost(scripts: Scripts, topic: TopicConfig, p: int, fence: int) -> bool:
+    """Before a worker applies partition ``p`` of a transient topic under fencing token
+    ``fence``: when its SOW was lost (no cursor in its state hash), start rebuilding it
+    from its log at the topic's ``recovery_point`` (``lua/rebuild.lua``; AMPS SOW
+    ``Durability`` transient and ``RecoveryPoint``, seeds/004). The applier then replays the
+    log through apply.lua as ever; entries up to the log's end at this moment make no change
+    events (docs/operations.md, "Persistent and transient topics").
+
+    Returns:
+        True when a rebuild started.
+
+    Raises:
+        FencedError: ``fence`` is stale.
+    """
+    started, cursor, horizon = scripts.rebuild(topic, p, fence)
+    if started:
+        log.warning("%s[%d]: the SOW was lost; rebuilding it from the log after %s "
+                    "(recovery point %s; replayed without change events up to %s)",
+                    topic.name, p, cursor, topic.recovery_point, horizon,
+                    extra=event_fields("sow_rebuild", topic=topic.name, partition=p, cursor=cursor,
+                                 horizon=horizon, recovery_point=topic.recovery_point))
+    return started
 
 
 def _prepared_publish(e: LogEntry | Exception, topic: TopicConfig) -> bool:

@@ -446,9 +446,30 @@ class LagScanner:
         return out
 
 
+def lost_partitions(r: Client, topics: Mapping[str, TopicConfig]) -> dict[str, list[int]]:
+    """Transient topic name → its partitions whose SOW was lost (no applied cursor, see
+    ``lua/rebuild.lua``), in one pipelined round trip (one ``HEXISTS`` per partition of the
+    transient topics; persistent topics cost nothing). A worker's job rebuilds them."""
+    transient = [t for t in topics.values() if t.transient]
+    if not transient:
+        return {}
+    pipe = r.pipeline(transaction=False)
+    for t in transient:
+        for p in range(t.partitions):
+            pipe.hexists(keys.state(t.name, p), "cursor")
+    found = iter(pipe.execute())
+    out: dict[str, list[int]] = {}
+    for t in transient:
+        lost = [p for p in range(t.partitions) if not next(found)]
+        if lost:
+            out[t.name] = lost
+    return out
+
+
 def sweep(r: Client, settings: Settings, recover: bool = False,
           scanner: LagScanner | None = None) -> int:
-    """Enqueue jobs for every lagging partition of every topic, after :func:`reclaim` and
+    """Enqueue jobs for every lagging partition of every topic, and every partition of a
+    transient topic whose SOW was lost (:func:`lost_partitions`), after :func:`reclaim` and
     :func:`stale_markers`. One worker process sweeps at a time (the sweep lease
     :data:`keys.SWEEP_LEASE`, lifetime three sweep intervals); ``recover`` (after an outage)
     sweeps whoever holds it.
@@ -465,7 +486,10 @@ def sweep(r: Client, settings: Settings, recover: bool = False,
     topics = cache.all()
     scanner = scanner or LagScanner()
     n = 0
-    for name, lag in scanner.lagging(r, topics).items():
+    work = scanner.lagging(r, topics)
+    for name, lost in lost_partitions(r, topics).items():  # a lost SOW: rebuilt by a job
+        work[name] = sorted(set(work.get(name, [])) | set(lost))
+    for name, lag in work.items():
         reclaim(r, name, lag, recover)
         stale_markers(r, topics[name], lag, settings, scanner.suspects)
         n += ensure_jobs(r, name, lag, settings)
@@ -691,7 +715,13 @@ class _Drain:
             with _active_lock:
                 _active.discard((name, q))
             return False
-        self.held[q] = _Held(self.r, self.scripts, self.topic, q, fence, self.settings)
+        try:  # a transient topic's lost SOW starts its rebuild here (PartitionApplier)
+            self.held[q] = _Held(self.r, self.scripts, self.topic, q, fence, self.settings)
+        except BaseException:
+            with _active_lock:
+                _active.discard((name, q))
+            _release(self.scripts, keys.lease(name, q), self.owner)
+            raise
         if self.adopt:  # a worker's job: the marker says "served" from now on, and the job
             # that waited for q leaves the queue (a publisher enqueues none for q now)
             _set_marker(self.r, name, q, held_marker_value(self.owner, fence),
@@ -940,8 +970,18 @@ def apply_here(r: Client, topic: TopicConfig, partitions: list[int], settings: S
 
 
 def _trim(r: Client, topic: TopicConfig, p: int, settings: Settings) -> None:
-    """Drop applied log entries once the stream is longer than ``log_max_len``."""
+    """Drop applied log entries once the stream is longer than ``log_max_len``. A transient
+    topic's log is what its SOW is rebuilt from: only its applied entries older than its
+    ``log_retention`` go (none without one)."""
     log_key = keys.log(topic.name, p)
+    if topic.transient:
+        if topic.log_retention_ms:
+            sec, usec = r.time()
+            cutoff = int(sec) * 1000 + int(usec) // 1000 - topic.log_retention_ms
+            cursor = parse(read_cursor(r, topic.name, p))
+            upto = min(cursor, (max(cutoff, 0), 0))
+            r.xtrim(log_key, minid="%d-%d" % upto, approximate=False)
+        return
     if r.xlen(log_key) > settings.log_max_len:
         # LIMIT 0: no cap on the entries one call removes (Redis caps "~" trims otherwise)
         r.xtrim(log_key, minid=read_cursor(r, topic.name, p), approximate=True, limit=0)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, cached_property, lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar, cast
 
 import msgpack
 from redis.exceptions import NoScriptError, ResponseError
@@ -256,6 +256,28 @@ class Scripts:
             "load", load_id, split, batch, "1" if last else "0", packed, max_batches, splits))
         status, applied, rejected, split_at, batch_at = (int(x) for x in reply)
         return LoadApplied(LoadStatus(status), applied, rejected, (split_at, batch_at))
+
+    def rebuild(self, topic: TopicConfig, p: int, fence: int) -> tuple[bool, str, str]:
+        """rebuild.lua: when partition ``p`` of transient ``topic`` lost its SOW (its state
+        has no cursor), clear what is left of it and set the cursor to the topic's recovery
+        point (:attr:`TopicConfig.recovery_ms`), under fencing token ``fence``.
+
+        Returns:
+            ``(started, cursor, horizon)``: whether a rebuild started, the applied cursor
+            (stream id), and the log's last entry the rebuild replays without change events
+            (``""`` when none started).
+
+        Raises:
+            FencedError: ``fence`` is stale.
+        """
+        ms = topic.recovery_ms
+        started, cursor, horizon = cast("list[bytes | int]", self.call(
+            "rebuild", *partition(topic, p).args("rebuild", fence,
+                                                 "now" if ms is None else ms)))
+
+        def text(v: bytes | int) -> str:
+            return v.decode() if isinstance(v, bytes) else str(v)
+        return bool(started), text(cursor), text(horizon)
 
     def lease_acquire(self, lease_key: str, state_key: str, owner: str, ms: int) -> int | None:
         """lease_acquire.lua: the fencing token, or None when another owner holds the lease."""

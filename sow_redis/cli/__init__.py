@@ -55,6 +55,7 @@ for _command in (
     config_cmds.config,
     publishing.publish, publishing.delta_publish,
     queries.sow, queries.sow_delete, queries.errors, queries.chains, queries.keys_cmd,
+    queries.rebuild,
     subscriptions.subscribe, subscriptions.sow_and_subscribe, subscriptions.bookmarks,
     ops.status, ops.stats, ops.metrics,
     processes.worker, processes.expirer, processes.derive, processes.up, processes.down,

@@ -238,3 +238,32 @@ def keys_cmd(ctx: click.Context, topic: str) -> None:
             "partition": p, "slot": keys.partition_slot(t.name, p),
             "tag": keys.partition_tag(t.name, p), "log": keys.log(t.name, p),
             "live": keys.partition_channel(t.name, p)}).decode())
+
+
+@click.command("rebuild")
+@click.option("-t", "--topic", required=True, help="A transient topic.")
+@click.option("--wait", is_flag=True, help="Return once the workers replayed the log.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=60.0, show_default=True,
+              help="Seconds to wait at most for a leased partition, and with --wait.")
+@click.pass_context
+@friendly
+def rebuild(ctx: click.Context, topic: str, wait: bool, timeout: float) -> None:
+    """Drop a transient topic's SOW; the workers rebuild it from its log, from its
+    recovery_point (docs/failures.md, "Persistent and transient topics"). Subscribers get no
+    event for the replayed entries: they re-read the records at their next change.
+
+    \b
+    Example:
+      sow-redis --redis-url redis://127.0.0.1:6390/0 rebuild -t quotes --wait
+    """
+    sow = sow_of(ctx)
+    t = sow.topic(topic)
+    sow.rebuild(topic, wait=wait, timeout=timeout)
+    if wait:
+        from ..registry import holdings  # start-up time: only here
+
+        done = f"rebuilt {holdings(sow.r, t).records:,} record(s)"
+    else:
+        done = "the workers rebuild it"
+    click.echo(f"topic '{t.name}': dropped the SOW of {t.partitions} partition(s); {done} "
+               f"from its log (recovery point {t.recovery_point})")

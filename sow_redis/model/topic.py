@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 
 import orjson
@@ -70,6 +71,35 @@ DEFAULT_CHANGE_RETENTION = "1h"
 DEFAULT_CHANGE_RETENTION_COUNT = 100_000
 MAX_CHANGE_RETENTION_COUNT = 100_000_000
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_576
+PERSISTENCE = ("persistent", "transient")
+"""``persistence`` values: AMPS SOW ``Durability`` (seeds/004, "Durability")."""
+
+
+def parse_recovery_point(value: str) -> int | None:
+    """A transient topic's ``recovery_point`` (AMPS SOW ``RecoveryPoint``, seeds/004) as the
+    log time a rebuild starts from, in milliseconds since the epoch: ``"epoch"`` → 0 (the
+    log's first retained entry), ``"now"`` → None (the log's end: the SOW starts empty), an
+    ISO-8601 time (``"2026-11-27T06:00:00Z"``; without an offset it is UTC) → its
+    milliseconds (the first entry at or after it).
+
+    Raises:
+        ValueError: none of these, or a time before 1970.
+    """
+    if value == "epoch":
+        return 0
+    if value == "now":
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f'not "epoch", "now" or an ISO-8601 time like '
+                         f'"2026-11-27T06:00:00Z": {value!r}') from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    ms = int(t.timestamp() * 1000)
+    if ms < 0:
+        raise ValueError(f"a recovery point cannot be before 1970: {value!r}")
+    return ms
 
 
 @dataclass(frozen=True)
@@ -107,6 +137,9 @@ class TopicConfig:
     grouping: tuple[str, ...] = ()
     filter: str = ""
     interval: str = ""
+    persistence: str = "persistent"
+    recovery_point: str = "epoch"
+    log_retention: str = ""
     key_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     partition_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
     index_parts: tuple[tuple[tuple[str, ...], ...], ...] = field(
@@ -157,6 +190,24 @@ class TopicConfig:
     def change_feed(self) -> bool:
         """False when ``change_retention = 0``: changes are published, not kept."""
         return self.change_retention_count > 0
+
+    @property
+    def transient(self) -> bool:
+        """True for ``persistence = "transient"``: the SOW can be rebuilt from the log, which
+        apply keeps (AMPS SOW ``Durability``, seeds/004; docs/operations.md, "Persistent and
+        transient topics")."""
+        return self.persistence == "transient"
+
+    @cached_property
+    def recovery_ms(self) -> int | None:
+        """:func:`parse_recovery_point` of ``recovery_point``: ms since the epoch, None for
+        ``"now"``."""
+        return parse_recovery_point(self.recovery_point)
+
+    @cached_property
+    def log_retention_ms(self) -> int:
+        """A transient topic's ``log_retention`` in milliseconds (0: the log is kept whole)."""
+        return parse_duration_ms(self.log_retention) if self.log_retention else 0
 
     @property
     def derived(self) -> bool:
@@ -257,6 +308,9 @@ def topic_from_dict(d: JSONObject) -> TopicConfig:
         grouping=tuple(d.get("grouping") or ()),
         filter=d.get("filter") or "",
         interval=str(d.get("interval") or ""),
+        persistence=d.get("persistence") or "persistent",
+        recovery_point=str(d.get("recovery_point") or "epoch"),
+        log_retention=str(d.get("log_retention") or ""),
         key_parts=tuple(split_path(p) for p in key),
         partition_parts=tuple(split_path(p) for p in (partition_by or key)),
         index_parts=tuple(tuple(split_path(p) for p in ix) for ix in hash_index),

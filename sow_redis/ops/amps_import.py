@@ -12,6 +12,11 @@ chaining key generator of seeds/003; expiration of seeds/000 and 004):
   seconds) in the units of :func:`sow_redis.config.parse_duration_ms` (``1w`` → ``7d``,
   ``1500us`` → ``2ms``: whole milliseconds);
 * ``HashIndex`` (its ``Key`` children) → one ``hash_index`` entry each;
+* ``Durability`` ``transient`` (any case) → ``persistence = "transient"``, ``persistent``
+  (the default) → nothing; a transient topic's ``RecoveryPoint`` ``epoch`` / ``now`` (any
+  case) → ``recovery_point`` as it is, an AMPS timestamp (``20261127T060000``, UTC) → the
+  ISO-8601 time (``"2026-11-27T06:00:00Z"``); a bookmark or another value is listed as not
+  translated (seeds/004, "Durability");
 * ``KeyGenerator`` whose module is the chaining key generator (a ``Modules/Module`` with
   ``libamps_id_chaining_key_generator`` in its ``Library``, or a module name containing
   ``chaining``), with ``Options`` ``Primary`` (else the first ``Key``), ``Key`` and
@@ -29,7 +34,7 @@ units, as for ``Expiration``), ``Filter``. A ``MessageType`` other than ``json``
 Everything else is listed as not translated, one line each with its element path
 (``SOW/Topic[ORDERS]/FileName``, ``SOW/Topic[Orders]/KeyGenerator/Options/FileName``,
 ``SOW/Queue[1]``, …): AMPS storage and tuning settings (``FileName``, ``SlabSize``,
-``Index``, ``Durability``, …), other children of ``<SOW>`` (queues, …), projections
+``Index``, …), other children of ``<SOW>`` (queues, …), projections
 sow_redis cannot compute (expressions such as ``SUM(/px * /qty)``)
 and topics that cannot be expressed (the line says why: message type, key generator, a name
 defined twice, a value sow_redis refuses). Each translated topic is checked with
@@ -46,6 +51,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from ..config import parse_topics
 from ..errors import ConfigError
@@ -53,7 +59,7 @@ from ..model.values import JSONObject
 
 CHAINING_LIBRARY = "libamps_id_chaining_key_generator"
 TRANSLATED = {"Name", "Key", "KeyDomain", "MessageType", "Expiration", "HashIndex",
-              "KeyGenerator"}
+              "KeyGenerator", "Durability", "RecoveryPoint"}
 CHAIN_OPTIONS = {"Key", "Primary", "Secondary", "Validation"}
 _AMPS_UNITS_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 10**9, "m": 60 * 10**9,
                   "h": 3600 * 10**9, "d": 86_400 * 10**9, "w": 7 * 86_400 * 10**9}
@@ -287,6 +293,7 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
             t["expiration"] = amps_interval(exp)
         except ValueError as exc:
             out.skipped.append(f"{where}/Expiration: not translated: {exc}")
+    _durability(topic, t, where, out)
     indexes = _hash_indexes(topic, where, out)
     if indexes:
         t["hash_index"] = indexes
@@ -297,6 +304,36 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
             out.skipped.append(f"{where}: {reason}: topic skipped")
             return None
     return t
+
+
+def _durability(topic: ET.Element, t: JSONObject, where: str, out: Imported) -> None:
+    """``Durability`` and ``RecoveryPoint`` into ``t`` (see the module docstring); what
+    cannot be translated is appended to ``out.skipped``."""
+    durability = _text(topic.find("Durability")).lower()
+    if durability == "transient":
+        t["persistence"] = "transient"
+    elif durability not in ("", "persistent"):
+        out.skipped.append(f"{where}/Durability: not translated: {durability!r} is neither "
+                           "persistent nor transient")
+    point = _text(topic.find("RecoveryPoint"))
+    if not point:
+        return
+    if durability != "transient":
+        out.skipped.append(f"{where}/RecoveryPoint: not translated: applies to a transient "
+                           "topic only")
+        return
+    if point.lower() in ("epoch", "now"):
+        t["recovery_point"] = point.lower()
+        return
+    try:
+        at = datetime.fromisoformat(point)
+    except ValueError:
+        out.skipped.append(f"{where}/RecoveryPoint: not translated: {point!r} is not epoch, "
+                           "now or a timestamp (a bookmark has no sow_redis equivalent)")
+        return
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    t["recovery_point"] = at.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _hash_indexes(topic: ET.Element, where: str, out: Imported) -> list[list[str]]:

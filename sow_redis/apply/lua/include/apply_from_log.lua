@@ -30,7 +30,7 @@
 ]]
 local function apply_from_log(P)
   local fence, count = ARGV[OP + 1], tonumber(ARGV[OP + 2])
-  local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
+  local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq", "rebuild_to")
   if meta[1] ~= fence then
     return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
   end
@@ -38,6 +38,7 @@ local function apply_from_log(P)
   local entries = redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", count)
   local S = batch_state(P, tonumber(meta[3] or "0"), P.expiring, P.dead_letter, P.keep_count,
                             P.keep_ms)
+  quiet_rebuild(S, meta[4], cursor)
   -- no entry here reads a record (no expiry check without expiration): write them in bulk
   if not P.expiring then S.deferred = new_deferred() end
 

@@ -63,7 +63,7 @@ local function apply_planned(P)
     return redis.error_reply("SOW_BADARGS ops must have " .. WIDTH .. " fields each")
   end
 
-  local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq")
+  local meta = redis.call("HMGET", P.state, "fence", "cursor", "seq", "rebuild_to")
   if meta[1] ~= fence then
     return redis.error_reply("SOW_FENCED token " .. fence .. " is stale")
   end
@@ -98,6 +98,7 @@ local function apply_planned(P)
   end
 
   local S = batch_state(P, seq, P.expiring, P.dead_letter, P.keep_count, P.keep_ms)
+  quiet_rebuild(S, meta[4], cursor)
   local applied = 0
   for i = FIRST, #D, WIDTH do
     local op, id, key = D[i], D[i + 1], D[i + 2]

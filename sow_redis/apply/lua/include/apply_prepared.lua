@@ -28,6 +28,19 @@ local function pad_id(id)
   return string.rep("0", 15 - #ms) .. ms .. "-" .. string.rep("0", 10 - #seq) .. seq
 end
 
+-- A transient topic's rebuild (rebuild.lua) replays the log into a lost SOW up to the
+-- horizon it stored in the state hash ("rebuild_to": the log's last entry when the rebuild
+-- began). Until the cursor passes it, the changes of the entries at or before it take their
+-- seqs but make no change event (include remove_record emit): the subscribers delivered them
+-- before the SOW was lost; they see a gap in the seqs and re-read the records. horizon: the
+-- state's "rebuild_to" (nil: none), cursor: the partition's applied cursor.
+local function quiet_rebuild(S, horizon, cursor)
+  if not horizon then return end
+  local h = pad_id(horizon)
+  if pad_id(cursor) >= h then return end
+  S.quiet = function(id) return pad_id(id) <= h end
+end
+
 -- record entries first .. last (stream ids) as appended by a trusted caller; before: the id
 -- of the log entry just before first ("" none). The latest range grows when it ends there
 -- (no other client's entry in between), so a worker's batch mostly lies in one range.

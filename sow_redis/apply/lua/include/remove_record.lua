@@ -12,7 +12,9 @@
   (the expiry set is not empty), S.keep_count / S.keep_ms (change feed retention: changes per
   partition, and milliseconds; keep_count 0 = no feed), S.previous (upserts record the
   previous state in their change: P.previous), S.deferred (see write_deferred),
-  S.now (set by the caller: the block time in ms; nil: publish_changes reads TIME).
+  S.now (set by the caller: the block time in ms; nil: publish_changes reads TIME),
+  S.quiet (nil, or a function of a stream id: true for an entry a rebuild replays without a
+  change event; include apply_prepared quiet_rebuild).
 ]]
 local function batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
   return {seq = seq, first = seq + 1, changes = {}, inserts = 0, deletes = 0, expiries = 0,
@@ -38,6 +40,12 @@ end
 -- include event; nil for "").
 local function emit(S, op, key, id, expiry_ms, data, reason, previous)
   S.seq = S.seq + 1
+  if S.quiet and #S.changes == 0 and S.quiet(id) then
+    -- a rebuild replays an entry the partition had applied before its SOW was lost: the
+    -- change takes its seq, without an event (subscribers see a gap: include quiet_rebuild)
+    S.first = S.seq + 1
+    return
+  end
   add_change(S.changes, op, key, S.seq, id, expiry_ms, data, reason, previous)
 end
 
