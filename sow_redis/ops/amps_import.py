@@ -12,6 +12,8 @@ chaining key generator of seeds/003; expiration of seeds/000 and 004):
   seconds) in the units of :func:`sow_redis.config.parse_duration_ms` (``1w`` → ``7d``,
   ``1500us`` → ``2ms``: whole milliseconds);
 * ``HashIndex`` (its ``Key`` children) → one ``hash_index`` entry each;
+* ``Index`` (a field path: a memo index AMPS is asked to create ahead of queries) → one
+  ``index`` entry each (a range index; sow_redis keeps only the indexes configured);
 * ``KeyGenerator`` whose module is the chaining key generator (a ``Modules/Module`` with
   ``libamps_id_chaining_key_generator`` in its ``Library``, or a module name containing
   ``chaining``), with ``Options`` ``Primary`` (else the first ``Key``), ``Key`` and
@@ -29,7 +31,7 @@ units, as for ``Expiration``), ``Filter``. A ``MessageType`` other than ``json``
 Everything else is listed as not translated, one line each with its element path
 (``SOW/Topic[ORDERS]/FileName``, ``SOW/Topic[Orders]/KeyGenerator/Options/FileName``,
 ``SOW/Queue[1]``, …): AMPS storage and tuning settings (``FileName``, ``SlabSize``,
-``Index``, ``Durability``, …), other children of ``<SOW>`` (queues, …), projections
+``Durability``, …), other children of ``<SOW>`` (queues, …), projections
 sow_redis cannot compute (expressions such as ``SUM(/px * /qty)``)
 and topics that cannot be expressed (the line says why: message type, key generator, a name
 defined twice, a value sow_redis refuses). Each translated topic is checked with
@@ -53,7 +55,7 @@ from ..model.values import JSONObject
 
 CHAINING_LIBRARY = "libamps_id_chaining_key_generator"
 TRANSLATED = {"Name", "Key", "KeyDomain", "MessageType", "Expiration", "HashIndex",
-              "KeyGenerator"}
+              "Index", "KeyGenerator"}
 CHAIN_OPTIONS = {"Key", "Primary", "Secondary", "Validation"}
 _AMPS_UNITS_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 10**9, "m": 60 * 10**9,
                   "h": 3600 * 10**9, "d": 86_400 * 10**9, "w": 7 * 86_400 * 10**9}
@@ -290,6 +292,9 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
     indexes = _hash_indexes(topic, where, out)
     if indexes:
         t["hash_index"] = indexes
+    memo = list(dict.fromkeys(_text(ix) for ix in topic.findall("Index") if _text(ix)))
+    if memo:
+        t["index"] = memo
     kg = topic.find("KeyGenerator")
     if kg is not None:
         reason = _key_generator(kg, chaining, t, where, out)
