@@ -70,15 +70,36 @@ local function write_deferred(P, S)
   if #P.idx > 0 then
     local _, old = chunked("HMGET", P.ixm, ks, nk)
     local changed, nc = {}, 0
+    -- per index, the members to remove and to add (score 0 before each), written with one
+    -- ZREM and one ZADD per index: each key is written once here and every member names its
+    -- key, so no member is both removed and added
+    local rems, adds = {}, {}
+    for j = 1, #P.idx do rems[j], adds[j] = {}, {} end
     for i = 1, nk do
       local k = ks[i]
       local om, members = old[i], d.members[k]
       if om ~= members then
-        move_members(P, om, members)
+        local news = split_members(members)
+        local olds = {}
+        if om then olds = split_members(om) end
+        for j = 1, #P.idx do
+          if olds[j] ~= news[j] then
+            if olds[j] and olds[j] ~= "" then rems[j][#rems[j] + 1] = olds[j] end
+            if news[j] and news[j] ~= "" then
+              local a = adds[j]
+              a[#a + 1] = 0
+              a[#a + 1] = news[j]
+            end
+          end
+        end
         changed[nc + 1] = k
         changed[nc + 2] = members
         nc = nc + 2
       end
+    end
+    for j = 1, #P.idx do
+      if #rems[j] > 0 then chunked("ZREM", P.idx[j], rems[j], #rems[j]) end
+      if #adds[j] > 0 then chunked("ZADD", P.idx[j], adds[j], #adds[j]) end
     end
     if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
   end
