@@ -15,6 +15,8 @@ used) and generates N JSON records once (``id`` 0..N-1, ``px`` uniform in [0, 10
   without; ``/px < X`` at a few selectivities (0.1 %, 1 %, 10 %, 50 %) run ``--runs`` times
   on each: the indexed one reads the index (its plan is checked), the twin scans. Both
   must return the same records.
+* ``memory``: bytes per record of the range index and of the hash of index members per SOW
+  key, against the records hash (``MEMORY USAGE``).
 * ``paging``: ``top_n = 100`` with ``skip_n`` 0, 10 % and 90 % of N on the indexed topic
   without and with ``order_by = "/px"`` (a page without order-by stops reading once it is
   full; with one, every match is read and sorted first).
@@ -132,6 +134,23 @@ def timed(fn: Any, runs: int) -> tuple[float, Any]:
     return statistics.median(times), out
 
 
+def memory(r: Redis, indexed: TopicConfig, n: int) -> dict[str, float]:
+    """Bytes per record (``MEMORY USAGE``, every element sampled) of the range index's sorted
+    sets, of the partition's hash of index members, and of the records hash."""
+    def per_record(name: Any) -> float:
+        return sum(int(r.memory_usage(name(p), samples=0) or 0)
+                   for p in range(indexed.partitions)) / n
+
+    out = {"index_bytes_per_record": per_record(lambda p: keys.index(indexed.name, p, 0)),
+           "members_hash_bytes_per_record": per_record(
+               lambda p: keys.index_members(indexed.name, p)),
+           "records_bytes_per_record": per_record(lambda p: keys.records(indexed.name, p))}
+    print(f"\nmemory per record: range index {out['index_bytes_per_record']:.0f} B, index "
+          f"members hash {out['members_hash_bytes_per_record']:.0f} B, record "
+          f"{out['records_bytes_per_record']:.0f} B")
+    return out
+
+
 def ids(records: list[Any]) -> list[int]:
     return sorted(orjson.loads(x.data)["id"] for x in records)
 
@@ -198,11 +217,12 @@ def main() -> int:
         load(r, plain, msgs)
         q = queries(r, indexed, plain, args.n, args.runs)
         pg = paging(r, indexed, args.n, args.runs)
+        mem = memory(r, indexed, args.n)
     load_end = os.getloadavg()
     print(f"load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     out = write_json(args.json, {"args": vars(args), "machine": machine,
                                  "loadavg_start": load_start, "loadavg_end": load_end,
-                                 "ingest": ing, "query": q, "paging": pg})
+                                 "ingest": ing, "query": q, "paging": pg, "memory": mem})
     print(f"results: {out}")
     return 0
 
