@@ -253,6 +253,9 @@ def test_explain_names_the_plan(url, topic_name):
     sow.publish(t.name, [{"id": i, "px": i} for i in range(30)], wait=True)
     out = run_cli(url, "sow", "-t", t.name, "-f", "/px >= 25", "--explain").stdout.decode()
     assert out.splitlines() == [f"{t.name}: index /px range [25, +inf)"]
+    bad = run_cli(url, "sow", "-t", t.name, "-f", "/px >", "--explain", check=False)
+    assert bad.returncode != 0 and len(bad.stderr.decode().strip().splitlines()) == 1
+    assert b"Traceback" not in bad.stderr
 
 
 def test_a_changed_index_needs_migrate_which_rebuilds_it(url, topic_name):

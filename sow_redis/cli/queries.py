@@ -61,7 +61,8 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
     if explain:
         for name in client.resolve_topics(topic, topic_regex):
             plan = client.explain(name, filter_, split_keys(keys))
-            click.echo(f"{name}: {plan.text}")
+            text = f"scan of the history as of {as_of}" if as_of is not None else plan.text
+            click.echo(f"{name}: {text}")
         return
     if batch_size is not None:
         if fmt != "jsonl" or as_of is not None or with_key:
