@@ -438,13 +438,14 @@ class Sow:
     def explain(self, topic: str, filter: str | None = None,
                 keys: list[str] | None = None) -> Plan:
         """The query plan :meth:`sow` follows for this filter (``sow --explain``): which index
-        it reads, or a scan (:func:`sow_redis.query.sow.plan_query`); nothing is read. ``str``
-        of ``plan.text`` is one line, e.g. ``index /px range (10, +inf)`` or ``scan``.
+        it reads, or a scan (:func:`sow_redis.query.sow.plan_query`); no record is read (a
+        range index's candidates are counted). ``plan.text`` is one line, e.g.
+        ``index /px range (10, +inf)`` or ``scan``.
 
         Raises:
             UnknownTopicError, FilterSyntaxError.
         """
-        return explain(self.topic(topic), filter, keys)
+        return explain(self.r, self.topic(topic), filter, keys)
 
     def sow_batches(self, topic: str, batch_size: int, filter: str | None = None,
                     keys: list[str] | None = None, top_n: int | None = None,

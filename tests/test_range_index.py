@@ -20,6 +20,7 @@ from sow_redis.model.messages import index_members
 from sow_redis.model.rangeindex import Bound, lex_ranges, member, member_key, to_number
 from sow_redis.model.values import get_path, split_path
 from sow_redis.query.filter import compile_filter
+from sow_redis.query import sow as sow_module
 from sow_redis.query.sow import range_candidates, scan_partition
 
 from conftest import run_cli, wait_until
@@ -198,11 +199,12 @@ def test_config_checks_index():
 # -- on a server and on the cluster ----------------------------------------------------------
 
 
-def test_range_index_agrees_with_a_scan_on_random_data(url, topic_name):
+def test_range_index_agrees_with_a_scan_on_random_data(url, topic_name, monkeypatch):
     """Random records (numbers, numeric and other texts, arrays, objects, booleans, NULL,
     missing) and random filters (every operator, BETWEEN, AND with an OR inside, both
     fields): each query reads the index and returns what a scan returns; then after updates,
     delta publishes, deletes by key and by filter, the same again."""
+    monkeypatch.setattr(sow_module, "MAX_INDEX_FRACTION", 2.0)  # the index even for wide ranges
     rng = random.Random(2511)
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name)
@@ -251,6 +253,12 @@ def test_explain_names_the_plan(url, topic_name):
     assert sow.explain(t.name, "/px > 3 OR /s < 'a'").text == "scan"
     assert sow.explain(t.name).text == "scan"
     sow.publish(t.name, [{"id": i, "px": i} for i in range(30)], wait=True)
+    plan = sow.explain(t.name, "/px > 9")  # 9 to 29 (read inclusive): over MAX_INDEX_FRACTION
+    assert (plan.kind, plan.candidates, plan.records) == ("scan", 21, 30)
+    assert plan.text == "scan (index /px range (9, +inf) holds 21 of 30 records)"
+    assert len(sow.sow(t.name, "/px > 9")) == 20
+    plan = sow.explain(t.name, "/px >= 25")
+    assert (plan.kind, plan.candidates, plan.records) == ("range_index", 5, 30)
     out = run_cli(url, "sow", "-t", t.name, "-f", "/px >= 25", "--explain").stdout.decode()
     assert out.splitlines() == [f"{t.name}: index /px range [25, +inf)"]
     bad = run_cli(url, "sow", "-t", t.name, "-f", "/px >", "--explain", check=False)
@@ -272,6 +280,6 @@ def test_a_changed_index_needs_migrate_which_rebuilds_it(url, topic_name):
     t = sow.topic(topic_name)
     assert t.index == ("/px",)
     assert _check_members(sow, t) == 40
-    assert sow.explain(t.name, "/px > 4").kind == "range_index"
-    assert len(sow.sow(t.name, "/px > 4")) == sum(1 for i in range(40) if i % 7 > 4)
+    assert sow.explain(t.name, "/px > 5").kind == "range_index"
+    assert len(sow.sow(t.name, "/px > 5")) == sum(1 for i in range(40) if i % 7 > 5)
     assert orjson.loads(t.to_json())["index"] == ["/px"]

@@ -52,6 +52,12 @@ MAX_INDEX_PROBES = 1024
 READ_CHUNK = 1000
 """Records read per HMGET when a query reads a range index's candidates."""
 
+MAX_INDEX_FRACTION = 0.3
+"""A range index is read only when its range holds at most this fraction of the topic's
+records (``ZLEXCOUNT`` against ``HLEN``); a wider range is scanned instead. Reading half the
+records through the index took 0.7-1.0x a scan's time, a tenth 0.2x (scripts/bench_query.py,
+docs/benchmarks.md)."""
+
 
 def scan_partition(r: Client, topic: TopicConfig, p: int, lenient: bool = False
                    ) -> Iterator[Record]:
@@ -137,25 +143,33 @@ class Plan:
         text: one line for people, e.g. ``index /px range (10, +inf)`` or ``scan``.
         index: the index number (:func:`keys.index`) for the two index kinds, else -1.
         bounds: a range index's bounds on its field.
+        candidates / records: for a range index (planned with a client): the members in its
+            range and the topic's records, summed over the partitions; else -1.
     """
 
     kind: str
     text: str
     index: int = -1
     bounds: tuple[rangeindex.Bound, ...] = ()
+    candidates: int = -1
+    records: int = -1
 
     def to_dict(self) -> dict[str, object]:
         """``{"plan": kind, "text": text}`` (and ``"index"`` for an index), for JSON output."""
         out: dict[str, object] = {"plan": self.kind, "text": self.text}
         if self.index >= 0:
             out["index"] = self.index
+        if self.candidates >= 0:
+            out["candidates"], out["records"] = self.candidates, self.records
         return out
 
 
 def plan_query(topic: TopicConfig, pred: Filter | None,
-               sow_keys: list[str] | None = None) -> Plan:
+               sow_keys: list[str] | None = None, r: Client | None = None) -> Plan:
     """The plan of a query of ``topic`` with the compiled filter ``pred`` (order in the module
-    docstring). Reads nothing from Redis."""
+    docstring). Without a client ``r`` nothing is read; with one, a range index's candidates
+    are counted first and a range holding more than :data:`MAX_INDEX_FRACTION` of the records
+    is scanned instead."""
     if sow_keys is not None:
         return Plan("sow_keys", f"sow keys ({len(sow_keys)})")
     if pred is None:
@@ -170,9 +184,29 @@ def plan_query(topic: TopicConfig, pred: Filter | None,
     for path, bounds in pred.range_terms().items():
         if path in topic.index:
             n = len(topic.hash_index) + topic.index.index(path)
-            return Plan("range_index", f"index {path} range {rangeindex.describe(bounds)}", n,
+            plan = Plan("range_index", f"index {path} range {rangeindex.describe(bounds)}", n,
                         tuple(bounds))
+            return plan if r is None else _estimated(r, topic, plan)
     return Plan("scan", "scan")
+
+
+def _estimated(r: Client, topic: TopicConfig, plan: Plan) -> Plan:
+    """``plan`` with its candidates and the topic's records counted; a scan when the range
+    holds more than :data:`MAX_INDEX_FRACTION` of the records."""
+    pipe = r.pipeline(transaction=False)
+    ranges = rangeindex.lex_ranges(list(plan.bounds))
+    for p in range(topic.partitions):
+        pipe.hlen(keys.records(topic.name, p))
+        for low, high in ranges:
+            pipe.zlexcount(keys.index(topic.name, p, plan.index), low, high)
+    counts = [int(c) for c in pipe.execute()]
+    step = len(ranges) + 1
+    records = sum(counts[::step])
+    candidates = sum(counts) - records
+    if candidates > MAX_INDEX_FRACTION * records:
+        return Plan("scan", f"scan ({plan.text} holds {candidates} of {records} records)",
+                    candidates=candidates, records=records)
+    return dataclasses.replace(plan, candidates=candidates, records=records)
 
 
 def range_candidates(r: Client, topic: TopicConfig, p: int, plan: Plan) -> list[str]:
@@ -201,7 +235,7 @@ def _range_source(r: Client, topic: TopicConfig, plan: Plan) -> Iterator[Record]
 def _source(r: Client, topic: TopicConfig, pred: Filter | None,
             sow_keys: list[str] | None) -> Iterator[Record]:
     """The records a query reads, as :func:`plan_query` plans."""
-    plan = plan_query(topic, pred, sow_keys)
+    plan = plan_query(topic, pred, sow_keys, r)
     if sow_keys is not None:
         return get_records(r, topic, sow_keys)
     terms = pred.equality_terms() if pred is not None else None
@@ -215,16 +249,17 @@ def _source(r: Client, topic: TopicConfig, pred: Filter | None,
         scan_partition(r, topic, p, lenient=True) for p in range(topic.partitions))
 
 
-def explain(topic: TopicConfig, filter: str | None = None,
+def explain(r: Client, topic: TopicConfig, filter: str | None = None,
             sow_keys: list[str] | None = None) -> Plan:
-    """The plan a :func:`query` of ``topic`` with this filter would follow (nothing is read).
+    """The plan a :func:`query` of ``topic`` with this filter follows (no record is read; a
+    range index's candidates are counted).
 
     Raises:
         FilterSyntaxError: the filter does not parse.
     """
     from .filter import compile_filter  # start-up time: as in query()
 
-    return plan_query(topic, compile_filter(filter) if filter else None, sow_keys)
+    return plan_query(topic, compile_filter(filter) if filter else None, sow_keys, r)
 
 
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
