@@ -3,27 +3,29 @@ the plan a query takes, and the index agreeing with a scan on random data."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import struct
+from dataclasses import asdict
 
 import orjson
 import pytest
+from conftest import run_cli, wait_until
 
 from sow_redis import keys
 from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
-from sow_redis.config import parse_topics
+from sow_redis.config import parse_topics, to_toml
 from sow_redis.errors import ConfigError
 from sow_redis.expirer import expire_topic
 from sow_redis.model.messages import index_members
 from sow_redis.model.rangeindex import Bound, lex_ranges, member, member_key, to_number
+from sow_redis.model.topic import SHAPE_FIELDS
 from sow_redis.model.values import get_path, split_path
-from sow_redis.query.filter import compile_filter
 from sow_redis.query import sow as sow_module
+from sow_redis.query.filter import compile_filter
 from sow_redis.query.sow import range_candidates, scan_partition
-
-from conftest import run_cli, wait_until
 
 OPS = ("<", "<=", ">", ">=", "=")
 
@@ -187,8 +189,14 @@ def test_range_terms_come_from_the_top_level_and_only():
 def test_config_checks_index():
     (t,) = parse_topics('[[topic]]\nname = "a"\nkey = ["/id"]\nindex = ["/px", "/t/x"]\n')
     assert t.index == ("/px", "/t/x") and t.n_indexes == 2
+    assert parse_topics(to_toml([t])) == [t]  # config show → config apply
     plain = parse_topics('[[topic]]\nname = "a"\nkey = ["/id"]\n')[0]
     assert plain.fingerprint != t.fingerprint
+    assert "index" not in to_toml([plain])
+    # a topic without range indexes keeps the fingerprint stored before they existed
+    shape = {f: v for f, v in asdict(plain).items() if f in ("name", *SHAPE_FIELDS[:-1])}
+    assert SHAPE_FIELDS[-1] == "index" and plain.fingerprint == hashlib.sha1(
+        orjson.dumps(shape, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
     for bad, what in (('index = "/px"', "'index' must be a list of field paths"),
                       ('index = ["px"]', "'index': field path must look like"),
                       ('index = ["/px", "/px"]', "'index': a field path is named twice")):
