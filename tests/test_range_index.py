@@ -65,8 +65,8 @@ def _literal(rng: random.Random) -> str:
     if kind == 1:
         return repr(round(rng.uniform(-60, 60), 2))
     if kind == 2:
-        return "'%s'" % rng.choice(("5", "12", "-3.5", "1e1"))
-    return "'%s'" % rng.choice(("a", "abc", "Zed", "m", "", "z", "ü", "a" * 80 + "c"))
+        return "'{}'".format(rng.choice(("5", "12", "-3.5", "1e1")))
+    return "'{}'".format(rng.choice(("a", "abc", "Zed", "m", "", "z", "ü", "a" * 80 + "c")))
 
 
 def _filters(rng: random.Random, n: int) -> list[str]:
@@ -148,7 +148,7 @@ def test_members_sort_as_the_filter_compares():
     rng = random.Random(7)
     nums = [rng.uniform(-1e6, 1e6) for _ in range(300)] + [0, -0.0, 1, -1, 2 ** 60,
                                                           -math.inf, math.inf, 5e-324]
-    ms = sorted(member(x, "k%d" % i) for i, x in enumerate(nums))
+    ms = sorted(member(x, f"k{i}") for i, x in enumerate(nums))
     back = [struct.unpack(">d", struct.pack(">Q", int(m[1:17], 16) ^ (
         0x8000000000000000 if int(m[1:17], 16) >> 63 else 0xFFFFFFFFFFFFFFFF)))[0] for m in ms]
     assert back == sorted(float(x) for x in nums)
