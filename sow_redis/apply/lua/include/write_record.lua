@@ -2,7 +2,7 @@
   include write_record: the upsert of one record, shared by apply.lua (ops planned by the
   worker), apply.lua (log) (plain publishes read from the log by the script itself),
   apply.lua (appended) and apply.lua (load), so all
-  write records, expiry scores, hash-index members and change events the same way. Included
+  write records, expiry scores, index members (hash and range) and change events the same way. Included
   after include event and include remove_record (batch state S: see there).
 ]]
 -- arguments of one bulk HSET / HMGET / ZREM (well below Lua's stack limit)
@@ -37,7 +37,7 @@ local function chunked(cmd, key, args, n)
   return total, out
 end
 
--- Move a key's hash-index members from old_members (nil: none yet) to members, both the
+-- Move a key's index members from old_members (nil: none yet) to members, both the
 -- positional, comma-separated text kept in P.ixm; only the indexes whose member changed.
 local function move_members(P, old_members, members)
   local news = split_members(members)
