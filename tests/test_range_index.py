@@ -14,18 +14,21 @@ import pytest
 from conftest import run_cli, wait_until
 
 from sow_redis import keys
+from sow_redis.apply.jobs import drain_partition
 from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
 from sow_redis.config import parse_topics, to_toml
 from sow_redis.errors import ConfigError
 from sow_redis.expirer import expire_topic
-from sow_redis.model.messages import index_members
+from sow_redis.model.entries import make_entry
+from sow_redis.model.messages import index_members, key_of
 from sow_redis.model.rangeindex import Bound, lex_ranges, member, member_key, to_number
 from sow_redis.model.topic import SHAPE_FIELDS
 from sow_redis.model.values import get_path, split_path
 from sow_redis.query import sow as sow_module
 from sow_redis.query.filter import compile_filter
 from sow_redis.query.sow import range_candidates, scan_partition
+from sow_redis.settings import Settings
 
 OPS = ("<", "<=", ">", ">=", "=")
 
@@ -291,3 +294,23 @@ def test_a_changed_index_needs_migrate_which_rebuilds_it(url, topic_name):
     assert sow.explain(t.name, "/px > 5").kind == "range_index"
     assert len(sow.sow(t.name, "/px > 5")) == sum(1 for i in range(40) if i % 7 > 5)
     assert orjson.loads(t.to_json())["index"] == ["/px"]
+
+
+def test_forged_range_members_are_rejected(url, topic_name):
+    """A publish whose ``m`` holds range members of other values (it would hide the record
+    from range queries) is rejected as ``forged_members`` (the trust rule, issue 23.1); range
+    queries find every record."""
+    sow = Sow(url)
+    t = _topic(sow, topic_name, partitions=1)
+    log_key = keys.log(t.name, 0)
+    for i in range(3):
+        msg = {"id": i, "px": 50 + i, "s": "abc"}
+        members = index_members({**msg, "px": -1} if i == 1 else msg, t, key_of(msg, t))
+        sow.r.xadd(log_key, make_entry("publish", orjson.dumps(msg), None, None,
+                                       key_of(msg, t), members))
+    sow.r.xadd(log_key, {"cmd": "publish", "data": b'{"id": 1, "px": 51}'})  # no k, no m
+    n, drained = drain_partition(sow.r, t, 0, Settings(), linger_ms=0)
+    assert (n, drained) == (4, True)
+    assert sorted(rec.obj()["id"] for rec in sow.sow(t.name, "/px >= 50")) == [0, 1, 2]
+    assert [e["reason"] for e in sow.errors(t.name)] == ["forged_members"]
+    _check_members(sow, t)
