@@ -270,6 +270,13 @@ def test_explain_names_the_plan(url, topic_name):
     assert len(sow.sow(t.name, "/px > 4")) == 25
     plan = sow.explain(t.name, "/px >= 25")
     assert (plan.kind, plan.candidates, plan.records) == ("range_index", 5, 30)
+    # two indexed fields: the narrower range is read, whichever comes first
+    sow.publish(t.name, [{"id": i, "px": i, "s": f"s{i:02d}"} for i in range(30)], wait=True)
+    for text in ("/px >= 3 AND /s >= 's27'", "/s >= 's27' AND /px >= 3"):
+        plan = sow.explain(t.name, text)
+        assert (plan.text, plan.candidates) == ("index /s range ['s27', +inf)", 3), text
+        assert sorted(rec.obj()["id"] for rec in sow.sow(t.name, text)) == [27, 28, 29]
+    assert sow.explain(t.name, "/px <= 2 AND /s >= 's10'").text == "index /px range (-inf, 2]"
     out = run_cli(url, "sow", "-t", t.name, "-f", "/px >= 25", "--explain").stdout.decode()
     assert out.splitlines() == [f"{t.name}: index /px range [25, +inf)"]
     bad = run_cli(url, "sow", "-t", t.name, "-f", "/px >", "--explain", check=False)

@@ -9,7 +9,9 @@ of the topic that matches the content filter. The query plan (:func:`plan_query`
 3. equality on exactly the fields of a configured hash index: that index;
 4. a comparison (``<``, ``<=``, ``>``, ``>=``, ``=``, ``BETWEEN``) with a literal on a field of
    a configured range index (``index``), the filter itself or in its top-level AND: that
-   index's members in the range, per partition (:mod:`sow_redis.model.rangeindex`);
+   index's members in the range, per partition (:mod:`sow_redis.model.rangeindex`); of several
+   such fields the one whose range holds the fewest members, unless even that one holds more
+   than :data:`MAX_INDEX_FRACTION` of the records;
 5. otherwise every record (a scan).
 
 The full filter is still checked on every record read, so a plan changes only how many
@@ -181,28 +183,36 @@ def plan_query(topic: TopicConfig, pred: Filter | None,
         for n, ix in enumerate(topic.hash_index):
             if _combos(ix, terms) is not None:
                 return Plan("hash_index", "hash index " + ", ".join(ix), n)
-    for path, bounds in pred.range_terms().items():
-        if path in topic.index:
-            n = len(topic.hash_index) + topic.index.index(path)
-            plan = Plan("range_index", f"index {path} range {rangeindex.describe(bounds)}", n,
-                        tuple(bounds))
-            return plan if r is None else _estimated(r, topic, plan)
-    return Plan("scan", "scan")
+    plans = [Plan("range_index", f"index {path} range {rangeindex.describe(bounds)}",
+                  len(topic.hash_index) + topic.index.index(path), tuple(bounds))
+             for path, bounds in pred.range_terms().items() if path in topic.index]
+    if not plans:
+        return Plan("scan", "scan")
+    return plans[0] if r is None else _estimated(r, topic, plans)
 
 
-def _estimated(r: Client, topic: TopicConfig, plan: Plan) -> Plan:
-    """``plan`` with its candidates and the topic's records counted; a scan when the range
-    holds more than :data:`MAX_INDEX_FRACTION` of the records."""
+def _estimated(r: Client, topic: TopicConfig, plans: list[Plan]) -> Plan:
+    """Of the range index plans (one per indexed field of the filter), the one whose range
+    holds the fewest members, with its candidates and the topic's records counted (one
+    pipeline of ``ZLEXCOUNT`` and ``HLEN``); a scan when even that one holds more than
+    :data:`MAX_INDEX_FRACTION` of the records."""
     pipe = r.pipeline(transaction=False)
-    ranges = rangeindex.lex_ranges(list(plan.bounds))
+    ranges = [rangeindex.lex_ranges(list(plan.bounds)) for plan in plans]
     for p in range(topic.partitions):
         pipe.hlen(keys.records(topic.name, p))
-        for low, high in ranges:
-            pipe.zlexcount(keys.index(topic.name, p, plan.index), low, high)
+    for plan, lexes in zip(plans, ranges):
+        for p in range(topic.partitions):
+            for low, high in lexes:
+                pipe.zlexcount(keys.index(topic.name, p, plan.index), low, high)
     counts = [int(c) for c in pipe.execute()]
-    step = len(ranges) + 1
-    records = sum(counts[::step])
-    candidates = sum(counts) - records
+    records = sum(counts[:topic.partitions])
+    at, per_plan = topic.partitions, []
+    for lexes in ranges:
+        n = topic.partitions * len(lexes)
+        per_plan.append(sum(counts[at:at + n]))
+        at += n
+    candidates = min(per_plan)
+    plan = plans[per_plan.index(candidates)]
     if candidates > MAX_INDEX_FRACTION * records:
         return Plan("scan", f"scan ({plan.text} holds {candidates} of {records} records)",
                     candidates=candidates, records=records)
