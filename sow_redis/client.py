@@ -59,7 +59,7 @@ from .publish.used import touch
 from .publish.validate import Item, prepare
 from .publish.wait import delete_counts, wait_applied
 from .query.filter import check_deterministic, compile_filter
-from .query.sow import query, query_batches
+from .query.sow import Plan, explain, query, query_batches
 from .registry import apply_topics, get_topic, load_topics
 from .settings import Settings
 from .streamids import parse as parse_id
@@ -455,6 +455,18 @@ class Sow:
                 source = [rec for rec in source if rec.sow_key in wanted]
         return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select,
                      source=source)
+
+    def explain(self, topic: str, filter: str | None = None,
+                keys: list[str] | None = None) -> Plan:
+        """The query plan :meth:`sow` follows for this filter (``sow --explain``): which index
+        it reads, or a scan (:func:`sow_redis.query.sow.plan_query`); no record is read (a
+        range index's candidates are counted). ``plan.text`` is one line, e.g.
+        ``index /px range (10, +inf)`` or ``scan``.
+
+        Raises:
+            UnknownTopicError, FilterSyntaxError.
+        """
+        return explain(self.r, self.topic(topic), filter, keys)
 
     def sow_batches(self, topic: str, batch_size: int, filter: str | None = None,
                     keys: list[str] | None = None, top_n: int | None = None,

@@ -9,6 +9,7 @@ One ``[[topic]]`` table per SOW topic (AMPS ``SOW/Topic``, seeds/004 "Configurat
     message_type = "json"
     partitions = 8
     hash_index = [["/region"], ["/customer", "/status"]]
+    index = ["/px", "/time"]      # range (memo) indexes: < <= > >= BETWEEN read a sorted set
     max_message_bytes = 1048576
     expiration = "30s"            # "5m", "1h", seconds, "enabled", "disabled" (default)
     expiration_policy = "override"  # AMPS (message wins) or "min" (RabbitMQ: lower TTL wins)
@@ -136,6 +137,7 @@ _SHAPES: dict[str, _Shape] = {
     "message_type": (_is_str, "a string"),
     "partitions": (_is_int, "an integer"),
     "hash_index": (_is_indexes, 'a list of lists of field paths like [["/region"]]'),
+    "index": (_is_paths, 'a list of field paths like ["/px", "/time"]'),
     "max_message_bytes": (_is_int, "an integer"),
     "partition_by": (_is_paths, 'a list of field paths like ["/55"]'),
     "expiration": (_is_duration, 'a duration like "30s" or 30, "enabled" or "disabled"'),
@@ -401,6 +403,9 @@ def _check_topic(source: str, i: int, raw: Table, seen: dict[str, str],
                        for ix in t.get("hash_index", [])]
     if any(not ix for ix in d["hash_index"]):
         problems.append(f"{where}: 'hash_index': an index needs at least one field path")
+    d["index"] = _check_paths(where, "index", t.get("index", []), problems)
+    if len(set(d["index"])) != len(d["index"]):
+        problems.append(f"{where}: 'index': a field path is named twice")
     if "key_domain" in t and not t["key_domain"]:
         problems.append(f"{where}: 'key_domain' must be a non-empty string")
     mt = t.get("message_type", "json")
@@ -642,7 +647,7 @@ def to_toml(topics: list[TopicConfig]) -> str:
             derived[t.kind].append(_derived_table(t))
             continue
         d: Table = {"name": t.name, "key": list(t.key)}
-        for name in ("key_domain", "message_type", "partitions", "hash_index",
+        for name in ("key_domain", "message_type", "partitions", "hash_index", "index",
                      "max_message_bytes", "partition_by", "expiration", "expiration_policy",
                      "dead_letter", "idle_expiration", "field_separator", "skip_msg_types",
                      "change_previous", "persistence", "recovery_point", "log_retention"):
@@ -736,4 +741,5 @@ def shape_changes(old: TopicConfig, new: TopicConfig) -> list[str]:
     if max(old.partitions, new.partitions) > 1:
         diff("partition_by", list(old.partition_by), list(new.partition_by))
     diff("hash_index", [list(ix) for ix in old.hash_index], [list(ix) for ix in new.hash_index])
+    diff("index", list(old.index), list(new.index))
     return out

@@ -176,7 +176,11 @@ def chain_conflicts(topic: str) -> str:
 
 
 def index(topic: str, p: int, n: int) -> str:
-    """ZSET (all scores 0) of ``<value hash>:<SOW key>`` members for hash index ``n``."""
+    """ZSET (all scores 0) of index ``n`` of partition ``p``: the hash indexes first
+    (``hash_index``, members ``<value hash>:<SOW key>``), then the range (memo) indexes
+    (``index``; index ``len(hash_index) + i`` is range index ``i``, members
+    ``<tag><ordered hex>/<SOW key>``, :mod:`sow_redis.model.rangeindex`), read with
+    ZRANGEBYLEX. In the partition's hash slot."""
     return partition_tag(topic, p) + ":idx:%d" % n
 
 

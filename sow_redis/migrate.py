@@ -387,7 +387,7 @@ def _unfence(r: Client, old: TopicConfig, new: TopicConfig) -> None:
 
 
 def changes_to_move(old: TopicConfig, new: TopicConfig) -> list[str]:
-    """The shape changes (:func:`config.shape_changes`, ``hash_index`` included: an index
+    """The shape changes (:func:`config.shape_changes`, ``hash_index`` and ``index`` included: an index
     added or changed covers only records written after it, so ``--migrate`` rebuilds it)."""
     return shape_changes(old, new)
 
@@ -423,7 +423,7 @@ def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
         rows = sorted(((p, decode_record(k, v)) for p, recs in records.items()
                        for k, v in recs.items()), key=lambda row: parse_id(row[1].stream_id))
         _clear_layout(r, old.name, max(old.partitions, new.partitions),
-                      max(len(old.hash_index), len(new.hash_index)))
+                      max(old.n_indexes, new.n_indexes))
         if old.chaining and new.chaining and old.chain_fields == new.chain_fields:
             _carry_chains(r, old, new, chains, records)
         starts = {}
@@ -452,7 +452,7 @@ def migrate_topic(r: Client, old: TopicConfig, new: TopicConfig,
 def apply_with_migration(r: Client, topics: list[TopicConfig], settings: Settings | None = None,
                          source: str = "<config>") -> tuple[int, list[Migration]]:
     """Store ``topics`` like :func:`registry.apply_topics`, migrating each stored topic whose
-    shape or ``hash_index`` changes and that holds anything (:func:`migrate_topic`) first.
+    shape, ``hash_index`` or ``index`` changes and that holds anything (:func:`migrate_topic`) first.
 
     Returns:
         (the new registry version, the migrations done, in file order).

@@ -55,7 +55,7 @@ EXPECTED = {
     "004-3": ([("ORDERS", ("/invoice", "/customerId"), "json", "disabled", (("/region",),),
                 None)],
               ["SOW/Topic[ORDERS]/FileName", "SOW/Topic[ORDERS]/SlabSize",
-               "SOW/Topic[ALERTS]/FileName", "SOW/Topic[ALERTS]/Index",
+               "SOW/Topic[ALERTS]/FileName",
                "SOW/Topic[ALERTS]: MessageType 'xml' is not supported"]),
 }
 
@@ -152,6 +152,14 @@ def test_hash_indexes_each_with_its_keys():
     assert t.hash_index == (("/region",), ("/a", "/b"))
     assert skipped == ["SOW/Topic[T]/HashIndex[2]/Unique: not translated",
                        "SOW/Topic[T]/HashIndex[3]: no Key: not translated"]
+
+
+def test_index_elements_become_range_indexes():
+    """AMPS ``<Index>`` (a memo index created ahead of queries) → ``index`` (issue 25.3)."""
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/id</Key><Index>/px</Index>"
+                         "<Index>/time</Index><Index>/px</Index><Index></Index></Topic>")
+    assert t.index == ("/px", "/time")
+    assert skipped == []
 
 
 def test_chaining_key_generator_primary_key_secondary_validation():

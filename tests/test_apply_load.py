@@ -19,7 +19,7 @@ from sow_redis.spark.load import finish_load, prepare_rows, write_split
 
 def _topic(sow: Sow, name: str, partitions: int = 2) -> object:
     sow.apply_config(f'[[topic]]\nname = "{name}"\nkey = ["/k"]\nkey_domain = "d"\n'
-                     'hash_index = [["/g"]]\n'
+                     'hash_index = [["/g"]]\nindex = ["/v", "/g"]\n'
                      f"partitions = {partitions}\n")
     return sow.topic(name)
 
@@ -47,7 +47,8 @@ def _state(sow: Sow, t: object) -> tuple[dict, list, list]:
     recs = {r.sow_key: r.obj() for r in sow.sow(t.name)}
     feed = [[(e["seq"], e["sow_key"], e["data"]["v"]) for e in _feed(sow, t, p)]
             for p in range(t.partitions)]
-    idx = [sorted(sow.r.zrange(keys.index(t.name, p, 0), 0, -1)) for p in range(t.partitions)]
+    idx = [sorted(sow.r.zrange(keys.index(t.name, p, j), 0, -1)) for p in range(t.partitions)
+           for j in range(t.n_indexes)]  # the hash index, then the range indexes
     return recs, feed, idx
 
 
@@ -134,7 +135,7 @@ def test_the_bulk_apply_equals_message_by_message(url, topic_name):
     sow = Sow(url, inline=True)
     bulk = _topic(sow, topic_name + "_b")
     sow.apply_config(f'[[topic]]\nname = "{topic_name}_m"\nkey = ["/k"]\nkey_domain = "d"\n'
-                     'hash_index = [["/g"]]\n'
+                     'hash_index = [["/g"]]\nindex = ["/v", "/g"]\n'
                      'partitions = 2\nexpiration = "enabled"\n')
     one = sow.topic(topic_name + "_m")
     msgs = [orjson.dumps({"k": i % 7, "g": ["x", "y", None][i % 3] if i % 5 else None, "v": i})

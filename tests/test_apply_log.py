@@ -26,7 +26,8 @@ from sow_redis.model.messages import index_members, key_of
 from sow_redis.settings import Settings
 
 CONFIGS = {
-    "expiring+index": 'expiration = "1h"\nhash_index = [["/sym"], ["/sym", "/side"]]\n',
+    "expiring+index": 'expiration = "1h"\nhash_index = [["/sym"], ["/sym", "/side"]]\n'
+                      'index = ["/v", "/side"]\n',
     "ttl0-min": 'expiration = 0\nexpiration_policy = "min"\n',
     "plain": "",
 }
@@ -62,13 +63,13 @@ def _write(r, t, script, prepared: bool):
         data = orjson.dumps(msg)
         key = key_of(msg, t) if prepared else ""
         members = index_members(msg, t, key) if (prepared and cmd == "publish"
-                                                 and t.hash_index) else ""
+                                                 and t.n_indexes) else ""
         r.xadd(keys.log(t.name, 0), make_entry(cmd, data, None, exp, key, members),
                id=f"{1000 + n}-0")
 
 
 def _state(r, t):
-    n = len(t.hash_index)
+    n = t.n_indexes
     return {
         "rec": r.hgetall(keys.records(t.name, 0)),
         "exp": r.zrange(keys.expiry(t.name, 0), 0, -1, withscores=True),
@@ -110,7 +111,7 @@ def test_in_redis_apply_writes_what_the_planned_path_writes(backend_url, topic_n
     pubsub = ShardListener(r, [keys.partition_channel(t.name, 0)])
     states, events = [], []
     for prepared in (True, False):
-        r.delete(*keys.all_partition_keys(t.name, 1, len(t.hash_index)))
+        r.delete(*keys.all_partition_keys(t.name, 1, t.n_indexes))
         _write(r, t, script, prepared)
         n, drained = drain_partition(r, t, 0, Settings(batch_size=16), linger_ms=0)
         assert (n, drained) == (len(script), True)

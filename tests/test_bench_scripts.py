@@ -174,3 +174,18 @@ def test_bench_rebuild_compares_the_rebuild_with_the_first_apply(tmp_path: Path)
     assert set(res["medians"]) == {"apply", "rebuild"}
     assert all(v["entries_per_s"] > 0 for v in res["medians"].values())
     assert res["log_bytes_per_entry"] > 0
+
+
+def test_bench_query_compares_the_range_index_with_a_scan(tmp_path: Path) -> None:
+    out = tmp_path / "query.json"
+    proc = _run("bench_query.py", "--n", "2000", "--runs", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
+    res = json.loads(out.read_bytes())
+    assert set(res["ingest"]["medians"]) == {"none", "1 index", "2 indexes", "1 hash index"}
+    assert [row["selectivity"] for row in res["query"]] == [0.001, 0.01, 0.1, 0.5, 0.9]
+    planner = [row["planner"] for row in res["query"]]
+    assert planner == ["range_index"] * 4 + ["scan"]
+    for row in res["query"]:  # the script checked index and scan returned the same records
+        assert row["plan"].startswith("index /px range") and row["index_ms"] > 0
+    assert [row["skip_n"] for row in res["paging"]] == [0, 200, 1800]
+    assert res["memory"]["index_bytes_per_record"] > 0

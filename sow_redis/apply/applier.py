@@ -615,7 +615,7 @@ def _prepared_publish(e: LogEntry | Exception, topic: TopicConfig) -> bool:
     :class:`PartitionApplier`): a candidate for the next step's in-Redis apply."""
     return (isinstance(e, LogEntry) and e.command is Command.PUBLISH
             and e.prepared_key is not None and e.expiration_s is None
-            and (not topic.hash_index or b"m" in e.fields))
+            and (not topic.n_indexes or b"m" in e.fields))
 
 
 def _apply_one_by_one(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,

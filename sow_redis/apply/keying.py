@@ -68,7 +68,7 @@ def verified_prepared(entry: LogEntry, topic: TopicConfig, p: int) -> bool:
             return False
     except MessageError:
         return False
-    if not topic.hash_index:
+    if not topic.n_indexes:
         return b"m" not in entry.fields
     return entry.fields.get(b"m") == index_members(entry.obj, topic, key).encode()
 
@@ -83,10 +83,10 @@ def check_members(entry: LogEntry, topic: TopicConfig, key: str) -> None:
     given = entry.fields.get(b"m")
     if given is None:
         return
-    if entry.command is Command.PUBLISH and topic.hash_index and entry.obj is not None \
+    if entry.command is Command.PUBLISH and topic.n_indexes and entry.obj is not None \
             and given == index_members(entry.obj, topic, key).encode():
         return
-    raise MessageError("forged_members", f"field m {given[:80]!r} is not the hash-index "
+    raise MessageError("forged_members", f"field m {given[:80]!r} is not the index "
                        "members of the data")
 
 

@@ -21,7 +21,7 @@ class Upsert:
             the subscribers of that moment, then removed with reason ``expired``.
         expect_seq: compare-and-set: the record's ``seq`` when the worker read it (0 = absent);
             None = unchecked. A mismatch refuses the whole batch (``SOW_CONFLICT``).
-        members: the record's hash-index members, one per ``hash_index`` in order,
+        members: the record's index members, one per ``hash_index`` then ``index`` in order,
             comma-separated ("" in a slot: the record has no value for that index).
     """
 

@@ -439,13 +439,13 @@ class Partition:
     @cached_property
     def keys(self) -> list[str]:
         """The KEYS, in the scripts' order."""
-        return keys.partition_keys(self.topic.name, self.p, len(self.topic.hash_index))
+        return keys.partition_keys(self.topic.name, self.p, self.topic.n_indexes)
 
     @cached_property
     def head(self) -> tuple[ScriptArg, ...]:
         """ARGV[2 ..] of the head (ARGV[1] is the operation)."""
         t = self.topic
-        return (keys.partition_channel(t.name, self.p), t.name, self.p, len(t.hash_index),
+        return (keys.partition_channel(t.name, self.p), t.name, self.p, t.n_indexes,
                 "1" if t.dead_letter else "0", "1" if t.expiration_enabled else "0",
                 *retention_args(t), expiry_for(t, None, "0-0"), t.fingerprint,
                 previous_mode(t))

@@ -40,20 +40,30 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
               default="jsonl", show_default=True,
               help="fix: tag=value fields, one record per line; xml: one XML document per line.")
 @click.option("--separator", help="With --format fix: field separator (default: the topic's).")
+@click.option("--explain", is_flag=True, help="Print the query plan instead of the records: "
+              "\"<topic>: index /px range (10, +inf)\", \"hash index …\", \"key …\" or "
+              "\"scan\", one line per topic.")
 @click.pass_context
 @friendly
 def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
         top_n: int | None, skip_n: int, select: tuple[str, ...], as_of: str | None,
         batch_size: int | None, order_by: str | None, keys: str | None, with_key: bool,
-        fmt: str, separator: str | None) -> None:
+        fmt: str, separator: str | None, explain: bool) -> None:
     """Query the SOW of a topic: one JSON record per line.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights -f "/carrier = 'UA' AND /dep_delay > 60" --top-n 5
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights --order-by /tailnum --skip-n 20 --top-n 10 --select /tailnum --select /carrier
+      sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights -f "/dep_delay > 60" --explain
     """
     client = sow_of(ctx)
+    if explain:
+        for name in client.resolve_topics(topic, topic_regex):
+            plan = client.explain(name, filter_, split_keys(keys))
+            text = f"scan of the history as of {as_of}" if as_of is not None else plan.text
+            click.echo(f"{name}: {text}")
+        return
     if batch_size is not None:
         if fmt != "jsonl" or as_of is not None or with_key:
             raise click.UsageError("--batch-size prints JSON Lines of the current records: "

@@ -8,7 +8,7 @@ any Redis client) has the fields ``cmd`` (``publish`` | ``delta_publish`` | ``so
 
 sow_redis's publisher adds what it already computed while validating (:func:`make_entry`):
 ``k``, the SOW key of the message (any topic without a chaining key generator), and ``m``, the
-record's hash-index members (a ``publish`` on a topic with hash indexes). Both are hints,
+record's index members (a ``publish`` on a topic with hash or range indexes). Both are hints,
 never trusted as read (any client with the right to append may write them): a worker checks
 them against the data (:mod:`sow_redis.apply.keying`) and rejects an entry whose ``k`` or ``m`` is
 not what the topic's definition gives (reasons ``forged_key``, ``forged_members``,
@@ -126,7 +126,7 @@ def make_entry(cmd: str, data: bytes, sow_key: str | None, expiration: float | N
         expiration: the message's own lifetime in seconds (``0`` = never), or None.
         prepared_key: the SOW key computed by the publisher (field ``k``; "" = not computed:
             chaining topics, whose key the worker resolves).
-        members: the hash-index members of a ``publish`` (field ``m``; "" = none).
+        members: the index members of a ``publish`` (field ``m``; "" = none).
     """
     e: Fields = {"cmd": cmd, "data": data}
     if sow_key:

@@ -26,6 +26,7 @@ import orjson
 
 from ..errors import MessageError
 from .chains import chain_values
+from .rangeindex import member as range_member
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
 from .topic import TopicConfig
 from .values import JSON, JSONObject, canonical, get_path
@@ -328,16 +329,20 @@ def parse(data: bytes, topic: TopicConfig, supplied_key: str | None = None,
 
 
 def index_members(obj: JSONObject, topic: TopicConfig, sow_key: str) -> str:
-    """Comma-separated hash-index members of a record, one per ``hash_index`` ("" if none).
+    """Comma-separated index members of a record, one per index: each ``hash_index`` in order,
+    then each range index (``index``; :func:`sow_redis.model.rangeindex.member`) in order
+    ("" if the topic has none).
 
     A record lacking a field of an index gets no member in that index (an empty slot).
     """
-    if not topic.hash_index:
+    if not topic.n_indexes:
         return ""
     members = []
     for parts in topic.index_parts:
         vals = [canonical(get_path(obj, p)) for p in parts]
         members.append("" if None in vals else f"{index_hash(vals)}:{sow_key}")  # type: ignore[arg-type]
+    for path in topic.range_parts:
+        members.append(range_member(get_path(obj, path), sow_key))
     return ",".join(members)
 
 

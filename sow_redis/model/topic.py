@@ -112,6 +112,7 @@ class TopicConfig:
     message_type: str = "json"
     partitions: int = DEFAULT_PARTITIONS
     hash_index: tuple[tuple[str, ...], ...] = ()
+    index: tuple[str, ...] = ()
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     partition_by: tuple[str, ...] = ()
     expiration: str = "disabled"
@@ -146,6 +147,13 @@ class TopicConfig:
         default=(), compare=False, repr=False
     )
     chain_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
+    range_parts: tuple[tuple[str, ...], ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def n_indexes(self) -> int:
+        """How many index sorted sets a partition has: the hash indexes (``hash_index``), then
+        the range (memo) indexes (``index``), numbered in that order (:func:`keys.index`)."""
+        return len(self.hash_index) + len(self.index)
 
     @property
     def chaining(self) -> bool:
@@ -252,12 +260,13 @@ class TopicConfig:
         and Redis appends nothing for a publisher whose shape is not the stored one (issue
         23.4). Other fields (expiration, retention, limits) change without it."""
         d = asdict(self)
-        shape = {f: d[f] for f in ("name", *SHAPE_FIELDS)}
+        # a topic without range indexes keeps the fingerprint it had before ``index`` existed
+        shape = {f: d[f] for f in ("name", *SHAPE_FIELDS) if f != "index" or d[f]}
         return hashlib.sha1(orjson.dumps(shape, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
     def to_json(self) -> bytes:
         d = asdict(self)
-        for k in ("key_parts", "partition_parts", "index_parts", "chain_parts"):
+        for k in ("key_parts", "partition_parts", "index_parts", "chain_parts", "range_parts"):
             d.pop(k)
         return orjson.dumps(d)
 
@@ -272,6 +281,7 @@ def topic_from_dict(d: JSONObject) -> TopicConfig:
     (:meth:`TopicConfig.from_json`) or a table :mod:`sow_redis.config` validated."""
     key = tuple(d.get("key") or ())
     hash_index = tuple(tuple(ix) for ix in d.get("hash_index") or ())
+    index = tuple(d.get("index") or ())
     partition_by = tuple(d.get("partition_by") or ())
     chain_primary = d.get("chain_primary") or ""
     chain_secondary = tuple(d.get("chain_secondary") or ())
@@ -282,6 +292,7 @@ def topic_from_dict(d: JSONObject) -> TopicConfig:
         message_type=d.get("message_type", "json"),
         partitions=int(d.get("partitions", DEFAULT_PARTITIONS)),
         hash_index=hash_index,
+        index=index,
         max_message_bytes=int(d.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)),
         partition_by=partition_by,
         expiration=str(d.get("expiration") or "disabled"),
@@ -315,11 +326,12 @@ def topic_from_dict(d: JSONObject) -> TopicConfig:
         partition_parts=tuple(split_path(p) for p in (partition_by or key)),
         index_parts=tuple(tuple(split_path(p) for p in ix) for ix in hash_index),
         chain_parts=tuple(split_path(p) for p in (chain_primary, *chain_secondary) if p),
+        range_parts=tuple(split_path(p) for p in index),
     )
 
 
 SHAPE_FIELDS = ("partitions", "key", "key_domain", "key_generator", "message_type",
-                "partition_by", "hash_index")
+                "partition_by", "hash_index", "index")
 """Fields that decide where a message's record lives (SOW key, partition, stored form) or
 what finds it: changing one strands what a topic holds (issue 7.4), and an index added or
 changed would cover only records written after it, see :func:`shape_changes`."""

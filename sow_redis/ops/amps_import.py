@@ -17,6 +17,8 @@ chaining key generator of seeds/003; expiration of seeds/000 and 004):
   case) → ``recovery_point`` as it is, an AMPS timestamp (``20261127T060000``, UTC) → the
   ISO-8601 time (``"2026-11-27T06:00:00Z"``); a bookmark or another value is listed as not
   translated (seeds/004, "Durability");
+* ``Index`` (a field path: a memo index AMPS is asked to create ahead of queries) → one
+  ``index`` entry each (a range index; sow_redis keeps only the indexes configured);
 * ``KeyGenerator`` whose module is the chaining key generator (a ``Modules/Module`` with
   ``libamps_id_chaining_key_generator`` in its ``Library``, or a module name containing
   ``chaining``), with ``Options`` ``Primary`` (else the first ``Key``), ``Key`` and
@@ -34,7 +36,7 @@ units, as for ``Expiration``), ``Filter``. A ``MessageType`` other than ``json``
 Everything else is listed as not translated, one line each with its element path
 (``SOW/Topic[ORDERS]/FileName``, ``SOW/Topic[Orders]/KeyGenerator/Options/FileName``,
 ``SOW/Queue[1]``, …): AMPS storage and tuning settings (``FileName``, ``SlabSize``,
-``Index``, …), other children of ``<SOW>`` (queues, …), projections
+…), other children of ``<SOW>`` (queues, …), projections
 sow_redis cannot compute (expressions such as ``SUM(/px * /qty)``)
 and topics that cannot be expressed (the line says why: message type, key generator, a name
 defined twice, a value sow_redis refuses). Each translated topic is checked with
@@ -59,7 +61,7 @@ from ..model.values import JSONObject
 
 CHAINING_LIBRARY = "libamps_id_chaining_key_generator"
 TRANSLATED = {"Name", "Key", "KeyDomain", "MessageType", "Expiration", "HashIndex",
-              "KeyGenerator", "Durability", "RecoveryPoint"}
+              "KeyGenerator", "Durability", "RecoveryPoint", "Index"}
 CHAIN_OPTIONS = {"Key", "Primary", "Secondary", "Validation"}
 _AMPS_UNITS_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 10**9, "m": 60 * 10**9,
                   "h": 3600 * 10**9, "d": 86_400 * 10**9, "w": 7 * 86_400 * 10**9}
@@ -297,6 +299,9 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
     indexes = _hash_indexes(topic, where, out)
     if indexes:
         t["hash_index"] = indexes
+    memo = list(dict.fromkeys(_text(ix) for ix in topic.findall("Index") if _text(ix)))
+    if memo:
+        t["index"] = memo
     kg = topic.find("KeyGenerator")
     if kg is not None:
         reason = _key_generator(kg, chaining, t, where, out)

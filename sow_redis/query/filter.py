@@ -77,7 +77,6 @@ import decimal
 import functools
 import math
 import operator
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -94,6 +93,7 @@ from lark.exceptions import (
 )
 
 from ..errors import FilterEvalError, FilterSyntaxError
+from ..model.rangeindex import Bound, to_number
 from ..model.values import JSON, JSONObject, canonical, get_path, split_path
 
 __all__ = ["MAX_DEPTH", "MAX_FILTER_CHARS", "Filter", "check_deterministic", "compile_filter"]
@@ -122,19 +122,7 @@ Arithmetic: TypeAlias = Callable[[float, float], float]
 # --------------------------------------------------------------------------- values
 
 
-_NUMERIC_TEXT = re.compile(r"\s*[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?\s*")
-
-
-def _to_number(text: str) -> int | float | None:
-    """Number written in ``text`` (``"42"``, ``"-1.5"``, ``"1e3"``), or None if it is not one."""
-    if len(text) < 19 and text.isascii() and text.isdigit():
-        return int(text)
-    if _NUMERIC_TEXT.fullmatch(text) is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:  # a fraction or exponent, or more digits than int() accepts
-        return float(text)
+_to_number = to_number  # the one definition, shared with the range index's members
 
 
 def _as_number(value: JSON) -> int | float | None:
@@ -701,6 +689,7 @@ class _Expr:
     path: str | None = None  # the path text when the expression is a field path
     key: str | None = None  # single-step path: the dict key, for a fast record.get()
     terms: dict[str, list[str]] | None = None  # equality terms of a pure conjunction
+    ranges: tuple[tuple[str, Bound], ...] = ()  # (path, bound) a TRUE result implies
     chain: str | None = None  # "and" / "or" when fn evaluates the flat chain ``members``
     members: tuple[Evaluator, ...] = ()
 
@@ -1021,6 +1010,8 @@ class _Compiler:
         is_literal = right.literal and right.value is not None
         if op is operator.eq and left.path is not None and is_literal:
             out.terms = {left.path: [canonical(right.value) or ""]}
+        if op_text in _RANGE_OPS and left.path is not None and _rangeable(right):
+            out.ranges = ((left.path, Bound(op_text, right.value)),)
         return out
 
     def is_null(self, _tokens: list[Token], exprs: list[_Expr]) -> _Expr:
@@ -1063,7 +1054,10 @@ class _Compiler:
                                                   _compare(le, item, high)))
             return _and3(_compare(ge, v, low), _compare(le, v, high))
 
-        return _folded(between, value.pos, value, lo, hi)
+        out = _folded(between, value.pos, value, lo, hi)
+        if value.path is not None and _rangeable(lo) and _rangeable(hi) and not out.const:
+            out.ranges = ((value.path, Bound(">=", lo.value)), (value.path, Bound("<=", hi.value)))
+        return out
 
     def not_between(self, tokens: list[Token], exprs: list[_Expr]) -> _Expr:
         return self._negate(self.between(tokens, exprs))
@@ -1157,6 +1151,7 @@ class _Compiler:
 
     def and_(self, _tokens: list[Token], children: list[_Expr]) -> _Expr:
         out = self._chain("and", _and_all, children)
+        out.ranges = tuple(r for child in children for r in child.ranges)
         if all(child.terms is not None for child in children):
             out.terms = _merge_terms([child.terms for child in children if child.terms])
         return out
@@ -1198,6 +1193,14 @@ class _Compiler:
             return None
 
         return _folded(negate, arg.pos, arg)
+
+
+_RANGE_OPS = frozenset(("<", "<=", ">", ">=", "="))
+
+
+def _rangeable(e: _Expr) -> bool:
+    """A literal number or text a range index can bound (not NULL, not a boolean)."""
+    return e.const and type(e.value) in (int, float, str)
 
 
 def _and_all(fns: tuple[Evaluator, ...]) -> Evaluator:
@@ -1397,13 +1400,14 @@ class Filter:
             functions there.
     """
 
-    __slots__ = ("_fn", "_terms", "deterministic", "text")
+    __slots__ = ("_fn", "_ranges", "_terms", "deterministic", "text")
 
     def __init__(self, text: str, fn: Evaluator, terms: dict[str, list[str]] | None,
-                 deterministic: bool = True) -> None:
+                 ranges: tuple[tuple[str, Bound], ...] = (), deterministic: bool = True) -> None:
         self.text = text
         self._fn = fn
         self._terms = terms
+        self._ranges = ranges
         self.deterministic = deterministic
 
     def __call__(self, record: JSONObject) -> bool:
@@ -1452,6 +1456,20 @@ class Filter:
             return None
         return {path: list(values) for path, values in self._terms.items()}
 
+    def range_terms(self) -> dict[str, list[Bound]]:
+        """Range constraints a match implies: ``{path: [Bound, …]}`` from the comparisons
+        (``<``, ``<=``, ``>``, ``>=``, ``=``) of a field path with a number or text literal and
+        from ``path BETWEEN literal AND literal``, that are the filter itself or members of its
+        top-level AND chain (a record matching the filter satisfies each of them under the
+        filter's coercions, or holds an array at that path). Empty when there is none (an
+        OR, NOT, or a comparison of two fields gives none). The query planner reads a range
+        index with them and still evaluates the whole filter on every candidate.
+        """
+        out: dict[str, list[Bound]] = {}
+        for path, bound in self._ranges:
+            out.setdefault(path, []).append(bound)
+        return out
+
     def __repr__(self) -> str:
         return f"Filter({self.text!r})"
 
@@ -1492,7 +1510,7 @@ def compile_filter(text: str) -> Filter:
         raise _depth_error(text) from None
     clocks = tree.scan_values(lambda v: isinstance(v, Token) and v.type == "FUNC_NAME"
                               and v.lower() in _NON_DETERMINISTIC)
-    return Filter(text, expr.fn, expr.terms, deterministic=next(iter(clocks), None) is None)
+    return Filter(text, expr.fn, expr.terms, expr.ranges, deterministic=next(iter(clocks), None) is None)
 
 
 _NON_DETERMINISTIC = frozenset({"now", "unix_timestamp"})

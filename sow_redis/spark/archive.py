@@ -303,7 +303,7 @@ def _restore_records(r: Client, topic: TopicConfig, p: int, snap: list[Row],
     Returns:
         The chain identifiers written (0 when ``chain`` is None).
     """
-    name, n_idx = topic.name, len(topic.hash_index)
+    name, n_idx = topic.name, topic.n_indexes
     pipe = r.pipeline(transaction=True)
     pipe.delete(keys.records(name, p), keys.expiry(name, p), keys.index_members(name, p),
                 keys.acks(name, p), *(keys.index(name, p, j) for j in range(n_idx)))

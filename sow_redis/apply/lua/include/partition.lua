@@ -8,12 +8,14 @@
   KEYS[6] dead-letter outbox   KEYS[7] chain   KEYS[8] errors   KEYS[9] log
   KEYS[10] change feed (stream)   KEYS[11] change feed block times (zset)   KEYS[12] lease
   KEYS[13] job marker   KEYS[14] trusted ranges   KEYS[15] definition fingerprint
-  KEYS[16] loads   KEYS[17] staged load batches   KEYS[18 .. 17 + n] the n hash indexes
+  KEYS[16] loads   KEYS[17] staged load batches   KEYS[18 .. 17 + n] the n indexes (hash
+  indexes, then range indexes: TopicConfig.n_indexes; members kept alike, only Python tells
+  them apart)
 
   ARGV[1] the operation (apply.lua: "planned", "log", "appended", "load"; the other scripts
   their own name)
   ARGV[2] partition channel   ARGV[3] topic name   ARGV[4] partition number
-  ARGV[5] n (number of hash indexes)   ARGV[6] "1" when the topic has a dead_letter topic
+  ARGV[5] n (number of indexes, hash and range)   ARGV[6] "1" when the topic has a dead_letter topic
   ARGV[7] "1" when the topic's expiration is enabled
   ARGV[8] change feed retention: changes kept per partition (0: no feed, pub/sub only)
   ARGV[9] change feed retention in ms (0: by count only)

@@ -2,7 +2,7 @@
   include write_record: the upsert of one record, shared by apply.lua (ops planned by the
   worker), apply.lua (log) (plain publishes read from the log by the script itself),
   apply.lua (appended) and apply.lua (load), so all
-  write records, expiry scores, hash-index members and change events the same way. Included
+  write records, expiry scores, index members (hash and range) and change events the same way. Included
   after include event and include remove_record (batch state S: see there).
 ]]
 -- arguments of one bulk HSET / HMGET / ZREM (well below Lua's stack limit)
@@ -37,7 +37,7 @@ local function chunked(cmd, key, args, n)
   return total, out
 end
 
--- Move a key's hash-index members from old_members (nil: none yet) to members, both the
+-- Move a key's index members from old_members (nil: none yet) to members, both the
 -- positional, comma-separated text kept in P.ixm; only the indexes whose member changed.
 local function move_members(P, old_members, members)
   local news = split_members(members)
@@ -70,15 +70,36 @@ local function write_deferred(P, S)
   if #P.idx > 0 then
     local _, old = chunked("HMGET", P.ixm, ks, nk)
     local changed, nc = {}, 0
+    -- per index, the members to remove and to add (score 0 before each), written with one
+    -- ZREM and one ZADD per index: each key is written once here and every member names its
+    -- key, so no member is both removed and added
+    local rems, adds = {}, {}
+    for j = 1, #P.idx do rems[j], adds[j] = {}, {} end
     for i = 1, nk do
       local k = ks[i]
       local om, members = old[i], d.members[k]
       if om ~= members then
-        move_members(P, om, members)
+        local news = split_members(members)
+        local olds = {}
+        if om then olds = split_members(om) end
+        for j = 1, #P.idx do
+          if olds[j] ~= news[j] then
+            if olds[j] and olds[j] ~= "" then rems[j][#rems[j] + 1] = olds[j] end
+            if news[j] and news[j] ~= "" then
+              local a = adds[j]
+              a[#a + 1] = 0
+              a[#a + 1] = news[j]
+            end
+          end
+        end
         changed[nc + 1] = k
         changed[nc + 2] = members
         nc = nc + 2
       end
+    end
+    for j = 1, #P.idx do
+      if #rems[j] > 0 then chunked("ZREM", P.idx[j], rems[j], #rems[j]) end
+      if #adds[j] > 0 then chunked("ZADD", P.idx[j], adds[j], #adds[j]) end
     end
     if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
   end
