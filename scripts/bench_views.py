@@ -132,6 +132,8 @@ def topic_toml(name: str, partitions: int, extra: str = "") -> str:
 class DeriverProcess:
     """``python -m sow_redis.cli derive`` on ``url``, logging to a file in ``logdir``."""
 
+    tree: Path = ROOT
+    """The folder whose ``sow_redis`` the derivers import (``--deriver-tree``)."""
     profile_dir: Path | None = None
     """Set by ``--profile``: ``py-spy record`` follows each deriver (collapsed stacks)."""
 
@@ -139,10 +141,10 @@ class DeriverProcess:
         self.tag = uuid.uuid4().hex[:6]
         self.log = logdir / f"derive-{self.tag}.log"
         self.spy: subprocess.Popen[bytes] | None = None
-        env = dict(os.environ, SOW_REDIS_URL=url, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, SOW_REDIS_URL=url, PYTHONPATH=str(self.tree))
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "derive"],
-                                         env=env, cwd=str(ROOT), stdout=fh,
+                                         env=env, cwd=str(self.tree), stdout=fh,
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_started(self, timeout_s: float = 60.0) -> None:
@@ -288,8 +290,11 @@ def percentiles(vals: list[float]) -> dict[str, float]:
 
 
 # -- 2. view lag -----------------------------------------------------------------------------
-def run_lag(server: RedisServer, rate: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Lag of one view behind changes published at ``rate`` per second (see the docstring)."""
+def run_lag(server: RedisServer, rate: int, args: argparse.Namespace,
+            target: str = "view") -> dict[str, Any]:
+    """Lag of one view behind changes published at ``rate`` per second (see the docstring);
+    ``target`` ``"topic"``: of a subscriber of the underlying topic itself, the same deriver
+    keeping the same view meanwhile (the baseline: what any subscriber waits)."""
     sow = Sow(server.url)
     name = f"lag_{uuid.uuid4().hex[:8]}"
     view = f"{name}_v1"
@@ -301,34 +306,37 @@ def run_lag(server: RedisServer, rate: int, args: argparse.Namespace) -> dict[st
         der.wait_started()
         wait_for(lambda: sow.r.exists(keys.derive_lease(view)) == 1, 60, "the deriver's lease")
         cpu0 = der.cpu_s()
-        with sow.subscribe(view) as sub:
+        # a view row is followed by its group; a record of the topic by its key (in order)
+        field, groups = ("g", args.groups) if target == "view" else ("id", args.keys)
+        with sow.subscribe(view if target == "view" else name) as sub:
             time.sleep(0.2)  # the deriver's subscription to the topic is placed
             proc, path = start_publisher(server.url, name, n, rate, args.keys, args.groups,
                                          server.workdir)
             deadline = time.monotonic() + args.lag_seconds * 3 + 60
-            last = {(k % args.keys) % args.groups: k for k in range(max(0, n - args.keys), n)}
+            last = {(k % args.keys) % groups: k for k in range(max(0, n - args.keys), n)}
             while last and time.monotonic() < deadline:  # until each group's last change
                 m = sub.get(1.0)
                 if m is not None and m["kind"] == "publish":
                     now = time.time_ns()
                     data = m["data"]
-                    got.append((now, data["g"], data["n"]))
-                    if last.get(data["g"], n) <= data["n"]:
-                        del last[data["g"]]
+                    got.append((now, data[field], data["n"]))
+                    if last.get(data[field], n) <= data["n"]:
+                        del last[data[field]]
             proc.join(60)
         cpu = der.cpu_s() - cpu0
     finally:
         der.stop()
     sent = orjson.loads(Path(path).read_bytes())
     remove_topics(sow.r, [name, view])
-    return lag_figures(sent, got, n, rate, args) | {"deriver_cpu_s": cpu,
-                                                   "view_events": len(got)}
+    return lag_figures(sent, got, n, rate, groups, args) | {"deriver_cpu_s": cpu,
+                                                           "events": len(got)}
 
 
 def lag_figures(sent: list[list[int]], got: list[tuple[int, int, int]], n: int, rate: int,
-                args: argparse.Namespace) -> dict[str, Any]:
-    """Per change after the warm-up: receive time of the first view event of its group with
-    ``/n`` ≥ its number, less its publish time (ms)."""
+                groups: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Per change after the warm-up: receive time of the first event of its group (of
+    ``groups``: the view's ``/g``, or the topic's keys) with ``/n`` ≥ its number, less its
+    publish time (ms)."""
     batch = max(1, rate // 1000)
     start_ns = {i: t for i, t in sent}
     by_group: dict[int, tuple[list[int], list[int]]] = {}
@@ -343,16 +351,16 @@ def lag_figures(sent: list[list[int]], got: list[tuple[int, int, int]], n: int, 
         t_k = start_ns[k - k % batch]
         if t_k - t_first < args.warmup * 1e9:
             continue
-        ns, tops = by_group.get((k % args.keys) % args.groups, ([], []))
+        ns, tops = by_group.get((k % args.keys) % groups, ([], []))
         at = bisect.bisect_left(tops, k)
         if at == len(tops):
             missing += 1
         else:
             lags.append((ns[at] - t_k) / 1e6)
     if not lags:
-        raise BenchError("VERIFY FAILED: the view reflected no change")
+        raise BenchError("VERIFY FAILED: no change received")
     if missing:
-        raise BenchError(f"VERIFY FAILED: {missing} change(s) never reflected by the view")
+        raise BenchError(f"VERIFY FAILED: {missing} change(s) never received")
     return {"rate": rate, "changes": len(lags), **percentiles(lags)}
 
 
@@ -475,10 +483,11 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
             v["vs_baseline"] = v["msgs_per_s"] / base
             v["cost"] = 1 - v["vs_baseline"]
         out["throughput"] = tp
-    if all(runs["lag"].values()):
-        out["lag"] = {str(rate): {k: med(rs, k) for k in ("p50_ms", "p99_ms", "max_ms",
-                                                          "changes", "deriver_cpu_s")}
-                      for rate, rs in runs["lag"].items()}
+    for part in ("lag", "lag_topic"):
+        if all(runs[part].values()):
+            out[part] = {str(rate): {k: med(rs, k) for k in ("p50_ms", "p99_ms", "max_ms",
+                                                             "changes", "deriver_cpu_s")}
+                         for rate, rs in runs[part].items()}
     if conf_runs := runs["conflation"]:
         out["conflation"] = {
             "underlying_per_s": med(conf_runs, "underlying_per_s"), "keys": conf_runs[0]["keys"],
@@ -521,12 +530,14 @@ def print_table(m: dict[str, Any], g: dict[str, Any], args: argparse.Namespace,
                   f"{x['caught_up_msgs_per_s']:12.0f} {x['catch_up_s']:11.2f} "
                   f"{x['redis_cpu_s_per_1k']:11.3f} {x['deriver_cpu_s_per_1k']:13.3f}")
     if "lag" in m:
-        print(f"\n2. view lag (publish → view event), {args.groups} groups")
-        print(f"{'changes/s':>9} {'changes':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-              f"{'deriver cpu s':>14}")
-        for rate, x in m["lag"].items():
-            print(f"{int(rate):9,} {x['changes']:8.0f} {x['p50_ms']:8.2f} {x['p99_ms']:8.2f} "
-                  f"{x['max_ms']:8.2f} {x['deriver_cpu_s']:14.2f}")
+        print(f"\n2. lag (publish → event), a view of {args.groups} groups and, the baseline, "
+              "the topic itself")
+        print(f"{'of':6} {'changes/s':>9} {'changes':>8} {'p50 ms':>8} {'p99 ms':>8} "
+              f"{'max ms':>8} {'deriver cpu s':>14}")
+        for part, label in (("lag_topic", "topic"), ("lag", "view")):
+            for rate, x in m.get(part, {}).items():
+                print(f"{label:6} {int(rate):9,} {x['changes']:8.0f} {x['p50_ms']:8.2f} "
+                      f"{x['p99_ms']:8.2f} {x['max_ms']:8.2f} {x['deriver_cpu_s']:14.2f}")
     if "conflation" in m:
         c = m["conflation"]
         print(f"\n3. conflation over {c['keys']} keys, underlying "
@@ -575,6 +586,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "conflation,delta (comma-separated)")
     ap.add_argument("--profile", metavar="DIR",
                     help="run each deriver under py-spy record; collapsed stacks to DIR")
+    ap.add_argument("--deriver-tree", metavar="DIR", default=str(ROOT),
+                    help="the folder whose sow_redis package the derivers run (e.g. an "
+                    "export of an earlier commit, to compare derivers on the same data)")
     ap.add_argument("--out", default="bench-results/bench_views.json")
     a = ap.parse_args(argv)
     if a.quick:
@@ -589,11 +603,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    DeriverProcess.tree = Path(args.deriver_tree).resolve()
     if args.profile:
         DeriverProcess.profile_dir = Path(args.profile).resolve()
     msgs = make_messages(args.n, args.keys, args.groups)
     runs: dict[str, Any] = {"throughput": {v: [] for v in VARIANTS},
                             "lag": {str(r): [] for r in args.lag_rate_list},
+                            "lag_topic": {str(r): [] for r in args.lag_rate_list},
                             "conflation": [], "delta": []}
     load = os.getloadavg()
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -612,10 +628,13 @@ def main(argv: list[str] | None = None) -> int:
                         runs["throughput"][v].append(res)
                         print(f"run {i + 1} {v}: {res['msgs_per_s']:,.0f} msgs/s", flush=True)
                     for rate in args.lag_rate_list if "lag" not in args.skip_set else []:
-                        res = run_lag(server, rate, args)
-                        runs["lag"][str(rate)].append(res)
-                        print(f"run {i + 1} lag at {rate:,}/s: p50 {res['p50_ms']:.2f} ms, p99 "
-                              f"{res['p99_ms']:.2f} ms", flush=True)
+                        targets = ("topic", "view") if i % 2 == 0 else ("view", "topic")
+                        for target in targets:
+                            res = run_lag(server, rate, args, target)
+                            runs["lag" if target == "view" else "lag_topic"][str(rate)].append(res)
+                            print(f"run {i + 1} lag of the {target} at {rate:,}/s: p50 "
+                                  f"{res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms",
+                                  flush=True)
                     if "conflation" not in args.skip_set:
                         runs["conflation"].append(run_conflation(server, args))
                     if "delta" not in args.skip_set:
