@@ -27,7 +27,10 @@ project machine: two cores for four busy processes).
    before the publish call that carries it; publish → log → apply → change feed included)
    to the receipt of the first view event of its group whose ``/n`` is at least ``n`` (the
    view row reflecting it). One host, one clock. The first ``--warmup`` seconds are left
-   out. p50 / p99 / max in milliseconds.
+   out. p50 / p99 / max in milliseconds. The baseline, in rounds alternating with the
+   view's: the same publisher and deriver, this process subscribed to the topic itself
+   (the lag of change ``n`` is its own event's receipt): what any subscriber waits on this
+   machine at that moment, so the view's own share is the difference.
 3. **Conflation**: the same paced publisher (``--conf-rate``) over ``--conf-keys`` keys into
    a topic with one conflated topic per interval of ``--intervals``; this process subscribes
    to each and counts their events per second, against the underlying rate and the bound
