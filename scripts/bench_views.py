@@ -71,13 +71,21 @@ from redis import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this tree's sow_redis, also for benchlib
 
-from benchlib import (BenchError, RedisServer, Workers, applied_counts,  # noqa: E402
-                      machine_info, private_redis, proc_cpu_s, redis_cpu_s, write_json)
+from benchlib import (  # noqa: E402
+    BenchError,
+    RedisServer,
+    Workers,
+    applied_counts,
+    machine_info,
+    private_redis,
+    proc_cpu_s,
+    redis_cpu_s,
+    write_json,
+)
 
 from sow_redis import keys  # noqa: E402
 from sow_redis.client import Sow  # noqa: E402
 from sow_redis.feed.subscriber import to_line  # noqa: E402
-from sow_redis.model.topic import TopicConfig  # noqa: E402
 from sow_redis.publish.append import append  # noqa: E402
 from sow_redis.registry import get_topic  # noqa: E402
 from sow_redis.settings import Settings  # noqa: E402
