@@ -58,7 +58,12 @@ LEASE_RENEW_S = 3.0
 """Seconds between two renewals of a deriver's leases (and looks for new derived topics)."""
 
 STEP_S = 0.01
-"""Seconds a follower waits for its next message before the deriver serves the next one."""
+"""Seconds the deriver waits for the next message before it serves its followers again (each
+of N followers waits at most STEP_S / N, so an idle one delays the others little)."""
+
+FLUSH_S = 0.005
+"""Seconds a follower takes messages at most before it writes what changed: a follower that
+fell behind writes as it catches up, instead of after taking the whole backlog."""
 
 BURST_TIMEOUT_S = 60.0
 """Seconds ``derive --burst`` waits at most for a derived topic to be whole."""
@@ -69,6 +74,9 @@ _EMPTY = b"{}"
 class _Follower:
     """One derived topic fed from its underlying topic."""
 
+    agg: Aggregation | None = None
+    """A view's aggregation (its rows)."""
+
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
         self.sow, self.target = sow, target
         self.sub = Subscriber(sow.r, sow.topic(target.underlying),
@@ -77,15 +85,20 @@ class _Follower:
         self._initial: JSONObject = {}
         self.rows: dict[str, JSONObject] = {}  # SOW key → what the next flush writes
         self.gone: set[str] = set()  # SOW keys the next flush removes
+        self.dirty: set[str] = set()  # group keys whose row the next flush reads from agg
 
-    def step(self) -> int:
-        """Take the messages that arrived (waiting at most :data:`STEP_S` for the first) and
-        write what is due; returns the messages taken."""
+    def step(self, wait: float = STEP_S) -> int:
+        """Take the messages that arrived (waiting at most ``wait`` seconds for the first,
+        taking them for at most :data:`FLUSH_S` seconds) and write what is due; returns the
+        messages taken."""
         n = 0
-        msg = self.sub.get(STEP_S)
+        msg = self.sub.get(wait)
+        until = time.monotonic() + FLUSH_S
         while msg is not None:
             n += 1
             self.take(msg)
+            if not n % 64 and time.monotonic() >= until:
+                break
             msg = self.sub.get(0.0001)
         self.flush()
         return n
@@ -102,15 +115,25 @@ class _Follower:
             self.rows[key] = row
             self.gone.discard(key)
 
-    def changed(self, changed: list[tuple[str, str, JSONObject]]) -> None:
+    def changed(self, changed: list[tuple[str, str, JSONObject | None]]) -> None:
         """Mark the rows an :class:`~sow_redis.model.aggregate.Aggregation` says changed
-        (nothing before the initial records are in: :meth:`reconcile` writes those)."""
+        (``upsert_keys``, ``remove_keys``: a changed row is read once, at the flush; nothing
+        before the initial records are in: :meth:`reconcile` writes those)."""
         if self.ready:
-            for what, key, row in changed:
-                self.mark(key, row if what == "publish" else None)
+            for what, key, _row in changed:
+                if what == "publish":
+                    self.dirty.add(key)
+                    self.gone.discard(key)
+                else:
+                    self.dirty.discard(key)
+                    self.mark(key, None)
 
     def flush(self) -> None:
         """Write what is marked (every step; a conflated topic once per interval)."""
+        if self.dirty and self.agg is not None:
+            for key in self.dirty:
+                self.rows[key] = self.agg.row(key)
+            self.dirty.clear()
         if self.ready and (self.rows or self.gone):
             rows, gone, self.rows, self.gone = self.rows, self.gone, {}, set()
             self.write(rows, gone)
@@ -141,6 +164,8 @@ class _Follower:
 class _ViewFollower(_Follower):
     """A view: the rows of its projection, rewritten as changes alter them."""
 
+    agg: Aggregation
+
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
         self.agg = Aggregation(list(target.projection), list(target.grouping),
                                domain=target.name)
@@ -153,8 +178,9 @@ class _ViewFollower(_Follower):
         elif kind == "group_end":
             self.reconcile(dict(self.agg.rows()))
         elif kind in ("publish", "oof"):
-            self.changed(self.agg.upsert(msg["sow_key"], msg["data"]) if kind == "publish"
-                         else self.agg.remove(msg["sow_key"]))
+            agg = self.agg
+            self.changed(agg.upsert_keys(msg["sow_key"], msg["data"]) if kind == "publish"
+                         else agg.remove_keys(msg["sow_key"]))
 
 
 class _ConflationFollower(_Follower):
@@ -187,6 +213,8 @@ class _JoinFollower(_Follower):
     ``{<first topic>: record, <second topic>: record}`` for every pair of records whose
     join fields are equal (an inner join); the filter applies to the joined rows."""
 
+    agg: Aggregation
+
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
         self.agg = Aggregation(list(target.projection), list(target.grouping),
                                domain=target.name)
@@ -195,7 +223,7 @@ class _JoinFollower(_Follower):
         self.pred = compile_filter(target.filter) if target.filter else None
         self.records: tuple[dict[str, JSONObject], ...] = ({}, {})
         self.by_value: tuple[dict[str, set[str]], ...] = ({}, {})
-        self.rows, self.gone = {}, set()
+        self.rows, self.gone, self.dirty = {}, set(), set()
         self.ends = 0
         self.sow, self.target = sow, target
         self.subs = [Subscriber(sow.r, sow.topic(name), oof=True, sow=True)
@@ -203,13 +231,16 @@ class _JoinFollower(_Follower):
         self.sub = self.subs[0]
         self.ready = False
 
-    def step(self) -> int:
+    def step(self, wait: float = STEP_S) -> int:
         n = 0
+        until = time.monotonic() + FLUSH_S
         for side, sub in enumerate(self.subs):
-            msg = sub.get(STEP_S / 2)
+            msg = sub.get(wait / 2)
             while msg is not None:
                 n += 1
                 self._take(side, msg)
+                if not n % 64 and time.monotonic() >= until:
+                    break
                 msg = sub.get(0.0001)
         self.flush()
         return n
@@ -226,7 +257,7 @@ class _JoinFollower(_Follower):
         elif kind == "group_end":
             self.ends += 1
             if self.ends == 2:
-                self.rows, self.gone = {}, set()
+                self.rows, self.gone, self.dirty = {}, set(), set()
                 self.reconcile(dict(self.agg.rows()))
 
     def _set(self, side: int, key: str, record: JSONObject | None) -> None:
@@ -237,7 +268,7 @@ class _JoinFollower(_Follower):
         if value is not None:
             index.get(value, set()).discard(key)
             for partner in self.by_value[other].get(value, ()):
-                self.changed(self.agg.remove(_pair(side, key, partner)))
+                self.changed(self.agg.remove_keys(_pair(side, key, partner)))
         if record is None:
             return
         records[key] = record
@@ -250,7 +281,7 @@ class _JoinFollower(_Follower):
                            else (self.records[other][partner], record))
             row = {self.names[0]: left, self.names[1]: right}
             if self.pred is None or _matches(self.pred, row):
-                self.changed(self.agg.upsert(_pair(side, key, partner), row))
+                self.changed(self.agg.upsert_keys(_pair(side, key, partner), row))
 
     def close(self) -> None:
         for sub in self.subs:
@@ -306,9 +337,10 @@ class Deriver:
             self._refresh()
             self._next_renew = time.monotonic() + LEASE_RENEW_S
         taken = 0
+        wait = STEP_S / max(1, len(self.followers))
         for name, follower in list(self.followers.items()):
             try:
-                taken += follower.step()
+                taken += follower.step(wait)
             except Exception as exc:  # one topic's trouble never stops the others
                 log.warning("deriver: %s: %s; following it again", name, exc)
                 follower.close()

@@ -12,8 +12,9 @@ A **projection** is a list of items, each a grouping field path (``/sym``) or an
 
 The **grouping** is a list of field paths; records with equal values there (a missing field
 counts as null) form one group, whose row holds the grouping fields and the aggregates at the
-paths their ``AS`` names. Sums are exact (floats are added as fractions and rounded once), so
-a row kept current equals the row computed afresh from the same records.
+paths their ``AS`` names. Sums are exact (floats are added as whole multiples of 2**-1074, the
+least subnormal, which every finite float is, and rounded once), so a row kept current equals
+the row computed afresh from the same records.
 
 :class:`Aggregation` takes each record as it is published (:meth:`~Aggregation.upsert`) or
 removed (:meth:`~Aggregation.remove`) and says which rows changed.
@@ -22,8 +23,8 @@ removed (:meth:`~Aggregation.remove`) and says which rows changed.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import orjson
 
@@ -109,6 +110,26 @@ def _number(value: JSON) -> int | float | None:
     return value if type(value) in (int, float) else None
 
 
+_SCALE_BITS = 1074
+"""A float is summed as the integer count of 2**-1074 (the least subnormal) it holds: exact
+for every finite float, and an integer sum is much cheaper than a ``Fraction`` sum."""
+
+
+def _scaled(number: float) -> int:
+    """``number`` in units of 2**-1074 (exact). Raises OverflowError / ValueError for an
+    infinity / NaN (as ``Fraction`` does)."""
+    n, d = number.as_integer_ratio()  # d is a power of two, at most 2**1074
+    return n << (_SCALE_BITS + 1 - d.bit_length())
+
+
+def _getter(path: tuple[str, ...]) -> Callable[[JSONObject], JSON]:
+    """``get_path(record, path)`` as a function, a plain ``dict.get`` for a one-step path."""
+    if len(path) == 1:
+        step = path[0]
+        return lambda record: record.get(step)
+    return lambda record: get_path(record, path)
+
+
 @dataclass
 class _Group:
     """The members of one group and the running totals of its aggregates."""
@@ -117,7 +138,7 @@ class _Group:
     members: dict[str, tuple[JSON, ...]] = field(default_factory=dict)
     counts: list[int] = field(default_factory=list)
     int_sums: list[int] = field(default_factory=list)
-    float_sums: list[Fraction] = field(default_factory=list)
+    float_sums: list[int] = field(default_factory=list)  # in units of 2**-1074 (_scaled)
     floats: list[int] = field(default_factory=list)
     extremes: list[int | float | None] = field(default_factory=list)
 
@@ -139,14 +160,30 @@ class Aggregation:
         self.domain = domain
         self._of: dict[str, str] = {}  # record SOW key → group key
         self._groups: dict[str, _Group] = {}
+        self._group_of = [_getter(p) for p in self.spec.grouping]
+        self._input_of = [_getter(a.path) for a in self.spec.aggregates]
+        self._fields = [(p, self.spec.grouping.index(p)) for p in self.spec.fields]
+        functions = [a.function for a in self.spec.aggregates]
+        self._count_at = [i for i, f in enumerate(functions) if f == "COUNT"]
+        self._sum_at = [i for i, f in enumerate(functions) if f in ("SUM", "AVG")]
+        self._extreme_at = [(i, f == "MIN") for i, f in enumerate(functions)
+                            if f in ("MIN", "MAX")]
+        self._keys: dict[tuple[JSON, ...], str] = {}  # grouping values (str, int) → group key
 
     def upsert(self, sow_key: str, record: JSONObject) -> list[tuple[str, str, JSONObject]]:
         """Take a record's new version. Returns the changed rows as ``(kind, group key,
         row)``: ``publish`` for a group added or changed, ``oof`` (with its last row) for a
         group left empty (the record moved to another group)."""
-        values = tuple(get_path(record, p) for p in self.spec.grouping)
-        key = generate(self.domain, [_text(v) for v in values])
-        out = []
+        return self._filled(self.upsert_keys(sow_key, record))
+
+    def upsert_keys(self, sow_key: str,
+                    record: JSONObject) -> list[tuple[str, str, JSONObject | None]]:
+        """:meth:`upsert` without making the rows of the groups that stay: ``publish``
+        entries carry None (read the row with :meth:`row` when it is needed, e.g. once after
+        many changes); an ``oof`` carries the group's last row."""
+        values = tuple([get(record) for get in self._group_of])
+        key = self._key(values)
+        out: list[tuple[str, str, JSONObject | None]] = []
         before = self._of.get(sow_key)
         if before is not None and before != key:
             out += self._leave(sow_key, before)
@@ -154,22 +191,43 @@ class Aggregation:
         if group is None:
             n = len(self.spec.aggregates)
             group = self._groups[key] = _Group(
-                values, counts=[0] * n, int_sums=[0] * n, float_sums=[Fraction(0)] * n,
+                values, counts=[0] * n, int_sums=[0] * n, float_sums=[0] * n,
                 floats=[0] * n, extremes=[None] * n)
+        inputs = tuple([get(record) for get in self._input_of])
         old = group.members.pop(sow_key, None)
         if old is not None:
-            self._subtract(group, old)
-        inputs = tuple(get_path(record, a.path) for a in self.spec.aggregates)
+            self._subtract(group, old, inputs)
         group.members[sow_key] = inputs
         self._add(group, inputs)
         self._of[sow_key] = key
-        out.append(("publish", key, self.row(key)))
+        out.append(("publish", key, None))
         return out
+
+    def _filled(self, changed: list[tuple[str, str, JSONObject | None]]
+                ) -> list[tuple[str, str, JSONObject]]:
+        return [(kind, key, self.row(key) if row is None else row) for kind, key, row in changed]
+
+    def _key(self, values: tuple[JSON, ...]) -> str:
+        """The group key (a generated SOW key) of grouping ``values``; remembered for values
+        that are strings and integers (not booleans: ``True == 1``), at most 100,000."""
+        simple = all(type(v) in (str, int) for v in values)
+        key = self._keys.get(values) if simple else None
+        if key is None:
+            key = generate(self.domain, [_text(v) for v in values])
+            if simple:
+                if len(self._keys) >= 100_000:
+                    self._keys.clear()
+                self._keys[values] = key
+        return key
 
     def remove(self, sow_key: str) -> list[tuple[str, str, JSONObject]]:
         """Take a record's removal; the changed row as :meth:`upsert` says (``oof``, with the
         group's last row, when its group is left empty). Nothing for a record it does not
         hold."""
+        return self._filled(self.remove_keys(sow_key))
+
+    def remove_keys(self, sow_key: str) -> list[tuple[str, str, JSONObject | None]]:
+        """:meth:`remove` as :meth:`upsert_keys` says (a ``publish`` carries None)."""
         key = self._of.pop(sow_key, None)
         return [] if key is None else self._leave(sow_key, key)
 
@@ -178,65 +236,84 @@ class Aggregation:
         return [(key, self.row(key)) for key in self._groups]
 
     def row(self, key: str) -> JSONObject:
-        """The row of group ``key``: its grouping fields and aggregates."""
+        """The row of group ``key``: its grouping fields and aggregates.
+
+        Raises:
+            KeyError: no group has that key (now).
+        """
         group = self._groups[key]
         row: JSONObject = {}
-        for path in self.spec.fields:
-            _put(row, path, group.values[self.spec.grouping.index(path)])
+        for path, at in self._fields:
+            _put(row, path, group.values[at])
         for i, agg in enumerate(self.spec.aggregates):
             _put(row, agg.name, self._value(group, i, agg.function))
         return row
 
-    def _leave(self, sow_key: str, key: str) -> list[tuple[str, str, JSONObject]]:
+    def _leave(self, sow_key: str, key: str) -> list[tuple[str, str, JSONObject | None]]:
         group = self._groups[key]
         if len(group.members) == 1:  # the group goes: its oof carries its last row
             row = self.row(key)
             del self._groups[key]
             return [("oof", key, row)]
         self._subtract(group, group.members.pop(sow_key))
-        return [("publish", key, self.row(key))]
+        return [("publish", key, None)]
 
     def _add(self, group: _Group, inputs: tuple[JSON, ...]) -> None:
-        for i, (agg, value) in enumerate(zip(self.spec.aggregates, inputs)):
-            if agg.function == "COUNT":
-                group.counts[i] += value is not None
-                continue
-            number = _number(value)
-            if number is None:
-                continue
-            group.counts[i] += 1
-            if agg.function in ("SUM", "AVG"):
-                if type(number) is int:
-                    group.int_sums[i] += number
-                else:
-                    group.float_sums[i] += Fraction(number)
-                    group.floats[i] += 1
-            else:
-                current = group.extremes[i]
-                if current is None or (number < current if agg.function == "MIN"
-                                       else number > current):
-                    group.extremes[i] = number
+        counts = group.counts
+        for i in self._count_at:
+            if inputs[i] is not None:
+                counts[i] += 1
+        for i in self._sum_at:
+            value = inputs[i]
+            if type(value) is int:
+                counts[i] += 1
+                group.int_sums[i] += value
+            elif type(value) is float:
+                counts[i] += 1
+                group.float_sums[i] += _scaled(value)
+                group.floats[i] += 1
+        extremes = group.extremes
+        for i, least in self._extreme_at:
+            value = inputs[i]
+            if type(value) is int or type(value) is float:
+                counts[i] += 1
+                current = extremes[i]
+                if current is None or (value < current if least else value > current):
+                    extremes[i] = value
 
-    def _subtract(self, group: _Group, inputs: tuple[JSON, ...]) -> None:
-        for i, (agg, value) in enumerate(zip(self.spec.aggregates, inputs)):
-            if agg.function == "COUNT":
-                group.counts[i] -= value is not None
+    def _subtract(self, group: _Group, inputs: tuple[JSON, ...],
+                  replacement: tuple[JSON, ...] | None = None) -> None:
+        """Take ``inputs`` (a member's values) out of the totals; ``replacement``: the values
+        :meth:`_add` takes next in their place (a MIN / MAX they beat needs no search)."""
+        counts = group.counts
+        for i in self._count_at:
+            if inputs[i] is not None:
+                counts[i] -= 1
+        for i in self._sum_at:
+            value = inputs[i]
+            if type(value) is int:
+                counts[i] -= 1
+                group.int_sums[i] -= value
+            elif type(value) is float:
+                counts[i] -= 1
+                group.float_sums[i] -= _scaled(value)
+                group.floats[i] -= 1
+        extremes = group.extremes
+        for i, least in self._extreme_at:
+            value = inputs[i]
+            if type(value) is not int and type(value) is not float:
                 continue
-            number = _number(value)
-            if number is None:
+            counts[i] -= 1
+            if value != extremes[i]:
                 continue
-            group.counts[i] -= 1
-            if agg.function in ("SUM", "AVG"):
-                if type(number) is int:
-                    group.int_sums[i] -= number
-                else:
-                    group.float_sums[i] -= Fraction(number)
-                    group.floats[i] -= 1
-            elif number == group.extremes[i]:  # the extreme left: find the next one
-                found = [n for other in group.members.values()
-                         if (n := _number(other[i])) is not None]
-                pick = min if agg.function == "MIN" else max
-                group.extremes[i] = pick(found) if found else None
+            new = None if replacement is None else _number(replacement[i])
+            if new is not None and (new < value if least else new > value):
+                continue  # the replacement becomes the extreme (in _add)
+            # the extreme left: find the next one
+            found = [n for other in group.members.values()
+                     if (n := _number(other[i])) is not None]
+            pick = min if least else max
+            extremes[i] = pick(found) if found else None
 
     @staticmethod
     def _value(group: _Group, i: int, function: str) -> JSON:
@@ -247,10 +324,11 @@ class Aggregation:
             return group.extremes[i]
         if n == 0:
             return None
-        if function == "SUM" and group.floats[i] == 0:
-            return group.int_sums[i]  # integers only: an integer, as JSON wrote them
-        total = group.float_sums[i] + group.int_sums[i]
-        return float(total) if function == "SUM" else float(total / n)
+        if group.floats[i] == 0:  # integers only: a SUM is an integer, as JSON wrote them
+            return group.int_sums[i] if function == "SUM" else group.int_sums[i] / n
+        # exact, rounded once (int / int is correctly rounded, as float(Fraction) is)
+        total = group.float_sums[i] + (group.int_sums[i] << _SCALE_BITS)
+        return total / (1 << _SCALE_BITS) if function == "SUM" else total / (n << _SCALE_BITS)
 
 
 def _text(value: JSON) -> str:
@@ -264,6 +342,9 @@ def _text(value: JSON) -> str:
 
 
 def _put(row: JSONObject, path: tuple[str, ...], value: JSON) -> None:
+    if len(path) == 1:
+        row[path[0]] = value
+        return
     for step in path[:-1]:
         row = row.setdefault(step, {})
     row[path[-1]] = value

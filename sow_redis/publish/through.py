@@ -139,11 +139,16 @@ class WriteThrough:
             log.warning("topic %s: %s", topic.name, text)
 
 
+class _NoFake:
+    """A class no client is an instance of (fakeredis is not loaded)."""
+
+
 def fake_redis_class() -> type:
     """fakeredis's client class (``memory://``: its Lua runs no flagged script), or a class
-    no client is an instance of when fakeredis is not loaded."""
+    no client is an instance of when fakeredis is not loaded (made once: making a class
+    costs about as much as the rest of a small publish's client-side work)."""
     fake = sys.modules.get("fakeredis")
-    return fake.FakeRedis if fake is not None else type("_NoFake", (), {})
+    return fake.FakeRedis if fake is not None else _NoFake
 
 
 def write_through(r: Client) -> WriteThrough | None:
