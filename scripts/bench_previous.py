@@ -12,9 +12,14 @@ publishes them, alternating the variants, to a fresh topic each time:
 * ``off, expiring`` / ``on, expiring``: both again on a topic with ``expiration = "1h"``
   (its write path reads the old record anyway, to expire it if due).
 
-A publish goes through ``sow_redis.publish.append.append`` with write-through: apply.lua
-appends and applies each 1,000-message chunk in one call (the path of a caught-up topic), so
-the figures are those of the apply. Per variant it reports the medians over the rounds of:
+``--path write-through`` (the default): a publish goes through
+``sow_redis.publish.append.append`` with write-through: apply.lua appends and applies each
+1,000-message chunk in one call (the path of a caught-up topic), so the figures are those of
+the publish and its apply together. ``--path workers``: the messages are appended to the log
+first (not timed), then the workers' code drains every partition in process
+(``sow_redis.apply.jobs.drain_partition``: apply.lua reads the log in batches of
+``SOW_BATCH_SIZE``), and only that is timed: the apply throughput of workers working off a
+backlog. Per variant it reports the medians over the rounds of:
 messages per second (wall), redis-server CPU µs per message (``INFO cpu``), and change-feed
 bytes per change (``MEMORY USAGE`` of the partitions' change streams over N). Every run is
 verified: records = distinct keys, the partitions' seq sum = N, no error entry.
@@ -43,6 +48,7 @@ from redis import Redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sow_redis import keys  # noqa: E402
+from sow_redis.apply.jobs import drain_partition
 from sow_redis.config import parse_topics
 from sow_redis.model.topic import TopicConfig
 from sow_redis.publish.append import append  # noqa: E402
@@ -76,11 +82,21 @@ def topic(partitions: int, previous: bool, expiring: bool) -> TopicConfig:
     return parse_topics(text)[0]
 
 
-def run_once(r: Redis, msgs: list[bytes], nkeys: int, t: TopicConfig) -> dict[str, Any]:
-    """Publish ``msgs`` to ``t`` (write-through) and measure; raises on a failed check."""
+def run_once(r: Redis, msgs: list[bytes], nkeys: int, t: TopicConfig,
+             path: str = "write-through") -> dict[str, Any]:
+    """Publish ``msgs`` to ``t`` and measure the apply on ``path`` (see the module
+    docstring); raises on a failed check."""
     apply_topics(r, [t])
-    cpu0, t0 = redis_cpu_s(r), time.perf_counter()
-    result = append(r, t, (("publish", m, None) for m in msgs), jobs=SETTINGS)
+    items = (("publish", m, None) for m in msgs)
+    if path == "workers":
+        result = append(r, t, items)  # into the log only: the workers' backlog
+        cpu0, t0 = redis_cpu_s(r), time.perf_counter()
+        for p in range(t.partitions):
+            while not drain_partition(r, t, p, SETTINGS, budget_s=60, linger_ms=0)[1]:
+                pass
+    else:
+        cpu0, t0 = redis_cpu_s(r), time.perf_counter()
+        result = append(r, t, items, jobs=SETTINGS)
     wall, cpu = time.perf_counter() - t0, redis_cpu_s(r) - cpu0
     records, seq, errors = applied_counts(r, t)
     if (result.published, records, seq, errors) != (len(msgs), nkeys, len(msgs), 0):
@@ -102,6 +118,8 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=200, help="approximate message bytes")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3, help="rounds (medians are reported)")
+    ap.add_argument("--path", choices=("write-through", "workers"), default="write-through",
+                    help="the apply measured (see above)")
     ap.add_argument("--json", default="bench-results/bench_previous.json")
     args = ap.parse_args()
     msgs = make_messages(args.n, args.keys, args.size)
@@ -115,11 +133,12 @@ def main() -> int:
             for name in order:
                 previous, expiring = VARIANTS[name]
                 runs[name].append(run_once(r, msgs, args.keys,
-                                           topic(args.partitions, previous, expiring)))
+                                           topic(args.partitions, previous, expiring),
+                                           args.path))
     medians = {v: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
                for v, rs in runs.items()}
     print(f"{args.n} messages of ~{args.size} B over {args.keys} keys, {args.partitions} "
-          f"partitions, median of {args.runs} runs (load average {load[0]:.2f} at start)")
+          f"partitions, {args.path} path, median of {args.runs} runs (load average {load[0]:.2f} at start)")
     print(f"{'variant':16} {'msgs/s':>10} {'vs off':>8} {'redis µs/msg':>13} {'vs off':>8} "
           f"{'feed B/change':>14}")
     for v, m in medians.items():

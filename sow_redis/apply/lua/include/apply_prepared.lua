@@ -76,33 +76,9 @@ end
 local function trim_trusted(key, cursor)
   redis.call("ZREMRANGEBYLEX", key, "-", "(" .. pad_id(cursor) .. ";")
 end
--- change_previous in bulk mode: the batch's keys' stored records, read in one HMGET per
--- DEFERRED_MAX keys instead of one HGET per message (S.stored_before; see previous_data)
-local function prefetch_previous(P, S, entries)
-  local ks, seen = {}, {}
-  for _, entry in ipairs(entries) do
-    local f = entry[2]
-    for j = 1, #f, 2 do
-      if f[j] == "k" then
-        local k = f[j + 1]
-        if not seen[k] then
-          seen[k] = true
-          ks[#ks + 1] = k
-        end
-        break
-      end
-    end
-  end
-  if #ks == 0 then return end
-  local _, stored = chunked("HMGET", P.rec, ks, #ks)
-  S.stored_before = {}
-  for i = 1, #ks do S.stored_before[ks[i]] = stored[i] end
-end
-
 local function apply_prepared(P, S, entries, ttl, nidx, accept)
   local ttl_ms = tonumber(ttl)
   local applied, cursor = 0, nil
-  if S.previous and S.deferred then prefetch_previous(P, S, entries) end
   for _, entry in ipairs(entries) do
     local id, f = entry[1], entry[2]
     if accept and not accept(id) then

@@ -51,11 +51,31 @@ local function move_members(P, old_members, members)
   end
 end
 
+-- change_previous in bulk mode: a change whose key the batch had not written before records
+-- its previous state after the batch's loop, from the stored records, which bulk mode leaves
+-- as they were until write_deferred: one HMGET per DEFERRED_MAX such changes instead of one
+-- HGET per message. S.pending holds their field indexes in S.changes (the previous field, a
+-- placeholder until then), S.pending_keys their SOW keys.
+local function resolve_previous(P, S)
+  local pend = S.pending
+  if not pend or #pend == 0 then return end
+  local _, stored = chunked("HMGET", P.rec, S.pending_keys, #pend)
+  local changes = S.changes
+  for i = 1, #pend do
+    local old, previous = stored[i], "null"
+    if old then previous = string.sub(old, string.find(old, "\n", 1, true) + 1) end
+    if P.reverse then previous = reverse_delta(previous, changes[pend[i] - 1]) end
+    changes[pend[i]] = previous
+  end
+  S.pending, S.pending_keys = nil, nil
+end
+
 -- Write the deferred last writes of the batch (see new_deferred): records, expiry scores, index
 -- members. Leaves S.deferred empty for the next part of the batch.
 local function write_deferred(P, S)
   local d = S.deferred
   if not d or #d.keys == 0 then return end
+  resolve_previous(P, S)
   local ks, nk = d.keys, #d.keys
   local args = {}
   for i = 1, nk do
@@ -104,7 +124,6 @@ local function write_deferred(P, S)
     if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
   end
   S.deferred = new_deferred()
-  S.stored_before = nil  -- the records written are the stored ones now
 end
 
 -- the ms part of a stream id "<ms>-<n>"
@@ -127,14 +146,12 @@ local function live_record(P, S, key, id)
 end
 
 -- The JSON text of key's record before this write, for the change event of a topic with
--- change_previous: the batch's own last write of key (bulk mode), else the stored record (read
--- ahead for the batch by prefetch_previous; or old, read by live_record on an expiring topic,
--- where nil means none), "null" when there is none.
+-- change_previous: the batch's own last write of key (bulk mode), else the stored record
+-- (old, read by live_record on an expiring topic, where nil means none), "null" when there is
+-- none. Bulk mode reads the stored ones afterwards for the whole batch (resolve_previous).
 local function previous_data(P, S, d, key, old)
   if d and d.seq[key] then return d.data[key] end
-  if S.stored_before and S.stored_before[key] ~= nil then
-    old = S.stored_before[key]  -- false: no record (HMGET's nil)
-  elseif not S.expiring then
+  if not S.expiring then
     old = redis.call("HGET", P.rec, key)
   end
   if not old then return "null" end
@@ -151,9 +168,22 @@ local function upsert(P, S, op, id, key, data, ex, members)
   local exp_ms = ex
   if ex == "" then exp_ms = "0" elseif ex == "now" then exp_ms = string.match(id, "^(%d+)") end
   local d = S.deferred
-  local previous = S.previous and previous_data(P, S, d, key, old)
-  if previous and P.reverse then previous = reverse_delta(previous, data) end
+  local previous, pending = nil, false
+  if S.previous then
+    if d and not d.seq[key] then
+      pending = true  -- the stored record, read for the whole batch by resolve_previous
+    else
+      previous = previous_data(P, S, d, key, old)
+      if P.reverse then previous = reverse_delta(previous, data) end
+    end
+  end
+  local before = #S.changes
   emit(S, op, key, id, exp_ms, data, nil, previous)
+  if pending and #S.changes > before then
+    if not S.pending then S.pending, S.pending_keys = {}, {} end
+    S.pending[#S.pending + 1] = #S.changes
+    S.pending_keys[#S.pending_keys + 1] = key
+  end
   if d and ex ~= "" then
     -- an expiry in bulk mode (not on a topic without expiration): write the batch so far,
     -- then this message by itself
