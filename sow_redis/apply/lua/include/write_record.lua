@@ -55,7 +55,7 @@ end
 -- its previous state after the batch's loop, from the stored records, which bulk mode leaves
 -- as they were until write_deferred: one HMGET per DEFERRED_MAX such changes instead of one
 -- HGET per message. S.pending holds their field indexes in S.changes (the previous field, a
--- placeholder until then), S.pending_keys their SOW keys.
+-- placeholder until then), S.pending_keys the SOW key of each.
 local function resolve_previous(P, S)
   local pend = S.pending
   if not pend or #pend == 0 then return end
