@@ -40,6 +40,7 @@ def test_a_delta_subscriber_applying_deltas_ends_with_the_sow(sow, topic_name):
     sow_and_subscribe --delta subscriber folds what it receives into its own copy."""
     sow.apply_config(_config(topic_name))
     rng = random.Random(7)
+    operations = 150 if sow.url.startswith("memory://") else 600  # fakeredis's Lua: slower
 
     def record(k: int) -> dict:
         rec = {"k": k, "px": rng.randint(1, 5), "qty": rng.randint(1, 1000),
@@ -54,7 +55,7 @@ def test_a_delta_subscriber_applying_deltas_ends_with_the_sow(sow, topic_name):
     sent = delta_bytes = full_bytes = 0
     with sow.sow_and_subscribe(topic_name, oof=True, delta=True) as sub:
         def publisher() -> None:
-            for _ in range(600):
+            for _ in range(operations):
                 k = rng.randrange(60)
                 roll = rng.random()
                 if roll < 0.45:
@@ -90,7 +91,7 @@ def test_a_delta_subscriber_applying_deltas_ends_with_the_sow(sow, topic_name):
         worker.join()
     sow_now = {rec.sow_key: rec.obj() for rec in sow.sow(topic_name)}
     assert mine == sow_now
-    assert sent > 200, sent
+    assert sent > operations // 3, sent
     print(f"\n{sent} delta updates: {delta_bytes} bytes of deltas against {full_bytes} of "
           f"whole records ({1 - delta_bytes / full_bytes:.0%} saved)")
     assert delta_bytes < full_bytes

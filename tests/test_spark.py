@@ -259,16 +259,25 @@ def test_cli_spark_load(url, topic_name, tmp_path):
     assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [1, 2]
     assert out.stderr == b""
     assert "log4j" in log.read_text()  # Spark's log went there
-    # a key file: --delete removes the records a publish of each line would update
+
+
+def test_cli_spark_load_delete(spark, url, topic_name, tmp_path):
+    """A key file: --delete removes the records a publish of each line would update (in this
+    process, on the test session's Spark)."""
+    from conftest import run_cli
+
+    sow = Sow(url, inline=True)
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\npartitions = 2\n')
+    sow.publish(topic_name, [{"k": 1}, {"k": 2}])
     keys_file = tmp_path / "keys.jsonl"
     keys_file.write_bytes(b'{"k": 1}\n{"k": 7}\n')
     out = run_cli(url, "spark", "load", "-t", topic_name, str(keys_file), "--delete",
-                  "--master", "local[1]", timeout=400)
+                  "--master", "local[1]", in_process=True)
     line = out.stdout.decode().strip().splitlines()[-1]
     print(line)
     assert line.startswith(f"loaded 2 row(s) into {topic_name} as deletes: appended 2, "
                            "applied 2, rejected 0")
-    assert sorted(r.obj()["k"] for r in Sow(url).sow(topic_name)) == [2]
+    assert sorted(r.obj()["k"] for r in sow.sow(topic_name)) == [2]
 
 
 def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name, tmp_path):
@@ -315,12 +324,13 @@ def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name,
         assert len(err) == 1 or status == 2  # click's usage lines come first
 
 
-def test_cli_spark_sql_on_no_topic_is_one_line(url, topic_name):
+def test_cli_spark_sql_on_no_topic_is_one_line(spark, url, topic_name):
+    """In this process, on the test session's Spark."""
     from conftest import run_cli
 
     Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
     out = run_cli(url, "spark", "sql", "SELECT * FROM nosuch_table", "--master", "local[1]",
-                  check=False, timeout=180)
+                  check=False, in_process=True)
     err = out.stderr.decode().strip().splitlines()
     print(err)
     assert out.returncode == 1 and len(err) == 1
