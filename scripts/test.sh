@@ -5,11 +5,12 @@
 # Tests start their own redis-server on a free port; the machine's 6379 is never touched.
 # `--fast` as the first argument runs the fast lane: every test not marked slow, cluster,
 # spark, browser or faults (markers in pyproject.toml); with no argument every test runs.
-# Tests run in parallel on SOW_TEST_WORKERS (default 4) pytest-xdist workers, through
+# Tests run in parallel on SOW_TEST_WORKERS (default 6) pytest-xdist workers, through
 # PYTEST_ADDOPTS ("-n N --dist loadgroup"; tests/conftest.py keeps the tests of the Spark
-# session on one worker), then the tests bound to wall-clock time (marker serial) one at a
-# time; SOW_TEST_WORKERS=0 runs them all in this process, one after the other, and a
-# caller's own -m makes one parallel run of what it selects.
+# session on one worker), then the tests bound to wall-clock time (marker serial) on
+# SOW_TEST_SERIAL_WORKERS (default 2: two such tests at a time leave each a core);
+# SOW_TEST_WORKERS=0 runs them all in this process, one after the other, and a caller's own
+# -m makes one parallel run of what it selects.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SOW_EXTRAS="dev,demo,spark" SOW_BROWSER=1 bash "$root/scripts/setup.sh"
@@ -34,7 +35,8 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   lane="not slow and not cluster and not spark and not browser and not faults"
 fi
-workers="${SOW_TEST_WORKERS:-4}"
+workers="${SOW_TEST_WORKERS:-6}"
+serial_workers="${SOW_TEST_SERIAL_WORKERS:-2}"
 own_marks=0
 for arg in "$@"; do [ "$arg" = "-m" ] && own_marks=1; done
 if [ "$workers" = "0" ] || [ "$own_marks" = "1" ]; then
@@ -46,9 +48,10 @@ fi
 status=0
 PYTEST_ADDOPTS="-n $workers --dist loadgroup${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}" \
   .venv/bin/python -m pytest -m "${lane:+($lane) and }not serial" "$@" || status=$?
-# then the serial part, one test at a time (exit status 5: none selected, e.g. with -k)
+# then the serial part, on fewer workers (exit status 5: none selected, e.g. with -k)
 serial=0
-.venv/bin/python -m pytest -m "${lane:+($lane) and }serial" "$@" || serial=$?
+PYTEST_ADDOPTS="-n $serial_workers${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}" \
+  .venv/bin/python -m pytest -m "${lane:+($lane) and }serial" "$@" || serial=$?
 [ "$serial" = "5" ] && serial=0
 [ "$status" = "5" ] && status=0
 if [ "$status" != "0" ]; then exit "$status"; fi

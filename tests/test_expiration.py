@@ -148,7 +148,8 @@ def test_update_racing_expiry_wins(sow, topic_name):
     sow.apply_config(cfg(topic_name, 'expiration = "100ms"'))
     sow.publish(topic_name, {"id": 1, "v": 0})
     until_due(sow, topic_name, 0.1)  # due, but the expirer has not run yet
-    sow.publish(topic_name, {"id": 1, "v": 1})
+    # the update's own lifetime: 30 s, so a slow machine cannot let it fall due as well
+    sow.publish(topic_name, {"id": 1, "v": 1}, expiration=30)
     assert expire(sow, topic_name) == 0
     assert [r.obj()["v"] for r in sow.sow(topic_name)] == [1]
 
