@@ -80,7 +80,7 @@ def _calls(scratch: Path) -> list[str]:
 def test_test_sh_runs_ruff_then_mypy_then_pytest_with_its_arguments(scratch: Path):
     res = _run(scratch, "-q", "-k", "delta")
     assert res.returncode == 0, res.stderr
-    # the parallel part, then the tests bound to wall-clock time (marker serial), one by one
+    # the parallel part, then the tests bound to wall-clock time (marker serial)
     assert _calls(scratch) == ["ruff check sow_redis", "mypy ",
                                "python -m pytest -m not serial -q -k delta",
                                "python -m pytest -m serial -q -k delta"]
@@ -100,14 +100,15 @@ def test_a_finding_fails_the_run_before_pytest(scratch: Path, tool: str, ran: li
 
 
 @pytest.mark.parametrize("workers, addopts, want", [
-    (None, None, ["-n 4 --dist loadgroup", ""]),
+    (None, None, ["-n 6 --dist loadgroup", "-n 2"]),
     ("0", None, [""]),  # one process: one run, no xdist options
     ("3", "-p no:cacheprovider", ["-n 3 --dist loadgroup -p no:cacheprovider",
-                                  "-p no:cacheprovider"])])
+                                  "-n 2 -p no:cacheprovider"])])
 def test_test_sh_runs_pytest_on_xdist_workers(scratch: Path, workers, addopts, want):
-    """The tests run on SOW_TEST_WORKERS (default 4) pytest-xdist workers with the group
-    scheduling of tests/conftest.py, through PYTEST_ADDOPTS (a PYTEST_ADDOPTS of the caller
-    is kept after them); the arguments still reach pytest as given."""
+    """The tests run on SOW_TEST_WORKERS (default 6) pytest-xdist workers with the group
+    scheduling of tests/conftest.py, then those marked serial on SOW_TEST_SERIAL_WORKERS
+    (default 2), through PYTEST_ADDOPTS (a PYTEST_ADDOPTS of the caller is kept after them);
+    the arguments still reach pytest as given."""
     python = scratch / ".venv" / "bin" / "python"
     python.write_text(f'#!/usr/bin/env bash\necho "$PYTEST_ADDOPTS" >> "{scratch / "calls.log"}"\n')
     env = {k: v for k, v in os.environ.items()
