@@ -57,14 +57,22 @@ def test_durable_without_replica_says_so_at_once(lonely_url, tmp_path, topic_nam
 
 
 @pytest.mark.cluster
-def test_durable_with_replicas_publishes(redis_cluster, monkeypatch, tmp_path, topic_name):
-    """The check lets a cluster whose primaries all have a replica through."""
-    url, control, _c = redis_cluster
-    monkeypatch.setenv("SOW_CONTROL_URL", control)
-    apply(url, tmp_path, f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n')
-    res = invoke(url, "publish", "-t", topic_name, "--durable", input=b'{"id": 1}\n{"id": 2}\n')
-    assert res.exit_code == 0, res.output
-    assert f"published 2 message(s) to {topic_name}" in res.output
+def test_durable_with_replicas_publishes(monkeypatch, tmp_path, topic_name):
+    """The check lets a cluster whose primaries all have a replica through (a cluster of its
+    own: the tests' shared cluster has no replicas)."""
+    from conftest import _own_cluster
+
+    gen = _own_cluster(tmp_path, replicas=1)
+    url, control, _c = next(gen)
+    try:
+        monkeypatch.setenv("SOW_CONTROL_URL", control)
+        apply(url, tmp_path, f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\n')
+        res = invoke(url, "publish", "-t", topic_name, "--durable",
+                     input=b'{"id": 1}\n{"id": 2}\n')
+        assert res.exit_code == 0, res.output
+        assert f"published 2 message(s) to {topic_name}" in res.output
+    finally:
+        gen.close()
 
 
 # -- 9. FIX lines with another separator ------------------------------------------------------
