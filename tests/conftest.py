@@ -343,16 +343,18 @@ def _run_in_process(env: dict[str, str], args: tuple[str, ...],
 
 def sow_redis_cli(env: dict[str, str], *args: str, input: bytes | None = None,
                   timeout: float = 120, process: bool = False,
-                  in_process: bool = False) -> subprocess.CompletedProcess:
+                  in_process: bool = False, renice: bool = True) -> subprocess.CompletedProcess:
     """``sow-redis ARGS`` with the environment ``env``, as a
     :class:`subprocess.CompletedProcess` (bytes). Commands of :data:`IN_PROCESS` run in this
     process (about 0.7 s of interpreter start-up saved per call; ``timeout`` is not enforced
     there); the others, and any with ``process=True``, as a process of their own;
     ``in_process=True`` runs any command here (a ``spark`` command of a test that holds the
-    ``spark`` fixture then reuses the test session's Spark instead of starting a JVM)."""
+    ``spark`` fixture then reuses the test session's Spark instead of starting a JVM).
+    A ``spark`` command's process runs at :data:`SPARK_NICE` unless ``renice=False`` (the
+    longest of them: at nice 10 beside six busy workers it was the run's last test)."""
     if in_process or (not process and _command(args) in IN_PROCESS):
         return _run_in_process(env, args, input)
-    spark = _command(args) == "spark"  # a JVM: at SPARK_NICE
+    spark = renice and _command(args) == "spark"  # a JVM: at SPARK_NICE
     return subprocess.run([sys.executable, "-m", "sow_redis.cli", *args], env=env,
                           input=input, capture_output=True, timeout=timeout,
                           preexec_fn=(lambda: _renice(0)) if spark else None)  # noqa: PLW1509
@@ -360,11 +362,11 @@ def sow_redis_cli(env: dict[str, str], *args: str, input: bytes | None = None,
 
 def run_cli(url: str, *args: str, input: bytes | None = None, check: bool = True,
             timeout: float = 120, process: bool = False, in_process: bool = False,
-            **extra: str) -> subprocess.CompletedProcess:
+            renice: bool = True, **extra: str) -> subprocess.CompletedProcess:
     """``sow-redis ARGS`` against ``url`` with :func:`cli_env`'s environment (plus ``extra``),
     through :func:`sow_redis_cli`. With ``check``, a non-zero exit status fails the test."""
     proc = sow_redis_cli(cli_env(url, **extra), *args, input=input, timeout=timeout,
-                         process=process, in_process=in_process)
+                         process=process, in_process=in_process, renice=renice)
     if check and proc.returncode != 0:
         raise AssertionError(f"sow-redis {' '.join(args)} failed: {proc.stderr.decode()}")
     return proc

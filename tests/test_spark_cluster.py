@@ -256,7 +256,8 @@ def test_cli_spark_shell_on_the_cluster_one_session_for_load_export_sql_archive_
                f"archive -t {topic_name} {arch}",
                f"rebuild -t {topic_name} --from {snap} --log {arch}"]
     out = run_cli(url, "--control-url", control, "spark", "shell", "--master", "local[2]",
-                  input=("\n".join(script) + "\n").encode(), check=False, timeout=600)
+                  input=("\n".join(script) + "\n").encode(), check=False, timeout=600,
+                  renice=False)  # the run's longest test: at nice 10 it ended last
     stdout, stderr = out.stdout.decode(), out.stderr.decode()
     print(stdout, stderr[-3000:])
     out_lines = stdout.splitlines()
