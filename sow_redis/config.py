@@ -528,13 +528,21 @@ def _check_expiration(where: str, t: Table, d: Table,
     dl = t.get("dead_letter", "")
     if dl and not TOPIC_NAME.fullmatch(dl):
         problems.append(f"{where}: 'dead_letter' must be a topic name")
-    if "idle_expiration" in t:
-        try:
-            d["idle_expiration"] = duration_text(t["idle_expiration"])
-            if parse_duration_ms(d["idle_expiration"]) <= 0:
-                problems.append(f"{where}: 'idle_expiration' must be > 0")
-        except ValueError as exc:
-            problems.append(f"{where}: 'idle_expiration': {exc}")
+    _check_positive_duration(where, t, d, "idle_expiration", problems)
+
+
+def _check_positive_duration(where: str, t: Table, d: Table, name: str,
+                             problems: list[str]) -> None:
+    """Field ``name`` of ``t``, when given, as a duration longer than 0 into ``d`` (its
+    canonical text); else a problem naming it."""
+    if name not in t:
+        return
+    try:
+        d[name] = duration_text(t[name])
+        if parse_duration_ms(d[name]) <= 0:
+            problems.append(f"{where}: '{name}' must be > 0")
+    except ValueError as exc:
+        problems.append(f"{where}: '{name}': {exc}")
 
 
 def _check_change_retention(where: str, t: Table, d: Table,
@@ -626,13 +634,7 @@ def _check_persistence(where: str, t: Table, d: Table, problems: list[str]) -> N
             parse_recovery_point(t["recovery_point"])
         except ValueError as exc:
             problems.append(f"{where}: 'recovery_point': {exc}")
-    if "log_retention" in t:
-        try:
-            d["log_retention"] = duration_text(t["log_retention"])
-            if parse_duration_ms(d["log_retention"]) <= 0:
-                problems.append(f"{where}: 'log_retention' must be > 0")
-        except ValueError as exc:
-            problems.append(f"{where}: 'log_retention': {exc}")
+    _check_positive_duration(where, t, d, "log_retention", problems)
 
 
 def to_toml(topics: list[TopicConfig]) -> str:

@@ -560,10 +560,15 @@ def _re2_compile(source: str) -> _Regex:
     try:
         regex: _Regex = re2.compile(source, _RE2_OPTIONS)
     except re2.error as exc:
-        raw = exc.args[0] if exc.args else "invalid pattern"
-        message = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        raise ValueError(_like_error_what(message.replace("\n", " "))) from None
+        raise ValueError(_re2_error_what(exc)) from None
     return regex
+
+
+def _re2_error_what(exc: re2.error) -> str:
+    """RE2's complaint about a pattern, as one line (see :func:`_like_error_what`)."""
+    raw = exc.args[0] if exc.args else "invalid pattern"
+    message = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    return _like_error_what(message.replace("\n", " "))
 
 
 _UNANCHORED = getattr(getattr(re2, "_Anchor", None), "UNANCHORED", None)
@@ -620,10 +625,7 @@ def _re2_replacer(source: str) -> _Replacer:
     try:
         regex: _Replacer = re2.compile(source, _REPLACE_OPTIONS)
     except re2.error as exc:
-        raw = exc.args[0] if exc.args else "invalid pattern"
-        message = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        what = _like_error_what(message.replace("\n", " "))
-        raise ValueError(what.replace("LIKE", "REGEXP_REPLACE")) from None
+        raise ValueError(_re2_error_what(exc).replace("LIKE", "REGEXP_REPLACE")) from None
     return regex
 
 
