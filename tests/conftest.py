@@ -125,7 +125,7 @@ SERIAL_FILES = frozenset({
 """Test files bound to wall-clock time (a restart within seconds, a Ctrl-C at a given moment, a
 cluster failover's 2 s node timeout): on 2 cores, beside 6 busy xdist workers, they starve
 and fail. They are marked ``serial``, and scripts/test.sh runs them after the parallel part,
-on 3 workers (they mostly wait for restarts and timeouts)."""
+one at a time."""
 
 
 def pytest_itemcollected(item):
