@@ -73,9 +73,9 @@ end
 -- Write the deferred last writes of the batch (see new_deferred): records, expiry scores, index
 -- members. Leaves S.deferred empty for the next part of the batch.
 local function write_deferred(P, S)
+  resolve_previous(P, S)  -- first: the stored records are still those the batch replaces
   local d = S.deferred
   if not d or #d.keys == 0 then return end
-  resolve_previous(P, S)
   local ks, nk = d.keys, #d.keys
   local args = {}
   for i = 1, nk do
