@@ -37,18 +37,46 @@ local function chunked(cmd, key, args, n)
   return total, out
 end
 
--- Move a key's index members from old_members (nil: none yet) to members, both the
--- positional, comma-separated text kept in P.ixm; only the indexes whose member changed.
-local function move_members(P, old_members, members)
+-- Per index j of the partition, the members to remove (rems[j]) and the score-and-member
+-- pairs to add (adds[j]), empty: new_moves; collect_moves appends a key's moves, write_moves
+-- writes them, one ZREM and one ZADD per index (no member is both removed and added: every
+-- member names its key, and a key's moves are collected once).
+local function new_moves(P)
+  local rems, adds = {}, {}
+  for j = 1, #P.idx do rems[j], adds[j] = {}, {} end
+  return rems, adds
+end
+
+-- The moves of a key's index members from old_members (nil: none yet) to members, both the
+-- positional, comma-separated text kept in P.ixm: only the indexes whose member changed.
+local function collect_moves(P, old_members, members, rems, adds)
   local news = split_members(members)
   local olds = {}
   if old_members then olds = split_members(old_members) end
   for j = 1, #P.idx do
     if olds[j] ~= news[j] then
-      if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
-      if news[j] and news[j] ~= "" then redis.call("ZADD", P.idx[j], 0, news[j]) end
+      if olds[j] and olds[j] ~= "" then rems[j][#rems[j] + 1] = olds[j] end
+      if news[j] and news[j] ~= "" then
+        local a = adds[j]
+        a[#a + 1] = 0
+        a[#a + 1] = news[j]
+      end
     end
   end
+end
+
+local function write_moves(P, rems, adds)
+  for j = 1, #P.idx do
+    if #rems[j] > 0 then chunked("ZREM", P.idx[j], rems[j], #rems[j]) end
+    if #adds[j] > 0 then chunked("ZADD", P.idx[j], adds[j], #adds[j]) end
+  end
+end
+
+-- Move one key's index members from old_members to members (see collect_moves).
+local function move_members(P, old_members, members)
+  local rems, adds = new_moves(P)
+  collect_moves(P, old_members, members, rems, adds)
+  write_moves(P, rems, adds)
 end
 
 -- change_previous in bulk mode: a change whose key the batch had not written before records
@@ -90,37 +118,18 @@ local function write_deferred(P, S)
   if #P.idx > 0 then
     local _, old = chunked("HMGET", P.ixm, ks, nk)
     local changed, nc = {}, 0
-    -- per index, the members to remove and to add (score 0 before each), written with one
-    -- ZREM and one ZADD per index: each key is written once here and every member names its
-    -- key, so no member is both removed and added
-    local rems, adds = {}, {}
-    for j = 1, #P.idx do rems[j], adds[j] = {}, {} end
+    local rems, adds = new_moves(P)  -- each key is written once here: its moves once
     for i = 1, nk do
       local k = ks[i]
       local om, members = old[i], d.members[k]
       if om ~= members then
-        local news = split_members(members)
-        local olds = {}
-        if om then olds = split_members(om) end
-        for j = 1, #P.idx do
-          if olds[j] ~= news[j] then
-            if olds[j] and olds[j] ~= "" then rems[j][#rems[j] + 1] = olds[j] end
-            if news[j] and news[j] ~= "" then
-              local a = adds[j]
-              a[#a + 1] = 0
-              a[#a + 1] = news[j]
-            end
-          end
-        end
+        collect_moves(P, om, members, rems, adds)
         changed[nc + 1] = k
         changed[nc + 2] = members
         nc = nc + 2
       end
     end
-    for j = 1, #P.idx do
-      if #rems[j] > 0 then chunked("ZREM", P.idx[j], rems[j], #rems[j]) end
-      if #adds[j] > 0 then chunked("ZADD", P.idx[j], adds[j], #adds[j]) end
-    end
+    write_moves(P, rems, adds)
     if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
   end
   S.deferred = new_deferred()
