@@ -99,7 +99,7 @@ def load(r: Redis, t: TopicConfig, msgs: list[bytes]) -> dict[str, float]:
 
 
 def drop(r: Redis, t: TopicConfig) -> None:
-    r.delete(*keys.all_partition_keys(t.name, t.partitions, t.n_indexes))
+    r.delete(*keys.all_partition_keys(t.name, t.partitions, t.n_indexes, len(t.index)))
 
 
 def ingest(r: Redis, msgs: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
@@ -139,12 +139,14 @@ def timed(fn: Any, runs: int) -> tuple[float, Any]:
 
 def memory(r: Redis, indexed: TopicConfig, n: int) -> dict[str, float]:
     """Bytes per record (``MEMORY USAGE``, every element sampled) of the range index's sorted
-    sets, of the partition's hash of index members, and of the records hash."""
+    sets (numbers and the rest), of the partition's hash of index members, and of the records
+    hash."""
     def per_record(name: Any) -> float:
         return sum(int(r.memory_usage(name(p), samples=0) or 0)
                    for p in range(indexed.partitions)) / n
 
-    out = {"index_bytes_per_record": per_record(lambda p: keys.index(indexed.name, p, 0)),
+    out = {"index_bytes_per_record": per_record(lambda p: keys.index(indexed.name, p, 0))
+           + per_record(lambda p: keys.range_numbers(indexed.name, p, 0)),
            "members_hash_bytes_per_record": per_record(
                lambda p: keys.index_members(indexed.name, p)),
            "records_bytes_per_record": per_record(lambda p: keys.records(indexed.name, p))}

@@ -166,7 +166,8 @@ def remove_topic(r: Client, topic: TopicConfig) -> None:
     pipe.hdel(keys.REGISTRY, topic.name)
     pipe.hdel(keys.LAST_USED, topic.name)
     pipe.incr(keys.REGISTRY_VERSION)
-    for k in keys.all_partition_keys(topic.name, topic.partitions, topic.n_indexes):
+    for k in keys.all_partition_keys(topic.name, topic.partitions, topic.n_indexes,
+                                     len(topic.index)):
         pipe.delete(k)
     pipe.execute()
     r.publish(keys.channel(topic.name), events.topic_removed(topic.name))

@@ -178,10 +178,19 @@ def chain_conflicts(topic: str) -> str:
 def index(topic: str, p: int, n: int) -> str:
     """ZSET (all scores 0) of index ``n`` of partition ``p``: the hash indexes first
     (``hash_index``, members ``<value hash>:<SOW key>``), then the range (memo) indexes
-    (``index``; index ``len(hash_index) + i`` is range index ``i``, members
-    ``<tag><ordered hex>/<SOW key>``, :mod:`sow_redis.model.rangeindex`), read with
-    ZRANGEBYLEX. In the partition's hash slot."""
+    (``index``; index ``len(hash_index) + i`` is range index ``i``: here the values that are
+    not numbers, members ``<tag><ordered hex>/<SOW key>``, the numbers in
+    :func:`range_numbers`; :mod:`sow_redis.model.rangeindex`), read with ZRANGEBYLEX. In the
+    partition's hash slot."""
     return partition_tag(topic, p) + ":idx:%d" % n
+
+
+def range_numbers(topic: str, p: int, n: int) -> str:
+    """ZSET of range index ``n`` (numbered as :func:`index`) of partition ``p``: the records
+    whose field holds a number or numeric text, member the SOW key, score the value as a
+    double (:mod:`sow_redis.model.rangeindex`), read with ZRANGEBYSCORE; the other values
+    are in :func:`index`. In the partition's hash slot."""
+    return partition_tag(topic, p) + ":idx:%d:num" % n
 
 
 def changes(topic: str, p: int) -> str:
@@ -249,13 +258,15 @@ def partition_channel(topic: str, p: int) -> str:
     return partition_tag(topic, p) + ":live"
 
 
-def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
+def partition_keys(topic: str, p: int, n_indexes: int, n_range: int = 0) -> list[str]:
     """The KEYS of every Lua script that works on one partition (``apply.lua``, the one apply
     entry point, ``expire.lua``, ``delete_now.lua``), in the one order the scripts read them
     (``lua/include/partition.lua``; :class:`sow_redis.apply.scripts.Partition`): records, state,
     expiry, acks, index members, dead-letter outbox, chain, errors, log, change feed, change
     feed times, lease, job marker, trusted ranges, definition, loads, staged load batches,
-    then the ``n_indexes`` hash indexes (last: the only part whose length varies)."""
+    then the ``n_indexes`` indexes (hash, then range), then the numbers' sorted sets of the
+    last ``n_range`` of them, the range indexes (:func:`range_numbers`; last: the only parts
+    whose length varies)."""
     return [
         records(topic, p),
         state(topic, p),
@@ -274,12 +285,14 @@ def partition_keys(topic: str, p: int, n_indexes: int) -> list[str]:
         definition(topic, p),
         loads(topic, p),
         load_staged(topic, p),
-    ] + [index(topic, p, n) for n in range(n_indexes)]
+    ] + [index(topic, p, n) for n in range(n_indexes)] + [
+        range_numbers(topic, p, n) for n in range(n_indexes - n_range, n_indexes)]
 
 
-def all_partition_keys(topic: str, partitions: int, n_indexes: int) -> list[str]:
+def all_partition_keys(topic: str, partitions: int, n_indexes: int,
+                       n_range: int = 0) -> list[str]:
     """Every key a topic owns (for removal of a topic)."""
     out = [errors(topic), chain_conflicts(topic), topic_stats(topic)]
     for p in range(partitions):
-        out += partition_keys(topic, p, n_indexes)
+        out += partition_keys(topic, p, n_indexes, n_range)
     return out

@@ -183,7 +183,8 @@ def _clear_layout(r: Client, topic: str, partitions: int, n_indexes: int) -> Non
     for p in range(partitions):
         # one key per DEL: a cluster's pipeline sends no multi-key command
         for k in (keys.records(topic, p), keys.expiry(topic, p), keys.index_members(topic, p),
-                  keys.chain(topic, p), *[keys.index(topic, p, n) for n in range(n_indexes)]):
+                  keys.chain(topic, p), *[keys.index(topic, p, n) for n in range(n_indexes)],
+                  *[keys.range_numbers(topic, p, n) for n in range(n_indexes)]):
             pipe.delete(k)
     pipe.execute()
 

@@ -150,8 +150,8 @@ TOPIC = "a.b-c/d_1"
 
 KEY_BUILDERS = {
     "log", "records", "expiry", "state", "lease", "job_marker", "acks", "index_members",
-    "dead_letters", "chain", "chain_conflicts", "index", "changes", "change_times", "loads",
-    "load_staged", "trusted", "definition",
+    "dead_letters", "chain", "chain_conflicts", "index", "range_numbers", "changes",
+    "change_times", "loads", "load_staged", "trusted", "definition",
     "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED",
     "SWEEP_LEASE", "derive_lease", "derive_state"}
 """Every key template of keys.py (functions and constants), each checked below."""
@@ -244,9 +244,10 @@ def test_every_key_template_of_keys_py_is_in_the_acl_table():
     assert consts - {"REGISTRY_CHANNEL"} - values == {k for k in KEY_BUILDERS if k.isupper()}
     # the list builders return only keys of the single templates
     singles = {k for ks in _built_keys().values() for k in ks}
-    built = {k for p in (0, 7) for k in keys.partition_keys(TOPIC, p, 4)} | set(
-        keys.all_partition_keys(TOPIC, 8, 4)) | set(keys.error_streams(TOPIC, 8))
-    assert built <= singles | {keys.index(TOPIC, p, n) for p in range(8) for n in range(4)} | {
+    built = {k for p in (0, 7) for k in keys.partition_keys(TOPIC, p, 4, 2)} | set(
+        keys.all_partition_keys(TOPIC, 8, 4, 2)) | set(keys.error_streams(TOPIC, 8))
+    assert built <= singles | {f(TOPIC, p, n) for p in range(8) for n in range(4)
+                               for f in (keys.index, keys.range_numbers)} | {
         f(TOPIC, p) for p in range(8) for f in (keys.records, keys.state, keys.expiry,
                                                   keys.acks, keys.index_members,
                                                   keys.dead_letters, keys.chain, keys.log,

@@ -49,6 +49,8 @@ def _state(sow: Sow, t: object) -> tuple[dict, list, list]:
             for p in range(t.partitions)]
     idx = [sorted(sow.r.zrange(keys.index(t.name, p, j), 0, -1)) for p in range(t.partitions)
            for j in range(t.n_indexes)]  # the hash index, then the range indexes
+    idx += [sorted(sow.r.zrange(keys.range_numbers(t.name, p, j), 0, -1, withscores=True))
+            for p in range(t.partitions) for j in range(t.n_indexes)]  # their numbers
     return recs, feed, idx
 
 

@@ -75,6 +75,8 @@ def _state(r, t):
         "exp": r.zrange(keys.expiry(t.name, 0), 0, -1, withscores=True),
         "ixm": r.hgetall(keys.index_members(t.name, 0)),
         "idx": [r.zrange(keys.index(t.name, 0, j), 0, -1) for j in range(n)],
+        "num": [r.zrange(keys.range_numbers(t.name, 0, j), 0, -1, withscores=True)
+                for j in range(n)],
         # the change feed, event by event (blocks follow the calls, which differ)
         "changes": [e for _sid, f in r.xrange(keys.changes(t.name, 0))
                     for e in events_of(f[b"block"])],

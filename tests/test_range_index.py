@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-import struct
 from dataclasses import asdict
 
 import orjson
@@ -22,7 +21,8 @@ from sow_redis.errors import ConfigError
 from sow_redis.expirer import expire_topic
 from sow_redis.model.entries import make_entry
 from sow_redis.model.messages import index_members, key_of
-from sow_redis.model.rangeindex import Bound, lex_ranges, member, member_key, to_number
+from sow_redis.model.rangeindex import (NUMBER, Bound, lex_ranges, member, member_key,
+                                        score_range, stored_members, to_number)
 from sow_redis.model.topic import SHAPE_FIELDS
 from sow_redis.model.values import get_path, split_path
 from sow_redis.query import sow as sow_module
@@ -107,21 +107,27 @@ def _all(sow, t) -> dict[str, dict]:
 
 
 def _check_members(sow, t) -> int:
-    """Every range index holds exactly the members the records give (and nothing else);
-    returns the number of members checked."""
+    """Every range index holds exactly the members the records give (and nothing else): the
+    numbers by score in the numbers' set, the rest in the lex set; the hash of index members
+    keeps what stored_members says. Returns the number of members checked."""
     n = 0
     for p in range(t.partitions):
         recs = {rec.sow_key: rec.obj() for rec in scan_partition(sow.r, t, p)}
         for j, path in enumerate(t.index):
-            stored = {m.decode() for m in
-                      sow.r.zrange(keys.index(t.name, p, len(t.hash_index) + j), 0, -1)}
-            wanted = {member(get_path(obj, split_path(path)), k) for k, obj in recs.items()}
-            wanted.discard("")
-            assert stored == wanted, (p, path)
-            n += len(stored)
+            jj = len(t.hash_index) + j
+            lex = {m.decode() for m in sow.r.zrange(keys.index(t.name, p, jj), 0, -1)}
+            nums = {k.decode(): s for k, s in
+                    sow.r.zrange(keys.range_numbers(t.name, p, jj), 0, -1, withscores=True)}
+            wanted = {k: member(get_path(obj, split_path(path)), k) for k, obj in recs.items()}
+            assert lex == {m for m in wanted.values() if m and not m.startswith(NUMBER)}, \
+                (p, path)
+            assert nums == {k: float(m[1:]) for k, m in wanted.items()
+                            if m.startswith(NUMBER)}, (p, path)
+            n += len(lex) + len(nums)
         ixm = {k.decode(): v.decode() for k, v in
                sow.r.hgetall(keys.index_members(t.name, p)).items()}
-        assert ixm == {k: index_members(obj, t, k) for k, obj in recs.items()}
+        assert ixm == {k: stored_members(index_members(obj, t, k)) for k, obj in recs.items()
+                       if stored_members(index_members(obj, t, k))}
     return n
 
 
@@ -146,36 +152,48 @@ def _agree(sow, t, filters: list[str]) -> tuple[int, int]:
 
 
 def test_members_sort_as_the_filter_compares():
-    """Numbers (and numeric texts) sort by value, other texts by code point; the SOW key
-    never takes part in the order; NULL has no member."""
+    """Numbers (and numeric texts) are scores of their value, other texts sort by code point;
+    the SOW key never takes part in the order; NULL has no member."""
     rng = random.Random(7)
     nums = [rng.uniform(-1e6, 1e6) for _ in range(300)] + [0, -0.0, 1, -1, 2 ** 60,
                                                           -math.inf, math.inf, 5e-324]
-    ms = sorted(member(x, f"k{i}") for i, x in enumerate(nums))
-    back = [struct.unpack(">d", struct.pack(">Q", int(m[1:17], 16) ^ (
-        0x8000000000000000 if int(m[1:17], 16) >> 63 else 0xFFFFFFFFFFFFFFFF)))[0] for m in ms]
-    assert back == sorted(float(x) for x in nums)
+    for x in nums:
+        m = member(x, "k")
+        assert m.startswith(NUMBER) and float(m[1:]) == float(x), x
+    assert member(-0.0, "k") == member(0, "k") == "#0.0"
     texts = ["", "a", "ab", "abc", "b", "Z", "ü", "日本", "a" * 100]
     assert [member_key(m) for m in sorted(member(x, x or "-") for x in texts)] == \
         [x or "-" for x in sorted(texts)]
-    assert member(" 12 ", "k")[0] == "t" and member(12, "k")[0] == "n"
-    assert member("12", "k")[1:17] == member(12.0, "k")[1:17]
+    assert member(" 12 ", "k") == member(12, "k") == member("12", "k") == "#12.0"
+    assert member("1e1", "k") == "#10.0" and member(2 ** 70, "k") == NUMBER + repr(2.0 ** 70)
     assert [member(v, "k")[0] for v in ([1], {"a": 1}, True, 2 ** 1100)] == ["z"] * 4
     assert member(None, "k") == ""
-    assert member_key(member(3, "a/b,c")) == "a/b,c"
+    assert member_key(member("x", "a/b,c")) == "a/b,c"
     assert to_number(" 1e2 ") == 100.0 and to_number("1,5") is None
+    # what the hash of index members keeps: numbers as "#", no entry for numbers alone
+    assert stored_members("#1.5") == "" and stored_members(",#2.0") == ""
+    assert stored_members("ab:k,#3.0,s61/k") == "ab:k,#,s61/k"
+    assert stored_members(",z/k") == ",z/k"
 
 
-def test_lex_ranges_bound_every_bucket():
-    """A number bounds numbers and numeric texts; a text bounds other texts (and numbers when
-    it reads as one); arrays and the like are always read."""
-    ranges = lex_ranges([Bound(">", 10)])
-    assert [lo[1:2] for lo, _hi in ranges] == [b"n", b"t", b"z"]
+def test_score_and_lex_ranges_bound_their_values():
+    """A number bounds the numbers' scores and leaves no text; a text bounds the other texts
+    and leaves every number (a numeric text compares with it as text); arrays and the like
+    are always read."""
+    assert score_range([Bound(">", 10)]) == ("10.0", "+inf")
+    assert score_range([Bound(">=", 1), Bound("<=", 5.5)]) == ("1.0", "5.5")
+    assert score_range([Bound(">", 5), Bound("<", 1)]) is None
+    assert score_range([Bound("=", -0.0)]) == ("0.0", "0.0")
+    assert score_range([Bound(">=", "abc"), Bound("<", 3)]) == ("-inf", "3.0")
+    assert score_range([Bound("<", 2 ** 1100)]) == ("-inf", "+inf")
+    assert lex_ranges([Bound(">", 10)]) == [(b"[z", b"(z\xff")]
     ranges = lex_ranges([Bound(">=", "abc"), Bound("<=", "abd")])
-    assert [lo[1:2] for lo, _hi in ranges] == [b"t", b"s", b"z"]
-    assert lex_ranges([Bound(">", 5), Bound("<", 1)]) == [(b"[z", b"(z\xff")]
-    with pytest.raises(ValueError, match="op must be"):
-        lex_ranges([Bound("!=", 1)])
+    assert ranges == [(b"[s616263", b"(s6162640"), (b"[z", b"(z\xff")]
+    assert lex_ranges([Bound(">=", "b"), Bound("<", "a")]) == [(b"[z", b"(z\xff")]
+    assert lex_ranges([Bound("<", "b")])[0] == (b"[s", b"(s620")
+    for fn in (lex_ranges, score_range):
+        with pytest.raises(ValueError, match="op must be"):
+            fn([Bound("!=", 1)])
 
 
 def test_range_terms_come_from_the_top_level_and_only():
@@ -210,15 +228,18 @@ def test_config_checks_index():
 # -- on a server and on the cluster ----------------------------------------------------------
 
 
-def test_range_index_agrees_with_a_scan_on_random_data(url, topic_name, monkeypatch):
+@pytest.mark.parametrize("extra", ["", 'expiration = "1h"\n'], ids=["bulk", "per-key"])
+def test_range_index_agrees_with_a_scan_on_random_data(url, topic_name, monkeypatch, extra):
     """Random records (numbers, numeric and other texts, arrays, objects, booleans, NULL,
     missing) and random filters (every operator, BETWEEN, AND with an OR inside, both
-    fields): each query reads the index and returns what a scan returns; then after updates,
-    delta publishes, deletes by key and by filter, the same again."""
+    fields): each query reads the index and returns what a scan returns; then after updates
+    (a key's value moving between numbers, texts, NULL and the rest), delta publishes,
+    deletes by key and by filter, the same again. On a topic without expiration the batch
+    writes each key once (bulk); with one, message by message."""
     monkeypatch.setattr(sow_module, "MAX_INDEX_FRACTION", 2.0)  # the index even for wide ranges
     rng = random.Random(2511)
     sow = Sow(url, inline=True)
-    t = _topic(sow, topic_name)
+    t = _topic(sow, topic_name, extra)
     sow.publish(t.name, _records(rng, 400), wait=True)
     assert _check_members(sow, t) > 500
     planned, matched = _agree(sow, t, _filters(rng, 120))

@@ -593,6 +593,8 @@ def _exact_state(sow: Sow, topic: str, partitions: int, n_indexes: int) -> dict:
             "expiry": sow.r.zrange(keys.expiry(topic, p), 0, -1, withscores=True),
             "ixm": sow.r.hgetall(keys.index_members(topic, p)),
             "idx": [sow.r.zrange(keys.index(topic, p, j), 0, -1) for j in range(n_indexes)],
+            "num": [sow.r.zrange(keys.range_numbers(topic, p, j), 0, -1, withscores=True)
+                    for j in range(n_indexes)],
             "seq": sow.r.hget(keys.state(topic, p), "seq"),
             "cursor": sow.r.hget(keys.state(topic, p), "cursor"),
         }
@@ -608,7 +610,8 @@ def test_export_archive_wipe_rebuild_gives_the_same_sow(spark, url, topic_name, 
 
     sow = Sow(url, inline=True)
     sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 3\n'
-                     'expiration = "1h"\nhash_index = [["/colour"], ["/size"]]\n')
+                     'expiration = "1h"\nhash_index = [["/colour"], ["/size"]]\n'
+                     'index = ["/size"]\n')  # a range index: numbers and "z" members
     colours = ["red", "green", "blue"]
     sow.publish(topic_name, [{"id": i, "colour": colours[i % 3], "size": i % 5}
                              for i in range(300)])
@@ -618,13 +621,13 @@ def test_export_archive_wipe_rebuild_gives_the_same_sow(spark, url, topic_name, 
     # after the snapshot: updates, deltas, new records, message expirations, deletes
     sow.publish(topic_name, [{"id": i, "colour": "black", "size": 9} for i in range(0, 300, 7)])
     sow.delta_publish(topic_name, [{"id": i, "size": 42} for i in range(1, 300, 11)])
-    sow.publish(topic_name, [{"id": i, "colour": "white"} for i in range(400, 450)],
-                expiration=120)
+    sow.publish(topic_name, [{"id": i, "colour": "white", **({"size": "XL"} if i % 2 else {})}
+                             for i in range(400, 450)], expiration=120)  # texts: lex members
     deleted = sow.sow_delete(topic_name, filter="/colour = 'green'")
     assert deleted > 50 and sow.sow_delete(topic_name, data={"id": 5}) == 1
     n_entries = sum(sow.r.xlen(keys.log(topic_name, p)) for p in range(3))
     res = archive(spark, url, sow.topic(topic_name), arch, trim=True)
-    before = _exact_state(sow, topic_name, 3, 2)
+    before = _exact_state(sow, topic_name, 3, 3)
     left = sum(sow.r.xlen(keys.log(topic_name, p)) for p in range(3))
     print(f"archive: {res}; log entries {n_entries} → {left} after the trim")
     assert res.entries == n_entries and res.trimmed == n_entries and left == 0
@@ -637,10 +640,10 @@ def test_export_archive_wipe_rebuild_gives_the_same_sow(spark, url, topic_name, 
     assert {r["cmd"] for r in log.select("cmd").distinct().collect()} == {
         "publish", "delta_publish", "sow_delete"}
     # wipe everything the topic owns, then rebuild
-    sow.r.delete(*keys.all_partition_keys(topic_name, 3, 2))
+    sow.r.delete(*keys.all_partition_keys(topic_name, 3, 3, 1))
     assert sow.sow(topic_name) == []
     got = rebuild(spark, url, sow.topic(topic_name), snap, arch)
-    after = _exact_state(sow, topic_name, 3, 2)
+    after = _exact_state(sow, topic_name, 3, 3)
     print(f"rebuild: {got}")
     assert got.restored == 310 and got.archived > 0 and got.live == 0
     assert got.records == sum(len(before[p]["records"]) for p in range(3))

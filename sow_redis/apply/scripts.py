@@ -439,7 +439,8 @@ class Partition:
     @cached_property
     def keys(self) -> list[str]:
         """The KEYS, in the scripts' order."""
-        return keys.partition_keys(self.topic.name, self.p, self.topic.n_indexes)
+        return keys.partition_keys(self.topic.name, self.p, self.topic.n_indexes,
+                                   len(self.topic.index))
 
     @cached_property
     def head(self) -> tuple[ScriptArg, ...]:

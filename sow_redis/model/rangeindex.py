@@ -1,37 +1,41 @@
-"""Range (memo) index members and the lexicographic ranges a comparison reads.
+"""Range (memo) index members, the score range and the lexicographic ranges a comparison reads.
 
 A range index (``index = ["/px"]`` in a ``[[topic]]``; AMPS ``Index``, a memo index, AMPS
-User Guide ch. 7 "SOW Indexing", seeds/004) is one sorted set per partition and field, every
-score 0, read with ZRANGEBYLEX. A record's member, one per index, is::
+User Guide ch. 7 "SOW Indexing", seeds/004) is two sorted sets per partition and field:
 
-    <tag><payload>/<SOW key>
+* **numbers** (:func:`sow_redis.keys.range_numbers`): member the SOW key, score the value as
+  a double: a JSON number, or a text that reads as a number under the filter's coercion
+  (:func:`to_number`; FIX topics hold every field as text). The classic Redis secondary
+  index: a write is one ``ZADD`` (it replaces the key's old score), read with
+  ``ZRANGEBYSCORE``;
+* **the rest** (:func:`sow_redis.keys.index`, every score 0, read with ``ZRANGEBYLEX``):
+  member ``<tag><payload>/<SOW key>`` with tag ``s`` + the hex of a text's UTF-8 bytes (at
+  most :data:`MAX_TEXT_BYTES`; code point order = UTF-8 byte order, as the filter compares
+  texts), or tag ``z`` and no payload: a value the index cannot order (array, object,
+  boolean, an integer beyond a double), always a candidate.
 
-* ``n`` + 16 hex digits: a JSON number, as the bits of its IEEE-754 double with the sign
-  flipped (negative numbers: every bit flipped), so hex order is numeric order;
-* ``t`` + the same 16 digits: a text that reads as a number under the filter's coercion
-  (:func:`to_number`; FIX topics hold every field as text), ordered by that number;
-* ``s`` + the hex of the text's UTF-8 bytes (at most :data:`MAX_TEXT_BYTES`): any other
-  text, ordered as the filter compares texts (code point order = UTF-8 byte order);
-* ``z``: a value the index cannot order (array, object, boolean, NaN, an integer beyond a
-  double): always a candidate;
-* no member (an empty slot): NULL or missing, which no comparison matches.
-
-The separator ``/`` sorts below every hex digit, so a shorter payload sorts before its
-extensions and the SOW key never takes part in the order of payloads. The encoding is
-monotone (``a <= b`` gives ``enc(a) <= enc(b)``) but not injective (rounding to a double,
-truncated texts), so every range is read inclusive and the query evaluates the whole filter
-on each candidate record: the index only narrows the records read, it never decides a match.
+NULL or missing has no member, which no comparison matches. A record's member as the write
+path passes it (:func:`member`) is ``#<score>`` for a number (the SOW key is the member), the
+lex member otherwise; the hash of index members per SOW key keeps each number as ``#``
+alone and holds no entry for a key whose members are all numbers or empty
+(:func:`stored_members`; ``lua/include/write_record.lua``). The separator ``/`` sorts below
+every hex digit, so a shorter payload sorts before its extensions and the SOW key never takes
+part in the order of payloads. Both encodings are monotone (``a <= b`` gives
+``enc(a) <= enc(b)``) but not injective (rounding to a double, truncated texts), so every
+range is read inclusive and the query evaluates the whole filter on each candidate record:
+the index only narrows the records read, it never decides a match.
 """
 
 from __future__ import annotations
 
+import math
 import re
-import struct
 from dataclasses import dataclass
 
 from .values import JSON
 
-__all__ = ["MAX_TEXT_BYTES", "Bound", "lex_ranges", "member", "member_key", "to_number"]
+__all__ = ["MAX_TEXT_BYTES", "NUMBER", "Bound", "lex_ranges", "member", "member_key",
+           "score_range", "stored_members", "to_number"]
 
 MAX_TEXT_BYTES = 64
 """Longest text prefix (UTF-8 bytes) a ``s`` member holds; longer texts are cut (monotone)."""
@@ -57,51 +61,56 @@ def to_number(text: str) -> int | float | None:
         return float(text)
 
 
-def _num_hex(x: int | float) -> str | None:
-    """16 hex digits ordered as the number (None: NaN, or an integer beyond a double)."""
+NUMBER = "#"
+"""Tag of a number's member as the write path passes it (``#<score>``) and as the hash of
+index members keeps it (``#``)."""
+
+
+def _score(x: int | float) -> str | None:
+    """The double of ``x`` as a sorted-set score (None: NaN, or an integer beyond a double)."""
     try:
         f = float(x)
     except OverflowError:
         return None
     if f != f:
         return None
-    if f == 0.0:
-        f = 0.0  # -0.0 equals 0.0
-    (bits,) = struct.unpack(">Q", struct.pack(">d", f))
-    bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | 0x8000000000000000
-    return "%016x" % bits
+    return repr(f + 0.0)  # -0.0 + 0.0 is 0.0: -0 equals 0
 
 
 def _text_hex(text: str) -> str:
     return text.encode("utf-8", "surrogatepass")[:MAX_TEXT_BYTES].hex()
 
 
-def _payload(value: JSON) -> str | None:
-    """Tag and payload of a non-NULL value; ``"z"`` when the index cannot order it."""
-    t = type(value)
-    if t is int or t is float:
-        h = _num_hex(value)
-        return "z" if h is None else "n" + h
-    if t is str:
-        n = to_number(value)
-        if n is None:
-            return "s" + _text_hex(value)
-        h = _num_hex(n)
-        return "z" if h is None else "t" + h
-    return "z"
-
-
 def member(value: JSON, sow_key: str) -> str:
-    """The range-index member of a record whose indexed field holds ``value`` ("" for NULL or
-    missing: no member)."""
+    """The range-index member of a record whose indexed field holds ``value``: ``#<score>``
+    for a number or numeric text, ``s<hex>/<SOW key>`` for another text, ``z/<SOW key>``
+    for a value the index cannot order, "" for NULL or missing (no member)."""
+    t = type(value)
     if value is None:
         return ""
-    p = _payload(value)
-    return f"{p}{SEP}{sow_key}" if p else ""
+    if t is int or t is float:
+        score = _score(value)
+    elif t is str:
+        n = to_number(value)
+        if n is None:
+            return f"s{_text_hex(value)}{SEP}{sow_key}"
+        score = _score(n)
+    else:
+        score = None
+    return f"z{SEP}{sow_key}" if score is None else NUMBER + score
+
+
+def stored_members(members: str) -> str:
+    """What the hash of index members keeps of a record's comma-separated ``members`` (hash
+    indexes' and range indexes' as :func:`sow_redis.model.messages.index_members` gives
+    them): each number as ``#`` alone, and "" (no entry) when no member is left but numbers
+    and empty slots. The Lua write path keeps the same (``write_record.lua``)."""
+    slots = [NUMBER if m.startswith(NUMBER) else m for m in members.split(",")]
+    return ",".join(slots) if any(m and m != NUMBER for m in slots) else ""
 
 
 def member_key(m: bytes | str) -> str:
-    """The SOW key a member names."""
+    """The SOW key a lex member (``s…/key``, ``z/key``) names."""
     text = m.decode() if isinstance(m, bytes) else m
     return text.split(SEP, 1)[1]
 
@@ -116,65 +125,73 @@ class Bound:
     value: int | float | str
 
 
-# Per bucket the lowest and highest payload (None: unbounded) and whether it is empty.
-_Span = tuple[str | None, str | None, bool]
-
-
 _LOWER = (">", ">=", "=")
 _UPPER = ("<", "<=", "=")
 
 
-def _narrow(span: _Span, op: str, payload: str | None) -> _Span:
-    lo, hi, empty = span
-    if payload is None:  # a literal this bucket can never satisfy
-        return lo, hi, True
-    if op in _LOWER:
-        lo = payload if lo is None else max(lo, payload)
-    if op in _UPPER:
-        hi = payload if hi is None else min(hi, payload)
-    if lo is not None and hi is not None and lo > hi:
-        empty = True
-    return lo, hi, empty
+def _check(bound: Bound) -> None:
+    if bound.op not in _LOWER + _UPPER:
+        raise ValueError(f"range bound op must be >, >=, <, <= or =, got {bound.op!r}")
 
 
-def _bucket_payloads(value: int | float | str) -> dict[str, str | bool | None]:
-    """What a literal limits in each bucket: a payload, None (no record of that bucket can
-    satisfy it) or True (every record of that bucket may satisfy it)."""
-    if isinstance(value, str):
-        n = to_number(value)  # numbers compare with the literal read as a number
-        nh = None if n is None else _num_hex(n)
-        # a numeric text compares with a text literal as text, but sorts by number: all
-        return {"n": nh, "t": True, "s": _text_hex(value)}
-    h = _num_hex(value)
-    if h is None:
-        return {"n": True, "t": True, "s": None}
-    return {"n": h, "t": h, "s": None}
+def score_range(bounds: list[Bound]) -> tuple[str, str] | None:
+    """The inclusive ``ZRANGEBYSCORE`` ``(min, max)`` of the numbers' sorted set whose members
+    are the candidates of a record satisfying every bound; None when none can.
 
-
-def lex_ranges(bounds: list[Bound]) -> list[tuple[bytes, bytes]]:
-    """The ZRANGEBYLEX ``(min, max)`` pairs whose members are the candidates of a record
-    satisfying every bound (their union; the ``z`` members always included).
+    Only a number literal limits it: a text literal compares with a numeric text as text,
+    which the order by number cannot narrow (and the numbers themselves, compared with a
+    numeric text literal by number, share the set).
 
     Raises:
         ValueError: a bound whose op is not ``>``, ``>=``, ``<``, ``<=`` or ``=``.
     """
-    spans: dict[str, _Span] = {b: (None, None, False) for b in "nts"}
+    lo, hi = -math.inf, math.inf
     for bound in bounds:
-        if bound.op not in _LOWER + _UPPER:
-            raise ValueError(f"range bound op must be >, >=, <, <= or =, got {bound.op!r}")
-        for bucket, limit in _bucket_payloads(bound.value).items():
-            if limit is True:
-                continue
-            spans[bucket] = _narrow(spans[bucket], bound.op, limit if isinstance(limit, str)
-                                    else None)
-    out: list[tuple[bytes, bytes]] = []
-    for bucket, (lo, hi, empty) in spans.items():
-        if empty:
+        _check(bound)
+        v = bound.value
+        if isinstance(v, str) or isinstance(v, bool):
             continue
-        tag = bucket.encode()
-        low = b"[" + tag + (lo.encode() if lo is not None else b"")
-        high = (b"(" + tag + hi.encode() + b"0" if hi is not None
-                else b"(" + bytes([tag[0] + 1]))
+        score = _score(v)
+        if score is None:
+            continue  # NaN or beyond a double: no limit (every number a candidate)
+        f = float(score)
+        if bound.op in _LOWER:
+            lo = max(lo, f)
+        if bound.op in _UPPER:
+            hi = min(hi, f)
+    if lo > hi:
+        return None
+    return (repr(lo) if lo > -math.inf else "-inf", repr(hi) if hi < math.inf else "+inf")
+
+
+def lex_ranges(bounds: list[Bound]) -> list[tuple[bytes, bytes]]:
+    """The ``ZRANGEBYLEX`` ``(min, max)`` pairs of the lex sorted set whose members are the
+    candidates of a record satisfying every bound: the texts' range (none when a number
+    literal bounds the field: a text that is no number never compares true with one), then
+    every ``z`` member.
+
+    Raises:
+        ValueError: a bound whose op is not ``>``, ``>=``, ``<``, ``<=`` or ``=``.
+    """
+    lo: str | None = None
+    hi: str | None = None
+    empty = False
+    for bound in bounds:
+        _check(bound)
+        if not isinstance(bound.value, str):
+            empty = True
+            continue
+        payload = _text_hex(bound.value)
+        if bound.op in _LOWER:
+            lo = payload if lo is None else max(lo, payload)
+        if bound.op in _UPPER:
+            hi = payload if hi is None else min(hi, payload)
+    if lo is not None and hi is not None and lo > hi:
+        empty = True
+    out: list[tuple[bytes, bytes]] = []
+    if not empty:
+        low = b"[s" + (lo.encode() if lo is not None else b"")
+        high = b"(s" + hi.encode() + b"0" if hi is not None else b"(t"
         out.append((low, high))
     out.append((b"[z", b"(z" + b"\xff"))
     return out

@@ -9,7 +9,7 @@ of the topic that matches the content filter. The query plan (:func:`plan_query`
 3. equality on exactly the fields of a configured hash index: that index;
 4. a comparison (``<``, ``<=``, ``>``, ``>=``, ``=``, ``BETWEEN``) with a literal on a field of
    a configured range index (``index``), the filter itself or in its top-level AND: that
-   index's members in the range, per partition (:mod:`sow_redis.model.rangeindex`); of several
+   index's members in the range (its numbers by score, other values by text), per partition (:mod:`sow_redis.model.rangeindex`); of several
    such fields the one whose range holds the fewest members, unless even that one holds more
    than :data:`MAX_INDEX_FRACTION` of the records;
 5. otherwise every record (a scan).
@@ -30,7 +30,7 @@ import orjson
 from redis.exceptions import OutOfMemoryError
 
 from .. import keys
-from ..connection import Client, server_ms
+from ..connection import Client, Pipeline, server_ms
 from ..model import rangeindex
 from ..model.expiry import is_due
 from ..model.records import Record
@@ -191,24 +191,32 @@ def plan_query(topic: TopicConfig, pred: Filter | None,
     return plans[0] if r is None else _estimated(r, topic, plans)
 
 
+def _count_range(pipe: Pipeline, topic: TopicConfig, p: int, plan: Plan) -> int:
+    """Queue on ``pipe`` the counts of partition ``p``'s members in the plan's ranges (its
+    numbers' score range, then its lex ranges); returns how many replies they make."""
+    scores = rangeindex.score_range(list(plan.bounds))
+    if scores is not None:
+        pipe.zcount(keys.range_numbers(topic.name, p, plan.index), *scores)
+    lexes = rangeindex.lex_ranges(list(plan.bounds))
+    for low, high in lexes:
+        pipe.zlexcount(keys.index(topic.name, p, plan.index), low, high)
+    return (scores is not None) + len(lexes)
+
+
 def _estimated(r: Client, topic: TopicConfig, plans: list[Plan]) -> Plan:
     """Of the range index plans (one per indexed field of the filter), the one whose range
     holds the fewest members, with its candidates and the topic's records counted (one
-    pipeline of ``ZLEXCOUNT`` and ``HLEN``); a scan when even that one holds more than
-    :data:`MAX_INDEX_FRACTION` of the records."""
+    pipeline of ``ZCOUNT``, ``ZLEXCOUNT`` and ``HLEN``); a scan when even that one holds more
+    than :data:`MAX_INDEX_FRACTION` of the records."""
     pipe = r.pipeline(transaction=False)
-    ranges = [rangeindex.lex_ranges(list(plan.bounds)) for plan in plans]
     for p in range(topic.partitions):
         pipe.hlen(keys.records(topic.name, p))
-    for plan, lexes in zip(plans, ranges):
-        for p in range(topic.partitions):
-            for low, high in lexes:
-                pipe.zlexcount(keys.index(topic.name, p, plan.index), low, high)
+    replies = [sum(_count_range(pipe, topic, p, plan) for p in range(topic.partitions))
+               for plan in plans]
     counts = [int(c) for c in pipe.execute()]
     records = sum(counts[:topic.partitions])
     at, per_plan = topic.partitions, []
-    for lexes in ranges:
-        n = topic.partitions * len(lexes)
+    for n in replies:
         per_plan.append(sum(counts[at:at + n]))
         at += n
     candidates = min(per_plan)
@@ -223,11 +231,18 @@ def range_candidates(r: Client, topic: TopicConfig, p: int, plan: Plan) -> list[
     """The SOW keys of partition ``p`` that range index ``plan.index`` holds in the plan's
     range (candidates: the filter decides)."""
     pipe = r.pipeline(transaction=False)
+    scores = rangeindex.score_range(list(plan.bounds))
+    if scores is not None:
+        pipe.zrangebyscore(keys.range_numbers(topic.name, p, plan.index), *scores)
     name = keys.index(topic.name, p, plan.index)
     for low, high in rangeindex.lex_ranges(list(plan.bounds)):
         pipe.zrangebylex(name, low, high)
+    replies = cast("list[list[bytes]]", pipe.execute())
+    numbers = [m.decode() for m in replies[0]] if scores is not None else []
+    lexes = replies[1:] if scores is not None else replies
+    # a key moved between the sets between two reads would come twice: once
     return list(dict.fromkeys(
-        rangeindex.member_key(m) for members in pipe.execute() for m in members))
+        numbers + [rangeindex.member_key(m) for members in lexes for m in members]))
 
 
 def _range_source(r: Client, topic: TopicConfig, plan: Plan) -> Iterator[Record]:

@@ -68,6 +68,7 @@ from ..connection import Client, StreamEntry, connect
 from ..errors import SowError
 from ..model.events import parse_block
 from ..model.messages import decode, index_members
+from ..model.rangeindex import NUMBER, stored_members
 from ..model.topic import TopicConfig
 from ..settings import Settings
 from ..streamids import compare, ms_of, parse, reached
@@ -306,7 +307,8 @@ def _restore_records(r: Client, topic: TopicConfig, p: int, snap: list[Row],
     name, n_idx = topic.name, topic.n_indexes
     pipe = r.pipeline(transaction=True)
     pipe.delete(keys.records(name, p), keys.expiry(name, p), keys.index_members(name, p),
-                keys.acks(name, p), *(keys.index(name, p, j) for j in range(n_idx)))
+                keys.acks(name, p), *(keys.index(name, p, j) for j in range(n_idx)),
+                *(keys.range_numbers(name, p, j) for j in range(len(topic.hash_index), n_idx)))
     chain_ids = 0
     if chain is not None:
         pipe.delete(keys.chain(name, p))
@@ -322,11 +324,13 @@ def _restore_records(r: Client, topic: TopicConfig, p: int, snap: list[Row],
         if exp:
             pipe.zadd(keys.expiry(name, p), {key: exp})
         members = index_members(decode(data, topic), topic, key) if n_idx else ""
-        if members:
-            pipe.hset(keys.index_members(name, p), key, members)
-            for j, m in enumerate(members.split(",")):
-                if m:
-                    pipe.zadd(keys.index(name, p, j), {m: 0})
+        if stored_members(members):
+            pipe.hset(keys.index_members(name, p), key, stored_members(members))
+        for j, m in enumerate(members.split(",") if members else ()):
+            if m.startswith(NUMBER) and j >= len(topic.hash_index):
+                pipe.zadd(keys.range_numbers(name, p, j), {key: float(m[1:])})
+            elif m:
+                pipe.zadd(keys.index(name, p, j), {m: 0})
         if i % WRITE_CHUNK == WRITE_CHUNK - 1:
             pipe.execute()
     pipe.execute()

@@ -42,7 +42,10 @@ if point ~= "now" and not string.match(point, "^%d+$") then
 end
 
 redis.call("DEL", P.rec, P.exp, P.ixm, P.chain, P.acks)
-for j = 1, P.nidx do redis.call("DEL", P.idx[j]) end
+for j = 1, P.nidx do
+  redis.call("DEL", P.idx[j])
+  if P.num[j] then redis.call("DEL", P.num[j]) end
+end
 
 local horizon = "0-0"
 local last = redis.call("XREVRANGE", P.log, "+", "-", "COUNT", 1)

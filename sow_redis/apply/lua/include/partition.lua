@@ -9,8 +9,9 @@
   KEYS[10] change feed (stream)   KEYS[11] change feed block times (zset)   KEYS[12] lease
   KEYS[13] job marker   KEYS[14] trusted ranges   KEYS[15] definition fingerprint
   KEYS[16] loads   KEYS[17] staged load batches   KEYS[18 .. 17 + n] the n indexes (hash
-  indexes, then range indexes: TopicConfig.n_indexes; members kept alike, only Python tells
-  them apart)
+  indexes, then range indexes: TopicConfig.n_indexes), then the numbers' sorted sets of the
+  last r of them, the range indexes (r = #KEYS - 17 - n; P.num[j] for index j, nil for a
+  hash index; sow_redis.model.rangeindex)
 
   ARGV[1] the operation (apply.lua: "planned", "log", "appended", "load"; the other scripts
   their own name)
@@ -33,11 +34,13 @@ local function partition_context()
   local nidx = tonumber(ARGV[5])
   local idx = {}
   for j = 1, nidx do idx[j] = KEYS[17 + j] end
+  local num, nrange = {}, #KEYS - 17 - nidx
+  for j = 1, nrange do num[nidx - nrange + j] = KEYS[17 + nidx + j] end
   return {
     rec = KEYS[1], state = KEYS[2], exp = KEYS[3], acks = KEYS[4], ixm = KEYS[5],
     dead = KEYS[6], chain = KEYS[7], errors = KEYS[8], log = KEYS[9], changes = KEYS[10],
     change_times = KEYS[11], lease = KEYS[12], job = KEYS[13], trusted = KEYS[14],
-    def = KEYS[15], loads = KEYS[16], staged = KEYS[17], idx = idx,
+    def = KEYS[15], loads = KEYS[16], staged = KEYS[17], idx = idx, num = num,
     chan = ARGV[2], topic = ARGV[3], partition = ARGV[4], nidx = nidx,
     dead_letter = ARGV[6] == "1", expiring = ARGV[7] == "1",
     keep_count = ARGV[8], keep_ms = ARGV[9], ttl = ARGV[10], fingerprint = ARGV[11],

@@ -144,13 +144,18 @@ local function remove_record(P, S, key, stored, reason, cause_id)
   redis.call("ZREM", P.exp, key)
   if #P.idx > 0 then
     local om = redis.call("HGET", P.ixm, key)
-    if om then
-      local olds = split_members(om)
-      for j = 1, #P.idx do
-        if olds[j] and olds[j] ~= "" then redis.call("ZREM", P.idx[j], olds[j]) end
+    local olds = {}
+    if om then olds = split_members(om) end
+    for j = 1, #P.idx do
+      local o = olds[j]
+      if P.num[j] and (not om or o == "#") then
+        -- a number (or, with no entry kept, perhaps one): the key is its member
+        redis.call("ZREM", P.num[j], key)
+      elseif o and o ~= "" then
+        redis.call("ZREM", P.idx[j], o)
       end
-      redis.call("HDEL", P.ixm, key)
     end
+    if om then redis.call("HDEL", P.ixm, key) end
   end
   local body = string.sub(stored, string.find(stored, "\n", 1, true) + 1)
   local exp_ms = header_field(stored, 2)

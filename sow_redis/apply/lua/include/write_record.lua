@@ -15,8 +15,9 @@ local DEFERRED_MAX = 1000
 -- must call before it returns, writes each key once: one HSET of the records, one HMGET of
 -- the old index members and the index changes from those to the last ones. The change events
 -- are emitted per message all the same. The result equals upserting message by message: a
--- record is its last write; an index member is "<value hash>:<SOW key>", one per key, so only
--- a key's first and last members matter; the insert count is the HSET's new fields.
+-- record is its last write; an index member names its key (a number's member is the key),
+-- one per key and index, so only a key's first and last members matter; the insert count is
+-- the HSET's new fields.
 local function new_deferred()
   return {keys = {}, seq = {}, exp = {}, id = {}, data = {}, members = {}}
 end
@@ -37,46 +38,90 @@ local function chunked(cmd, key, args, n)
   return total, out
 end
 
--- Per index j of the partition, the members to remove (rems[j]) and the score-and-member
--- pairs to add (adds[j]), empty: new_moves; collect_moves appends a key's moves, write_moves
--- writes them, one ZREM and one ZADD per index (no member is both removed and added: every
--- member names its key, and a key's moves are collected once).
+-- Index members. A record's members come positional and comma-separated: per hash index
+-- "<value hash>:<SOW key>"; per range index "#<score>" for a number, kept in P.num[j] with
+-- the SOW key as member, or a lex member "<tag><hex>/<SOW key>" in P.idx[j]; "" for none.
+-- The hash of index members P.ixm keeps a key's members with each number as "#" alone, and
+-- no entry for a key whose members are all numbers or empty
+-- (sow_redis.model.rangeindex.stored_members): a key without an entry may hold a number in
+-- any range index, which a write of anything else there removes blindly (ZREM of the key).
+
+-- The moves of a batch, empty: per index j the lex members to remove (rems[j]) and the
+-- score-and-member pairs to add (adds[j]); per range index the SOW keys to remove from its
+-- numbers (nrems[j]) and the score-and-key pairs to add (nadds[j]). No member is both
+-- removed and added: every member names its key, and a key's moves are collected once.
 local function new_moves(P)
-  local rems, adds = {}, {}
-  for j = 1, #P.idx do rems[j], adds[j] = {}, {} end
-  return rems, adds
+  local m = {rems = {}, adds = {}, nrems = {}, nadds = {}}
+  for j = 1, #P.idx do m.rems[j], m.adds[j], m.nrems[j], m.nadds[j] = {}, {}, {}, {} end
+  return m
 end
 
--- The moves of a key's index members from old_members (nil: none yet) to members, both the
--- positional, comma-separated text kept in P.ixm: only the indexes whose member changed.
-local function collect_moves(P, old_members, members, rems, adds)
+local HASH_SIGN = 35  -- "#"
+
+-- Collect into m the moves of key's index members from old (its P.ixm entry, nil: none) to
+-- members; returns the entry to keep (nil: none).
+local function collect_moves(P, key, old, members, m)
   local news = split_members(members)
   local olds = {}
-  if old_members then olds = split_members(old_members) end
+  if old then olds = split_members(old) end
+  local kept, keep = {}, false
   for j = 1, #P.idx do
-    if olds[j] ~= news[j] then
-      if olds[j] and olds[j] ~= "" then rems[j][#rems[j] + 1] = olds[j] end
-      if news[j] and news[j] ~= "" then
-        local a = adds[j]
+    local new, o = news[j] or "", olds[j]
+    local num = P.num[j]
+    local lex_new = new
+    if num and string.byte(new, 1) == HASH_SIGN then
+      lex_new = ""
+      local score = string.sub(new, 2)
+      local x = tonumber(score)
+      if x and x == x then  -- a number, not NaN (ZADD would fail the whole script)
+        local a = m.nadds[j]
+        a[#a + 1] = score
+        a[#a + 1] = key
+        kept[j] = "#"
+      else
+        kept[j] = ""
+      end
+    else
+      kept[j] = new
+      if new ~= "" then keep = true end
+    end
+    if num and kept[j] ~= "#" and (not old or o == "#") then
+      local r = m.nrems[j]
+      r[#r + 1] = key
+    end
+    local lex_old = o
+    if lex_old == "#" then lex_old = nil end
+    if lex_old ~= lex_new then
+      if lex_old and lex_old ~= "" then m.rems[j][#m.rems[j] + 1] = lex_old end
+      if lex_new ~= "" then
+        local a = m.adds[j]
         a[#a + 1] = 0
-        a[#a + 1] = news[j]
+        a[#a + 1] = lex_new
       end
     end
   end
+  if keep then return table.concat(kept, ",") end
+  return nil
 end
 
-local function write_moves(P, rems, adds)
+local function write_moves(P, m)
   for j = 1, #P.idx do
-    if #rems[j] > 0 then chunked("ZREM", P.idx[j], rems[j], #rems[j]) end
-    if #adds[j] > 0 then chunked("ZADD", P.idx[j], adds[j], #adds[j]) end
+    if #m.rems[j] > 0 then chunked("ZREM", P.idx[j], m.rems[j], #m.rems[j]) end
+    if #m.adds[j] > 0 then chunked("ZADD", P.idx[j], m.adds[j], #m.adds[j]) end
+    if #m.nrems[j] > 0 then chunked("ZREM", P.num[j], m.nrems[j], #m.nrems[j]) end
+    if #m.nadds[j] > 0 then chunked("ZADD", P.num[j], m.nadds[j], #m.nadds[j]) end
   end
 end
 
--- Move one key's index members from old_members to members (see collect_moves).
-local function move_members(P, old_members, members)
-  local rems, adds = new_moves(P)
-  collect_moves(P, old_members, members, rems, adds)
-  write_moves(P, rems, adds)
+-- Move one key's index members to members (see collect_moves), its P.ixm entry with them.
+local function move_members(P, key, members)
+  local old = redis.call("HGET", P.ixm, key) or nil
+  local m = new_moves(P)
+  local kept = collect_moves(P, key, old, members, m)
+  write_moves(P, m)
+  if kept ~= old then
+    if kept then redis.call("HSET", P.ixm, key, kept) else redis.call("HDEL", P.ixm, key) end
+  end
 end
 
 -- change_previous in bulk mode: a change whose key the batch had not written before records
@@ -116,21 +161,27 @@ local function write_deferred(P, S)
   S.inserts = S.inserts + chunked("HSET", P.rec, args, 2 * nk)
   if S.has_expiry then chunked("ZREM", P.exp, ks, nk) end
   if #P.idx > 0 then
-    local _, old = chunked("HMGET", P.ixm, ks, nk)
-    local changed, nc = {}, 0
-    local rems, adds = new_moves(P)  -- each key is written once here: its moves once
+    local old = {}  -- no entry at all (a topic whose members are numbers): no HMGET
+    if redis.call("EXISTS", P.ixm) == 1 then old = select(2, chunked("HMGET", P.ixm, ks, nk)) end
+    local changed, nc, dropped = {}, 0, {}
+    local m = new_moves(P)  -- each key is written once here: its moves once
     for i = 1, nk do
       local k = ks[i]
-      local om, members = old[i], d.members[k]
-      if om ~= members then
-        collect_moves(P, om, members, rems, adds)
-        changed[nc + 1] = k
-        changed[nc + 2] = members
-        nc = nc + 2
+      local om = old[i] or nil
+      local kept = collect_moves(P, k, om, d.members[k], m)
+      if kept ~= om then
+        if kept then
+          changed[nc + 1] = k
+          changed[nc + 2] = kept
+          nc = nc + 2
+        else
+          dropped[#dropped + 1] = k
+        end
       end
     end
-    write_moves(P, rems, adds)
+    write_moves(P, m)
     if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
+    if #dropped > 0 then chunked("HDEL", P.ixm, dropped, #dropped) end
   end
   S.deferred = new_deferred()
 end
@@ -211,13 +262,7 @@ local function upsert(P, S, op, id, key, data, ex, members)
   elseif S.has_expiry then
     redis.call("ZREM", P.exp, key)
   end
-  if #P.idx > 0 then
-    local om = redis.call("HGET", P.ixm, key)
-    if om ~= members then
-      move_members(P, om, members)
-      redis.call("HSET", P.ixm, key, members)
-    end
-  end
+  if #P.idx > 0 then move_members(P, key, members) end
   if ex == "now" then
     -- TTL 0 (expiration_policy "min"): delivered to current subscribers, never kept
     remove_record(P, S, key, stored, "expired", nil)
