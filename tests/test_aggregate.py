@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from sow_redis.model.aggregate import Aggregation, ProjectionError, parse_projection
-from tests.conftest import run_cli
+from conftest import run_cli
 
 PROJECTION = ["/sym", "COUNT(/id) AS /orders", "SUM(/qty) AS /qty", "AVG(/px) AS /avg_px",
               "MIN(/px) AS /lo", "MAX(/px) AS /hi"]

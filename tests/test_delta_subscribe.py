@@ -13,7 +13,7 @@ import pytest
 from sow_redis.client import Sow
 from sow_redis.errors import ConfigError
 from sow_redis.model.delta import apply_delta, delta_of
-from tests.conftest import run_cli
+from conftest import run_cli
 
 
 def _config(name: str, previous: bool = True, partitions: int = 4) -> str:

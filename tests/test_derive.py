@@ -15,7 +15,7 @@ from sow_redis.config import parse_topics, to_toml
 from sow_redis.derive import Deriver
 from sow_redis.errors import ConfigError, DerivedTopicError
 from sow_redis.model.aggregate import Aggregation
-from tests.conftest import run_cli, wait_until
+from conftest import run_cli, wait_until
 
 PROJECTION = ["/sym", "COUNT(/id) AS /orders", "SUM(/qty) AS /qty", "AVG(/px) AS /avg_px",
               "MIN(/px) AS /lo", "MAX(/px) AS /hi"]

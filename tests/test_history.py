@@ -14,7 +14,7 @@ import pytest
 from sow_redis.client import Sow
 from sow_redis.config import parse_topics
 from sow_redis.errors import BookmarkError, ConfigError
-from tests.conftest import run_cli, wait_until
+from conftest import run_cli, wait_until
 
 
 def _config(name: str, history: bool = True) -> str:

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from sow_redis.client import Sow
-from tests.conftest import run_cli
+from conftest import run_cli
 
 
 def _config(name: str) -> str:

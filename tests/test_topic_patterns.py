@@ -13,7 +13,7 @@ import pytest
 
 from sow_redis.client import Sow
 from sow_redis.errors import UnknownTopicError
-from tests.conftest import cli_env, run_cli, start_worker
+from conftest import cli_env, run_cli, start_worker
 
 
 @pytest.fixture(scope="module")

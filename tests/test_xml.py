@@ -7,7 +7,7 @@ import pytest
 
 from sow_redis.errors import MessageError
 from sow_redis.model.xml import encode, to_message
-from tests.conftest import run_cli
+from conftest import run_cli
 
 ALERT = (b'<alert id="a1"><sym>IBM</sym><level>3</level><tags><tag>x</tag><tag>y</tag></tags>'
          b"<note/></alert>")
