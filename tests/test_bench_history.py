@@ -22,3 +22,5 @@ def test_bench_history_checks_and_reports(tmp_path: Path) -> None:
     assert "as-of ÷ current" in proc.stdout
     assert set(result["ingest_rate"]) == {"off", "on"} and min(result["ingest_rate"].values()) > 0
     assert "history on ÷ off" in proc.stdout
+    assert min(result["updates_rate"].values()) > 0 and min(result["updates_redis_us"].values()) > 0
+    assert "the updates alone" in proc.stdout
