@@ -9,9 +9,10 @@ of the topic that matches the content filter. The query plan (:func:`plan_query`
 3. equality on exactly the fields of a configured hash index: that index;
 4. a comparison (``<``, ``<=``, ``>``, ``>=``, ``=``, ``BETWEEN``) with a literal on a field of
    a configured range index (``index``), the filter itself or in its top-level AND: that
-   index's members in the range (its numbers by score, other values by text), per partition (:mod:`sow_redis.model.rangeindex`); of several
-   such fields the one whose range holds the fewest members, unless even that one holds more
-   than :data:`MAX_INDEX_FRACTION` of the records;
+   index's members in the range (its numbers by score, other values by text), per partition
+   (:mod:`sow_redis.model.rangeindex`); of several such fields the one whose range holds the
+   fewest members, unless even that one holds more than :data:`MAX_INDEX_FRACTION` of the
+   records;
 5. otherwise every record (a scan).
 
 The full filter is still checked on every record read, so a plan changes only how many

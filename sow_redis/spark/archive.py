@@ -324,8 +324,9 @@ def _restore_records(r: Client, topic: TopicConfig, p: int, snap: list[Row],
         if exp:
             pipe.zadd(keys.expiry(name, p), {key: exp})
         members = index_members(decode(data, topic), topic, key) if n_idx else ""
-        if stored_members(members):
-            pipe.hset(keys.index_members(name, p), key, stored_members(members))
+        kept = stored_members(members)
+        if kept:
+            pipe.hset(keys.index_members(name, p), key, kept)
         for j, m in enumerate(members.split(",") if members else ()):
             if m.startswith(NUMBER) and j >= len(topic.hash_index):
                 pipe.zadd(keys.range_numbers(name, p, j), {key: float(m[1:])})
