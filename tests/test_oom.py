@@ -34,6 +34,12 @@ def _cfg(name: str) -> str:
     return f'[[topic]]\nname = "{name}"\nkey = ["/id"]\npartitions = 2\n'
 
 
+def _records_bytes(sow: Sow, topic: str) -> int:
+    """``MEMORY USAGE`` of the topic's records hashes (both partitions), in bytes."""
+    return sum(int(sow.r.memory_usage(keys.records(topic, p), samples=0) or 0)
+               for p in range(2))
+
+
 def _fill(sow: Sow, topic: str) -> int:
     """Publish 1 KB messages until Redis refuses; returns the messages published."""
     pad = "x" * 1000
@@ -117,6 +123,7 @@ def test_sow_delete_frees_memory_while_redis_refuses_appends(small_url, topic_na
     published = _fill(sow, topic_name)  # until Redis refused a chunk
     recs = sow.sow(topic_name)
     before = int(sow.r.info("memory")["used_memory"])
+    held = _records_bytes(sow, topic_name)
     # firmly out of memory: every append is refused from here on
     sow.r.config_set("maxmemory", before - 1_000_000)
     with pytest.raises(OutOfMemoryError):  # nothing appended: the refusal itself
@@ -129,14 +136,17 @@ def test_sow_delete_frees_memory_while_redis_refuses_appends(small_url, topic_na
                   check=False, process=True)
     assert out.returncode == 0, out.stderr.decode()
     after = int(sow.r.info("memory")["used_memory"])
+    kept = _records_bytes(sow, topic_name)
     left = len(sow.sow(topic_name))
-    print(f"\n{published} records filled memory; deleted {half + 1} under OOM: "
-          f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB, {left} records left; "
-          f"{out.stdout.decode().strip()}")
+    print(f"\n{published} records filled memory; deleted {half + 1} under OOM: records "
+          f"{held / 2**20:.2f} -> {kept / 2**20:.2f} MiB (used_memory {before / 2**20:.1f} -> "
+          f"{after / 2**20:.1f} MiB), {left} records left; {out.stdout.decode().strip()}")
     assert len(recs) > 1000 and left == len(recs) - half - 1
-    # the records leave; their delete events (with the data, for filtered subscribers)
-    # stay in the change feed until its retention drops them
-    assert after < before - 100_000
+    # the records leave and free their memory; their delete events (with the data, for
+    # filtered subscribers) stay in the change feed until its retention drops them, and
+    # used_memory also holds the Lua heap (Redis 7.0), freed when Lua collects its garbage:
+    # neither is what this test is about
+    assert kept < held - 1000 * half // 2
     sow.r.config_set("maxmemory", MAXMEMORY)
     try:
         assert sow.publish(topic_name, {"id": -1, "pad": "z"}).published == 1
