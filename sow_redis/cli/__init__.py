@@ -6,11 +6,15 @@ messages (:mod:`.common`). The commands live in modules by group: :mod:`.config_
 
 from __future__ import annotations
 
-import click
+from . import interrupt
 
-from ..settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings
-from . import config_cmds, ops, processes, publishing, queries, spark, subscriptions
-from .common import Main
+interrupt.hold()  # Ctrl-C during the imports below: the command raises it when it starts
+
+import click  # noqa: E402
+
+from ..settings import DEFAULT_CONFIG_PATH, DEFAULT_REDIS_URL, Settings  # noqa: E402
+from . import config_cmds, ops, processes, publishing, queries, spark, subscriptions  # noqa: E402
+from .common import Main  # noqa: E402
 
 __all__ = ["main"]
 
@@ -43,6 +47,8 @@ def main(ctx: click.Context, redis_url: str, control_url: str | None, config_pat
       sow-redis sow -t orders -f "/price > 100"
       sow-redis down
     """
+    if interrupt.release():  # Ctrl-C came while the modules were imported: Main ends it
+        raise KeyboardInterrupt
     from ..logs import setup  # start-up time: not for --help
 
     setup(json=log_json, level=log_level)
