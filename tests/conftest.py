@@ -437,6 +437,34 @@ def executor_python(folder: Path) -> str:
     return str(path)
 
 
+def first_flights(tmp_path_factory: pytest.TempPathFactory, n: int) -> Path:
+    """The first ``n`` NYC flights as JSON Lines (``flights_<n>.jsonl``), cut from the export of
+    scripts/export_flights.py (about 4 CPU-seconds), which is made once per test run: under
+    pytest-xdist in the run's base folder, shared by the workers (a lock lets one export while
+    the others wait; the script leaves a fresh export alone)."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's folder, above each worker's own
+    out = base / "flights-export"
+    out.mkdir(exist_ok=True)
+    small = out / f"flights_{n}.jsonl"
+    with open(out / ".lock", "wb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not small.exists():
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "export_flights.py"),
+                            str(out)], check=True, capture_output=True, timeout=300)
+            part = small.with_suffix(".part")
+            with open(out / "flights.jsonl", "rb") as src, open(part, "wb") as dst:
+                for i, line in enumerate(src):
+                    if i >= n:
+                        break
+                    dst.write(line)
+            part.rename(small)
+    return small
+
+
 @pytest.fixture(scope="session")
 def spark_standalone(tmp_path_factory):
     """A :class:`sow_redis.spark.standalone.StandaloneCluster`: master and two workers (1

@@ -7,14 +7,12 @@ bad rows reach the error stream."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ROOT, SHARED
+from conftest import ROOT, SHARED, first_flights
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -29,16 +27,7 @@ N_FLIGHTS = 20_000
 
 @pytest.fixture(scope="session")
 def flights_jsonl(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("flights")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "export_flights.py"), str(out)],
-                   check=True, capture_output=True, timeout=300)
-    small = out / "flights_small.jsonl"
-    with open(out / "flights.jsonl", "rb") as src, open(small, "wb") as dst:
-        for i, line in enumerate(src):
-            if i >= N_FLIGHTS:
-                break
-            dst.write(line)
-    return small
+    return first_flights(tmp_path_factory, N_FLIGHTS)
 
 
 def _records(sow: Sow, topic: str) -> dict[str, dict]:
