@@ -7,14 +7,12 @@ bad rows reach the error stream."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ROOT, SHARED
+from conftest import ROOT, SHARED, first_flights
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -29,16 +27,7 @@ N_FLIGHTS = 20_000
 
 @pytest.fixture(scope="session")
 def flights_jsonl(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("flights")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "export_flights.py"), str(out)],
-                   check=True, capture_output=True, timeout=300)
-    small = out / "flights_small.jsonl"
-    with open(out / "flights.jsonl", "rb") as src, open(small, "wb") as dst:
-        for i, line in enumerate(src):
-            if i >= N_FLIGHTS:
-                break
-            dst.write(line)
-    return small
+    return first_flights(tmp_path_factory, N_FLIGHTS)
 
 
 def _records(sow: Sow, topic: str) -> dict[str, dict]:
@@ -283,11 +272,21 @@ def test_cli_spark_load_delete(spark, url, topic_name, tmp_path):
     assert sorted(r.obj()["k"] for r in sow.sow(topic_name)) == [2]
 
 
-def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name, tmp_path):
+def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name, tmp_path,
+                                                                monkeypatch):
     """A missing input, glob, folder or snapshot, an unknown format or topic, --delta with
-    --delete: one line, exit 1 (2: usage), without starting Spark (SPARK_HOME points nowhere, so a
-    command that started Spark would fail otherwise)."""
+    --delete: one line, exit 1 (2: usage), without starting Spark (SPARK_HOME points nowhere, and
+    the commands' get_session fails the command, so a command that started Spark, or took
+    this process's running session, would fail otherwise). The commands run in this process
+    (``in_process``): 11 interpreters, each importing pyspark, took 8 CPU-seconds."""
     from conftest import run_cli
+
+    from sow_redis.spark import session
+
+    def no_spark(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a user error started Spark")
+
+    monkeypatch.setattr(session, "get_session", no_spark)
 
     Sow(url).apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/k"]\n')
     ok = tmp_path / "ok.jsonl"
@@ -320,7 +319,8 @@ def test_cli_spark_user_errors_are_one_line_before_spark_starts(url, topic_name,
     ]
     for args, status, line in cases:
         t0 = time.monotonic()
-        out = run_cli(url, "spark", *args, check=False, SPARK_HOME=str(tmp_path / "nospark"))
+        out = run_cli(url, "spark", *args, check=False, in_process=True,
+                      SPARK_HOME=str(tmp_path / "nospark"))
         err = out.stderr.decode().strip().splitlines()
         print(f"{time.monotonic() - t0:.1f} s", args, out.returncode, err)
         assert out.returncode == status and err[-1] == line

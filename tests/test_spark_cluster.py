@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,7 +19,15 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import ROOT, SHARED, SPARK_TEST_MASTER, _own_cluster, client, run_cli
+from conftest import (
+    ROOT,
+    SHARED,
+    SPARK_TEST_MASTER,
+    _own_cluster,
+    client,
+    first_flights,
+    run_cli,
+)
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -36,18 +43,7 @@ N_ROWS = 6000
 @pytest.fixture(scope="module")
 def flights(tmp_path_factory) -> Path:
     """The first ``N_ROWS`` NYC flights as JSON Lines."""
-    out = tmp_path_factory.mktemp("flights28")
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "export_flights.py"), str(out)],
-                   check=True, capture_output=True, timeout=300)
-    small = out / "flights.jsonl.part"
-    with open(out / "flights.jsonl", "rb") as src, open(small, "wb") as dst:
-        for i, line in enumerate(src):
-            if i >= N_ROWS:
-                break
-            dst.write(line)
-    path = out / f"flights_{N_ROWS}.jsonl"
-    small.rename(path)
-    return path
+    return first_flights(tmp_path_factory, N_ROWS)
 
 
 def _cfg(name: str, partitions: int = 6) -> str:
