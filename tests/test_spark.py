@@ -237,7 +237,7 @@ def test_cli_spark_load(url, topic_name, tmp_path):
     log = tmp_path / "spark.log"
     t0 = time.monotonic()
     out = run_cli(url, "spark", "load", "-t", topic_name, str(src), "--master", "local[1]",
-                  timeout=400, SOW_SPARK_LOG=str(log))
+                  timeout=900, SOW_SPARK_LOG=str(log))
     wall = time.monotonic() - t0
     line = out.stdout.decode().strip().splitlines()[-1]
     print(line, out.stderr.decode()[:2000])
