@@ -115,7 +115,8 @@ def test_in_redis_apply_writes_what_the_planned_path_writes(backend_url, topic_n
     for prepared in (True, False):
         r.delete(*keys.all_partition_keys(t.name, 1, t.n_indexes))
         _write(r, t, script, prepared)
-        n, drained = drain_partition(r, t, 0, Settings(batch_size=16), linger_ms=0)
+        n, drained = drain_partition(r, t, 0, Settings(batch_size=16), budget_s=120,
+                                     linger_ms=0)
         assert (n, drained) == (len(script), True)
         states.append(_state(r, t))
         events.append(_events(pubsub))

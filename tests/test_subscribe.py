@@ -505,6 +505,7 @@ def test_a_feed_left_ahead_of_the_partition_sequence_is_started_anew(url, topic_
     assert ids == [b"1-0"] and sow.errors(t.name) == []
 
 
+@pytest.mark.serial  # 70 publishes within the 1 s retention: bound to wall-clock time
 def test_the_change_feed_is_trimmed_by_age(url, topic_name):
     """``change_retention`` as a duration: blocks older than it leave the feed and its time
     index (checked every 64 changes of a partition: FEED_UPKEEP_EVERY in remove_record.lua)."""
