@@ -189,11 +189,14 @@ def test_changed_default_is_not_retroactive(sow, topic_name):
 
 
 def test_min_policy_lower_ttl_wins(sow, topic_name):
-    sow.apply_config(cfg(topic_name, 'expiration = "1s"\nexpiration_policy = "min"'))
-    sow.publish(topic_name, {"id": 1}, expiration=0.1)
+    # lifetimes long enough that a loaded machine still queries both records before either
+    # is due (0.1 s and 1 s lost record 1 at load average 13)
+    sow.apply_config(cfg(topic_name, 'expiration = "3s"\nexpiration_policy = "min"'))
+    sow.publish(topic_name, {"id": 1}, expiration=0.5)
     sow.publish(topic_name, {"id": 2}, expiration=30)
     recs = {r.obj()["id"]: r for r in sow.sow(topic_name)}
-    assert recs[2].expiry_ms == int(recs[2].stream_id.split("-")[0]) + 1000
+    assert recs[1].expiry_ms == int(recs[1].stream_id.split("-")[0]) + 500
+    assert recs[2].expiry_ms == int(recs[2].stream_id.split("-")[0]) + 3000
     until_past(sow, recs[1].expiry_ms)
     expire(sow, topic_name)
     assert ids(sow, topic_name) == [2]
