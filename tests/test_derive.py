@@ -288,3 +288,76 @@ def test_an_expired_record_leaves_its_group_and_the_conflated_topic(sow, topic_n
                    60, "the view after the expiry")
     groups = {r["sym"]: r["orders"] for r in _rows(sow, f"{topic_name}_by_sym").values()}
     assert groups == {"A": 1, "B": 1}
+
+
+def test_a_follower_behind_for_100ms_writes_every_50ms_then_every_5ms_again(monkeypatch):
+    """The window a step takes messages for: FLUSH_S (5 ms) while the follower keeps up or
+    has been behind for less than BACKLOG_S, FLUSH_MAX_S (50 ms) after that, FLUSH_S again
+    once a step took all that arrived. A fake clock moving 1 ms per reading: a step reads it
+    once per 64 messages (and at its start), so a 5 ms window takes 320 messages, a 50 ms one
+    3,200."""
+    from sow_redis import derive
+
+    class Clock:
+        now = 0.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            cls.now += 0.001
+            return cls.now
+
+    monkeypatch.setattr(derive, "time", Clock)
+    arriving = [True]
+
+    class Sub:
+        def get(self, timeout: float):
+            return {"kind": "publish"} if arriving[0] else None
+
+    follower = object.__new__(derive._Follower)
+    follower.sub, follower.behind_since = Sub(), None
+    follower.take = lambda msg: None
+    flushes = []
+    follower.flush = lambda: flushes.append(Clock.now)
+    sizes = [follower.step() for _ in range(30)]
+    print(sizes)
+    assert sizes[0] == 320 and sizes[-1] == 3200
+    behind_for = 0.0
+    for n in sizes:  # 5 ms windows until the follower has been behind for 100 ms
+        assert n == (3200 if behind_for >= derive.BACKLOG_S - 1e-9 else 320)
+        behind_for += (n // 64 + 1) * 0.001
+    assert len(flushes) == 30  # a write after every step
+    arriving[0] = False
+    assert follower.step() == 0 and follower.behind_since is None
+    arriving[0] = True
+    assert follower.step() == 320  # caught up: 5 ms windows again
+
+
+def test_the_writer_merges_waiting_rows_and_reports_a_failed_write():
+    """A row or removal handed over while a write runs replaces what waited for its key;
+    drain waits for every row; an error of a write is raised at the next put or drain."""
+    from sow_redis.derive import _Writer
+
+    gate, calls = threading.Event(), []
+
+    def write(rows, gone):
+        calls.append((dict(rows), set(gone)))
+        gate.wait(10)
+        if rows.get("boom"):
+            raise RuntimeError("refused")
+
+    w = _Writer(write, "t")
+    w.put({"a": {"n": 1}}, set())
+    wait_until(lambda: len(calls) == 1, 10, "the first write")
+    w.put({"b": {"n": 1}, "c": {"n": 1}}, set())  # wait while the first write runs
+    w.put({"b": {"n": 2}}, {"c"})  # b's latest row, c removed
+    w.put({"c": {"n": 3}}, {"d"})  # c written again, d removed
+    gate.set()
+    w.drain()
+    assert calls == [({"a": {"n": 1}}, set()),
+                     ({"b": {"n": 2}, "c": {"n": 3}}, {"d"})]
+    w.put({"boom": {"n": 1}}, set())
+    with pytest.raises(RuntimeError, match="refused"):
+        w.drain()
+    w.put({"e": {"n": 1}}, set())  # the writer goes on after reporting it
+    w.close()
+    assert calls[-1] == ({"e": {"n": 1}}, set())

@@ -67,24 +67,31 @@ def _pending_entries(settings: Settings) -> int:
 @click.command()
 @click.option("--burst", is_flag=True, help="Make every view and conflated topic whole now, "
               "then exit.")
+@click.option("--nice", type=click.IntRange(0, 19), default=0, show_default=True,
+              envvar="SOW_DERIVE_NICE",
+              help="Run at this much lower CPU priority (0: as started), so the write path "
+              "keeps the CPU when both compete; not with --burst (env SOW_DERIVE_NICE).")
 @click.pass_context
 @friendly
-def derive(ctx: click.Context, burst: bool) -> None:
+def derive(ctx: click.Context, burst: bool, nice: int) -> None:
     """Run the deriver: keeps every view ([[view]]) and conflated topic ([[conflated_topic]])
     from its underlying topic. Any number may run (each derived topic is served by one, under
-    a lease); `up` starts one.
+    a lease); `up` starts one. With --nice N it runs at a lower CPU priority: views then lag
+    while publishers keep the machine busy, and catch up when it has room.
 
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 derive
     """
     from ..derive import Deriver  # start-up time: redis-py, rq
+    from ..ops.priority import lower_priority
 
     deriver = Deriver(sow_of(ctx))
     if burst:
         names = deriver.burst()
         click.echo(f"derived {len(names)} topic(s){': ' if names else ''}{', '.join(names)}")
         return
+    lower_priority(nice)
     click.echo(f"deriver on {redact(settings_of(ctx).redis_url)}: every view and conflated "
                "topic; Ctrl-C stops it", err=True)
     deriver.run()
