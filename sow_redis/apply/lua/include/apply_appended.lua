@@ -80,13 +80,13 @@ local function apply_appended(P)
   if why then return {-1, why, stored} end
   local meta = redis.call("HMGET", P.state, "cursor", "seq")
   local cursor = meta[1] or "0-0"
-  -- only entries this call appends are applied here: none when others wait before them
-  local caught_up = ARGV[OP + 3] == "1"
-    and #redis.call("XRANGE", P.log, "(" .. cursor, "+", "COUNT", 1) == 0
-
   -- the log's last entry before this call's: a trusted range that ends there grows
   local tail = redis.call("XREVRANGE", P.log, "+", "-", "COUNT", 1)
   if #tail > 0 then log_last = tail[1][1] end
+  -- only entries this call appends are applied here: none when others wait before them,
+  -- that is when the log's last entry lies after the applied cursor (ids in order: pad_id)
+  local caught_up = ARGV[OP + 3] == "1"
+    and (log_last == "" or pad_id(log_last) <= pad_id(cursor))
 
   local entries = {}
   for i = 1, #fields do

@@ -58,8 +58,9 @@ end
 -- else why not ("migrating", "absent", "dropped", "changed") and the stored value. The
 -- definition fence of the callers that hold no fencing token (issue 23.4).
 local function definition_refused(P)
-  local stored = redis.call("GET", P.def)
-  if migrating(P) then return "migrating", stored or "" end
+  local got = redis.call("MGET", P.def, P.lease)  -- one call: a small publish pays per call
+  local stored, owner = got[1], got[2]
+  if owner and string.sub(owner, 1, 8) == "migrate:" then return "migrating", stored or "" end
   if stored == P.fingerprint then return nil end
   if not stored then return "absent", "" end
   if stored == "migrating" or stored == "dropped" then return stored, stored end
