@@ -48,17 +48,12 @@ local function partition_context()
   }
 end
 
--- True while a shape migration holds the partition (its lease is a "migrate:…" owner).
-local function migrating(P)
-  local owner = redis.call("GET", P.lease)
-  return owner and string.sub(owner, 1, 8) == "migrate:"
-end
-
--- nil when the caller's definition is the stored one and no migration holds the partition;
--- else why not ("migrating", "absent", "dropped", "changed") and the stored value. The
--- definition fence of the callers that hold no fencing token (issue 23.4).
+-- nil when the caller's definition is the stored one and no migration holds the partition
+-- (its lease owned by "migrate:…"); else why not ("migrating", "absent", "dropped",
+-- "changed") and the stored value. The definition fence of the callers that hold no fencing
+-- token (issue 23.4). One MGET: a small publish pays for every redis.call.
 local function definition_refused(P)
-  local got = redis.call("MGET", P.def, P.lease)  -- one call: a small publish pays per call
+  local got = redis.call("MGET", P.def, P.lease)
   local stored, owner = got[1], got[2]
   if owner and string.sub(owner, 1, 8) == "migrate:" then return "migrating", stored or "" end
   if stored == P.fingerprint then return nil end
