@@ -189,3 +189,21 @@ def test_bench_query_compares_the_range_index_with_a_scan(tmp_path: Path) -> Non
         assert row["plan"].startswith("index /px range") and row["index_ms"] > 0
     assert [row["skip_n"] for row in res["paging"]] == [0, 200, 1800]
     assert res["memory"]["index_bytes_per_record"] > 0
+
+
+def test_bench_apply_call_compares_two_revisions_of_the_script(tmp_path: Path) -> None:
+    out = tmp_path / "apply_call.json"
+    proc = _run("bench_apply_call.py", "--base", "HEAD", "--sizes", "1,5", "--rounds", "2",
+                "--calls", "50", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
+    res = json.loads(out.read_bytes())
+    assert [r["messages"] for r in res["results"]] == [1, 5]
+    for r in res["results"]:
+        assert len(r["rounds"]["base"]) == len(r["rounds"]["tree"]) == 2
+        assert r["base_us"] > 0 and r["tree_us"] > 0
+        assert r["ratio"] == pytest.approx(r["tree_us"] / r["base_us"])
+    text = proc.stdout.decode()
+    assert "tree/base" in text and "load average" in text
+    bad = _run("bench_apply_call.py", "--base", "no-such-revision", "--sizes", "1",
+               "--json", str(tmp_path / "bad.json"))
+    assert bad.returncode != 0 and b"git show no-such-revision" in bad.stderr
