@@ -191,18 +191,21 @@ def test_bench_query_compares_the_range_index_with_a_scan(tmp_path: Path) -> Non
     assert res["memory"]["index_bytes_per_record"] > 0
 
 
-def test_bench_apply_call_compares_two_revisions_of_the_script(tmp_path: Path) -> None:
-    out = tmp_path / "apply_call.json"
-    proc = _run("bench_apply_call.py", "--base", "HEAD", "--sizes", "1,5", "--rounds", "2",
-                "--calls", "50", "--json", str(out))
+def _results(script: str, out: Path, *args: str) -> tuple[dict, str]:
+    """Run a benchmark script that must succeed; its JSON (written to ``out``) and stdout."""
+    proc = _run(script, *args, "--json", str(out))
     assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
-    res = json.loads(out.read_bytes())
+    return json.loads(out.read_bytes()), proc.stdout.decode()
+
+
+def test_bench_apply_call_compares_two_revisions_of_the_script(tmp_path: Path) -> None:
+    res, text = _results("bench_apply_call.py", tmp_path / "apply_call.json", "--base", "HEAD",
+                         "--sizes", "1,5", "--rounds", "2", "--calls", "50")
     assert [r["messages"] for r in res["results"]] == [1, 5]
     for r in res["results"]:
         assert len(r["rounds"]["base"]) == len(r["rounds"]["tree"]) == 2
         assert r["base_us"] > 0 and r["tree_us"] > 0
         assert r["ratio"] == pytest.approx(r["tree_us"] / r["base_us"])
-    text = proc.stdout.decode()
     assert "tree/base" in text and "load average" in text
     bad = _run("bench_apply_call.py", "--base", "no-such-revision", "--sizes", "1",
                "--json", str(tmp_path / "bad.json"))
