@@ -10,7 +10,10 @@ used) and generates N JSON records once (``id`` 0..N-1, ``px`` uniform in [0, 10
   1,000-message chunk appended and applied by one apply.lua call, as bench_previous.py) to a
   fresh topic with 0, 1 (``/px``) and 2 (``/px``, ``/time``) range indexes and, for
   reference, one hash index (``/sym``), alternating the order; messages per second (wall, the publisher's member computation included) and
-  redis-server CPU µs per message, each against the topic without index.
+  redis-server CPU µs per message, each against the topic without index. Then the same
+  variants' apply.lua calls, captured as the publisher sent them, replayed one at a time on
+  the emptied topic: redis-server's CPU per message with no publisher sharing the cores
+  (``ingest_redis_alone``).
 * ``query``: the records loaded once into a topic with ``index = ["/px"]`` and into its twin
   without; ``/px < X`` at a few selectivities (0.1 %, 1 %, 10 %, 50 %, 90 %) run ``--runs``
   times on each: the indexed one reads the index (forced above the planner's
@@ -51,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sow_redis import keys  # noqa: E402
 from sow_redis.config import parse_topics  # noqa: E402
 from sow_redis.model.topic import TopicConfig  # noqa: E402
+from sow_redis.publish import through  # noqa: E402
 from sow_redis.publish.append import append  # noqa: E402
 from sow_redis.query.filter import compile_filter  # noqa: E402
 from sow_redis.query import sow as sow_module  # noqa: E402
@@ -125,6 +129,72 @@ def ingest(r: Redis, msgs: list[bytes], args: argparse.Namespace) -> dict[str, A
         print(f"{v:14} {m['msgs_per_s']:10.0f} {m['throughput_vs_none']:8.2f} "
               f"{m['redis_us_per_msg']:13.2f} {m['redis_cpu_vs_none']:8.2f}")
     return {"runs": runs, "medians": medians}
+
+
+def captured_calls(r: Redis, t: TopicConfig, msgs: list[bytes]) -> list[bytes]:
+    """The packed apply.lua calls (RESP) of a write-through publish of ``msgs`` to ``t``,
+    as the publisher sent them (the publish itself runs)."""
+    calls: list[bytes] = []
+    packed = through.WriteThrough.packed
+
+    def spy(self: through.WriteThrough, *args: Any) -> bytes:
+        calls.append(packed(self, *args))
+        return calls[-1]
+
+    through.WriteThrough.packed = spy  # type: ignore[method-assign]
+    try:
+        append(r, t, (("publish", m, None) for m in msgs), jobs=SETTINGS)
+    finally:
+        through.WriteThrough.packed = packed  # type: ignore[method-assign]
+    return calls
+
+
+def replayed(r: Redis, t: TopicConfig, calls: list[bytes], n: int) -> float:
+    """Redis CPU µs per message of sending ``calls`` again, one at a time, to ``t`` emptied
+    and defined anew (no publisher competing for the cores); raises on a failed check."""
+    drop(r, t)
+    apply_topics(r, [t])
+    conn = r.connection_pool.get_connection()
+    try:
+        cpu0 = redis_cpu_s(r)
+        for call in calls:
+            conn.send_packed_command([call])
+            conn.read_response()
+        cpu = redis_cpu_s(r) - cpu0
+    finally:
+        r.connection_pool.release(conn)
+    records, seq, errors = applied_counts(r, t)
+    if (records, seq, errors) != (n, n, 0):
+        raise SystemExit(f"replay check failed: records {records}, seq sum {seq}, "
+                         f"errors {errors}")
+    return cpu / n * 1e6
+
+
+def ingest_redis_alone(r: Redis, msgs: list[bytes], args: argparse.Namespace
+                       ) -> dict[str, Any]:
+    """Redis CPU per message of each ingest variant's apply.lua calls replayed without the
+    publisher (which shares the two cores with redis-server in :func:`ingest`)."""
+    calls, tops = {}, {}
+    for name in INDEXES:
+        tops[name] = topic("alone", args.partitions, INDEXES[name])
+        apply_topics(r, [tops[name]])
+        calls[name] = captured_calls(r, tops[name], msgs)
+    runs: dict[str, list[float]] = {v: [] for v in INDEXES}
+    for i in range(args.runs):
+        for name in (list(INDEXES) if i % 2 == 0 else list(reversed(INDEXES))):
+            runs[name].append(replayed(r, tops[name], calls[name], len(msgs)))
+    for name in INDEXES:
+        drop(r, tops[name])
+    base = statistics.median(runs["none"])
+    print(f"\ningest, redis-server alone: the same apply.lua calls replayed one at a time, "
+          f"median of {args.runs} runs")
+    print(f"{'indexes':14} {'redis µs/msg':>13} {'vs none':>8}")
+    out = {}
+    for v, xs in runs.items():
+        m = statistics.median(xs)
+        out[v] = {"redis_us_per_msg": m, "redis_cpu_vs_none": m / base, "runs": xs}
+        print(f"{v:14} {m:13.2f} {m / base:8.2f}")
+    return out
 
 
 def timed(fn: Any, runs: int) -> tuple[float, Any]:
@@ -223,6 +293,7 @@ def main() -> int:
         r = Redis.from_url(server.url)
         machine = machine_info(r)
         ing = ingest(r, msgs, args)
+        alone = ingest_redis_alone(r, msgs, args)
         indexed = topic("idx", args.partitions, INDEXES["1 index"])
         plain = topic("scan", args.partitions, "")
         load(r, indexed, msgs)
@@ -234,7 +305,8 @@ def main() -> int:
     print(f"load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     out = write_json(args.json, {"args": vars(args), "machine": machine,
                                  "loadavg_start": load_start, "loadavg_end": load_end,
-                                 "ingest": ing, "query": q, "paging": pg, "memory": mem})
+                                 "ingest": ing, "ingest_redis_alone": alone, "query": q,
+                                 "paging": pg, "memory": mem})
     print(f"results: {out}")
     return 0
 

@@ -182,6 +182,9 @@ def test_bench_query_compares_the_range_index_with_a_scan(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
     res = json.loads(out.read_bytes())
     assert set(res["ingest"]["medians"]) == {"none", "1 index", "2 indexes", "1 hash index"}
+    alone = res["ingest_redis_alone"]  # the replay checked records, seqs and errors itself
+    assert set(alone) == set(res["ingest"]["medians"]) and alone["none"]["redis_cpu_vs_none"] == 1
+    assert all(len(v["runs"]) == 1 and v["redis_us_per_msg"] > 0 for v in alone.values())
     assert [row["selectivity"] for row in res["query"]] == [0.001, 0.01, 0.1, 0.5, 0.9]
     planner = [row["planner"] for row in res["query"]]
     assert planner == ["range_index"] * 4 + ["scan"]
