@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from benchlib import BenchError, machine_info, private_redis, write_json
+from benchlib import BenchError, apply_calls, machine_info, private_redis, write_json
 from redis import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,26 +56,16 @@ def base_source(rev: str) -> str:
 def captured_call(sow: Sow, size: int) -> list[Any]:
     """The EVALSHA arguments (after the SHA) of a publish of ``size`` messages to a fresh
     1-partition topic, as the publisher built them."""
-    seen: list[tuple[Any, ...]] = []
-    packed = through.WriteThrough.packed
-
-    def spy(self: through.WriteThrough, *args: Any) -> bytes:
-        seen.append(args)
-        return packed(self, *args)
-
     name = f"call{size}"
     sow.apply_config(f'[[topic]]\nname = "{name}"\npartitions = 1\n')
     t = sow.topic(name)
     items = [("publish", orjson.dumps({"id": i, "px": 100.25, "qty": 100, "sym": "ABC"}),
               f"k{i}") for i in range(size)]
-    through.WriteThrough.packed = spy  # type: ignore[method-assign]
-    try:
+    with apply_calls() as seen:
         append(sow.r, t, items, jobs=sow.job_settings)
-    finally:
-        through.WriteThrough.packed = packed  # type: ignore[method-assign]
     if len(seen) != 1:
         raise BenchError(f"expected one apply.lua call, the publish made {len(seen)}")
-    call = through.WriteThrough(sow.r).call(*seen[0])
+    call = through.WriteThrough(sow.r).call(*seen[0][0])
     return call[1:]
 
 

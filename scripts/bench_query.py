@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from benchlib import applied_counts, machine_info, private_redis, redis_cpu_s, write_json
+from benchlib import (applied_counts, apply_calls, machine_info, private_redis, redis_cpu_s,
+                      write_json)
 from redis import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -54,7 +55,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sow_redis import keys  # noqa: E402
 from sow_redis.config import parse_topics  # noqa: E402
 from sow_redis.model.topic import TopicConfig  # noqa: E402
-from sow_redis.publish import through  # noqa: E402
 from sow_redis.publish.append import append  # noqa: E402
 from sow_redis.query.filter import compile_filter  # noqa: E402
 from sow_redis.query import sow as sow_module  # noqa: E402
@@ -134,19 +134,9 @@ def ingest(r: Redis, msgs: list[bytes], args: argparse.Namespace) -> dict[str, A
 def captured_calls(r: Redis, t: TopicConfig, msgs: list[bytes]) -> list[bytes]:
     """The packed apply.lua calls (RESP) of a write-through publish of ``msgs`` to ``t``,
     as the publisher sent them (the publish itself runs)."""
-    calls: list[bytes] = []
-    packed = through.WriteThrough.packed
-
-    def spy(self: through.WriteThrough, *args: Any) -> bytes:
-        calls.append(packed(self, *args))
-        return calls[-1]
-
-    through.WriteThrough.packed = spy  # type: ignore[method-assign]
-    try:
+    with apply_calls() as seen:
         append(r, t, (("publish", m, None) for m in msgs), jobs=SETTINGS)
-    finally:
-        through.WriteThrough.packed = packed  # type: ignore[method-assign]
-    return calls
+    return [call for _args, call in seen]
 
 
 def replayed(r: Redis, t: TopicConfig, calls: list[bytes], n: int) -> float:

@@ -166,6 +166,28 @@ def cpu_by_group_since(before: dict[str, float], own: bool = False) -> dict[str,
     return dict(sorted(((g, v) for g, v in diff.items() if v >= 0.01), key=lambda x: -x[1]))
 
 
+@contextmanager
+def apply_calls() -> Iterator[list[tuple[tuple[Any, ...], bytes]]]:
+    """Records the apply.lua calls sow_redis's publisher sends within the block: per call, the
+    arguments of ``WriteThrough.packed`` (topic, partition, entries, marker lifetime in ms,
+    job id, write-through) and the RESP command it packed from them."""
+    from sow_redis.publish import through
+
+    seen: list[tuple[tuple[Any, ...], bytes]] = []
+    packed = through.WriteThrough.packed
+
+    def spy(self: through.WriteThrough, *args: Any) -> bytes:
+        out = packed(self, *args)
+        seen.append((args, out))
+        return out
+
+    through.WriteThrough.packed = spy  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        through.WriteThrough.packed = packed  # type: ignore[method-assign]
+
+
 def redis_cpu_s(r: Any) -> float:
     """CPU seconds (user + system) redis-server has used, from ``INFO cpu``."""
     info = r.info("cpu")
