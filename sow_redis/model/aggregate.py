@@ -122,17 +122,30 @@ def _scaled(number: float) -> int:
     return n << (_SCALE_BITS + 1 - d.bit_length())
 
 
-def _getter(path: tuple[str, ...]) -> Callable[[JSONObject], JSON]:
-    """``get_path(record, path)`` as a function, a plain ``dict.get`` for a one-step path."""
-    if len(path) == 1:
-        step = path[0]
-        return lambda record: record.get(step)
-    return lambda record: get_path(record, path)
+def _reader(paths: list[tuple[str, ...]]) -> Callable[[JSONObject], tuple[JSON, ...]]:
+    """A function giving a record's values at ``paths`` as a tuple (a missing field: None):
+    ``map(record.get, …)`` when every path is one step, :func:`get_path` otherwise."""
+    if all(len(p) == 1 for p in paths):
+        steps = [p[0] for p in paths]
+        if len(steps) == 1:
+            step = steps[0]
+            return lambda record: (record.get(step),)
+        return lambda record: tuple(map(record.get, steps))
+    return lambda record: tuple([get_path(record, p) for p in paths])
+
+
+def _same(a: JSON, b: JSON) -> bool:
+    """The same JSON value of the same type (``1``, ``1.0`` and ``true`` aggregate apart)."""
+    return a is b or (type(a) is type(b) and a == b)
+
+
+_COUNT, _SUM, _MIN, _MAX = range(4)
 
 
 @dataclass
 class _Group:
-    """The members of one group and the running totals of its aggregates."""
+    """The members of one group (SOW key → its input values, one per distinct aggregate
+    path) and the running totals of its aggregates."""
 
     values: tuple[JSON, ...]
     members: dict[str, tuple[JSON, ...]] = field(default_factory=dict)
@@ -145,6 +158,10 @@ class _Group:
 
 class Aggregation:
     """The rows of a projection over a changing set of records (see the module docstring).
+
+    Each record's input values are read once per distinct aggregate path; an update within
+    its group touches only the aggregates of the values that changed (a value of another
+    type counts as changed: ``1``, ``1.0`` and ``true`` aggregate apart).
 
     Args:
         projection: the items, e.g. ``["/sym", "COUNT(/id) AS /orders", "AVG(/px) AS /px"]``.
@@ -160,14 +177,16 @@ class Aggregation:
         self.domain = domain
         self._of: dict[str, str] = {}  # record SOW key → group key
         self._groups: dict[str, _Group] = {}
-        self._group_of = [_getter(p) for p in self.spec.grouping]
-        self._input_of = [_getter(a.path) for a in self.spec.aggregates]
+        self._group_of = _reader(list(self.spec.grouping))
+        paths = list(dict.fromkeys(a.path for a in self.spec.aggregates))
+        self._inputs_of = _reader(paths)
         self._fields = [(p, self.spec.grouping.index(p)) for p in self.spec.fields]
-        functions = [a.function for a in self.spec.aggregates]
-        self._count_at = [i for i, f in enumerate(functions) if f == "COUNT"]
-        self._sum_at = [i for i, f in enumerate(functions) if f in ("SUM", "AVG")]
-        self._extreme_at = [(i, f == "MIN") for i, f in enumerate(functions)
-                            if f in ("MIN", "MAX")]
+        code = {"COUNT": _COUNT, "SUM": _SUM, "AVG": _SUM, "MIN": _MIN, "MAX": _MAX}
+        # per input (distinct path): the aggregates that read it, as (index, code)
+        self._plan: list[list[tuple[int, int]]] = [[] for _ in paths]
+        for i, agg in enumerate(self.spec.aggregates):
+            self._plan[paths.index(agg.path)].append((i, code[agg.function]))
+        self._slots = list(enumerate(self._plan))
         self._keys: dict[tuple[JSON, ...], str] = {}  # grouping values (str, int) → group key
 
     def upsert(self, sow_key: str, record: JSONObject) -> list[tuple[str, str, JSONObject]]:
@@ -181,24 +200,26 @@ class Aggregation:
         """:meth:`upsert` without making the rows of the groups that stay: ``publish``
         entries carry None (read the row with :meth:`row` when it is needed, e.g. once after
         many changes); an ``oof`` carries the group's last row."""
-        values = tuple([get(record) for get in self._group_of])
+        values = self._group_of(record)
         key = self._key(values)
-        out: list[tuple[str, str, JSONObject | None]] = []
+        inputs = self._inputs_of(record)
         before = self._of.get(sow_key)
-        if before is not None and before != key:
-            out += self._leave(sow_key, before)
+        if before == key:  # an update within its group: only what changed
+            same = self._groups[key]
+            old = same.members[sow_key]
+            same.members[sow_key] = inputs
+            self._replace(same, old, inputs)
+            return [("publish", key, None)]
+        out = [] if before is None else self._leave(sow_key, before)
         group = self._groups.get(key)
         if group is None:
             n = len(self.spec.aggregates)
             group = self._groups[key] = _Group(
-                values, counts=[0] * n, int_sums=[0] * n, float_sums=[0] * n,
-                floats=[0] * n, extremes=[None] * n)
-        inputs = tuple([get(record) for get in self._input_of])
-        old = group.members.pop(sow_key, None)
-        if old is not None:
-            self._subtract(group, old, inputs)
+                values, counts=[0] * n, int_sums=[0] * n,
+                float_sums=[0] * n, floats=[0] * n, extremes=[None] * n)
         group.members[sow_key] = inputs
-        self._add(group, inputs)
+        for j, plan in self._slots:
+            self._add(group, plan, inputs[j])
         self._of[sow_key] = key
         out.append(("publish", key, None))
         return out
@@ -210,7 +231,11 @@ class Aggregation:
     def _key(self, values: tuple[JSON, ...]) -> str:
         """The group key (a generated SOW key) of grouping ``values``; remembered for values
         that are strings and integers (not booleans: ``True == 1``), at most 100,000."""
-        simple = all(type(v) in (str, int) for v in values)
+        simple = True
+        for v in values:
+            if type(v) is not str and type(v) is not int:
+                simple = False
+                break
         key = self._keys.get(values) if simple else None
         if key is None:
             key = generate(self.domain, [_text(v) for v in values])
@@ -255,65 +280,105 @@ class Aggregation:
             row = self.row(key)
             del self._groups[key]
             return [("oof", key, row)]
-        self._subtract(group, group.members.pop(sow_key))
+        inputs = group.members.pop(sow_key)
+        for j, plan in self._slots:
+            self._take_out(group, plan, j, inputs[j])
         return [("publish", key, None)]
 
-    def _add(self, group: _Group, inputs: tuple[JSON, ...]) -> None:
-        counts = group.counts
-        for i in self._count_at:
-            if inputs[i] is not None:
-                counts[i] += 1
-        for i in self._sum_at:
-            value = inputs[i]
-            if type(value) is int:
-                counts[i] += 1
-                group.int_sums[i] += value
-            elif type(value) is float:
-                counts[i] += 1
-                group.float_sums[i] += _scaled(value)
-                group.floats[i] += 1
-        extremes = group.extremes
-        for i, least in self._extreme_at:
-            value = inputs[i]
-            if type(value) is int or type(value) is float:
-                counts[i] += 1
-                current = extremes[i]
-                if current is None or (value < current if least else value > current):
-                    extremes[i] = value
+    def _replace(self, group: _Group, old: tuple[JSON, ...], new: tuple[JSON, ...]) -> None:
+        """A member's inputs ``old`` replaced by ``new`` (already in ``group.members``): a
+        number replaced by a number in one pass (the deriver's common case: its COUNT stays,
+        a SUM moves by the difference, a MIN / MAX searches the members only when the value
+        that held it got worse), any other change as a removal and an addition."""
+        for j, plan in self._slots:
+            o, n = old[j], new[j]
+            to, tn = type(o), type(n)
+            if o is n or (to is tn and o == n):
+                continue
+            if (to is not int and to is not float) or (tn is not int and tn is not float):
+                self._add(group, plan, n)  # first, so a beating MIN / MAX needs no search
+                self._take_out(group, plan, j, o)
+                continue
+            for i, code in plan:
+                if code == _SUM:
+                    if to is int:
+                        group.int_sums[i] -= o
+                    else:
+                        group.float_sums[i] -= _scaled(o)
+                        group.floats[i] -= 1
+                    if tn is int:
+                        group.int_sums[i] += n
+                    else:
+                        group.float_sums[i] += _scaled(n)
+                        group.floats[i] += 1
+                elif code != _COUNT:  # MIN / MAX (a COUNT stays)
+                    current = group.extremes[i]
+                    if n < current if code == _MIN else n > current:
+                        group.extremes[i] = n
+                    elif o == current and to is type(current) and not (
+                            n == current and tn is to):
+                        found = [v for other in group.members.values()
+                                 if (v := _number(other[j])) is not None]
+                        group.extremes[i] = (min if code == _MIN else max)(found)
 
-    def _subtract(self, group: _Group, inputs: tuple[JSON, ...],
-                  replacement: tuple[JSON, ...] | None = None) -> None:
-        """Take ``inputs`` (a member's values) out of the totals; ``replacement``: the values
-        :meth:`_add` takes next in their place (a MIN / MAX they beat needs no search)."""
+    @staticmethod
+    def _add(group: _Group, plan: list[tuple[int, int]], value: JSON) -> None:
+        """Count ``value`` in the aggregates ``plan`` of ``group``."""
+        if value is None:
+            return
+        kind = type(value)
+        number = kind is int or kind is float
         counts = group.counts
-        for i in self._count_at:
-            if inputs[i] is not None:
-                counts[i] -= 1
-        for i in self._sum_at:
-            value = inputs[i]
-            if type(value) is int:
-                counts[i] -= 1
-                group.int_sums[i] -= value
-            elif type(value) is float:
-                counts[i] -= 1
-                group.float_sums[i] -= _scaled(value)
-                group.floats[i] -= 1
-        extremes = group.extremes
-        for i, least in self._extreme_at:
-            value = inputs[i]
-            if type(value) is not int and type(value) is not float:
+        for i, code in plan:
+            if code == _COUNT:
+                counts[i] += 1
+            elif not number:
                 continue
-            counts[i] -= 1
-            if value != extremes[i]:
+            elif code == _SUM:
+                counts[i] += 1
+                if kind is int:
+                    group.int_sums[i] += value
+                else:
+                    group.float_sums[i] += _scaled(value)
+                    group.floats[i] += 1
+            else:
+                counts[i] += 1
+                current = group.extremes[i]
+                if current is None or (value < current if code == _MIN
+                                       else value > current):
+                    group.extremes[i] = value
+
+    @staticmethod
+    def _take_out(group: _Group, plan: list[tuple[int, int]], j: int, value: JSON) -> None:
+        """Take ``value`` (a member's input ``j``, no longer among ``group.members``' current
+        values) out of the aggregates ``plan`` of ``group``: a MIN / MAX it held is found
+        again among the members."""
+        if value is None:
+            return
+        kind = type(value)
+        number = kind is int or kind is float
+        counts = group.counts
+        for i, code in plan:
+            if code == _COUNT:
+                counts[i] -= 1
+            elif not number:
                 continue
-            new = None if replacement is None else _number(replacement[i])
-            if new is not None and (new < value if least else new > value):
-                continue  # the replacement becomes the extreme (in _add)
-            # the extreme left: find the next one
-            found = [n for other in group.members.values()
-                     if (n := _number(other[i])) is not None]
-            pick = min if least else max
-            extremes[i] = pick(found) if found else None
+            elif code == _SUM:
+                counts[i] -= 1
+                if kind is int:
+                    group.int_sums[i] -= value
+                else:
+                    group.float_sums[i] -= _scaled(value)
+                    group.floats[i] -= 1
+            else:
+                counts[i] -= 1
+                current = group.extremes[i]
+                if value != current or kind is not type(current):
+                    continue  # it was not the extreme (an equal value of another type, too)
+                found = [n for other in group.members.values()
+                         if (n := _number(other[j])) is not None]
+                pick = min if code == _MIN else max
+                group.extremes[i] = pick(found) if found else None
 
     @staticmethod
     def _value(group: _Group, i: int, function: str) -> JSON:
