@@ -190,7 +190,8 @@ class _Follower:
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
         self.sow, self.target = sow, target
         self.sub = Subscriber(sow.r, sow.topic(target.underlying),
-                              filter=target.filter or None, oof=True, sow=True)
+                              filter=target.filter or None, oof=True, sow=True,
+                              bookmarks=False)
         self.ready = False  # the initial records are in
         self._initial: JSONObject = {}
         self.rows: dict[str, JSONObject] = {}  # SOW key → what the next flush writes
@@ -361,7 +362,7 @@ class _JoinFollower(_Follower):
         self.rows, self.gone, self.dirty = {}, set(), set()
         self.ends = 0
         self.sow, self.target = sow, target
-        self.subs = [Subscriber(sow.r, sow.topic(name), oof=True, sow=True)
+        self.subs = [Subscriber(sow.r, sow.topic(name), oof=True, sow=True, bookmarks=False)
                      for name in self.names]
         self.sub = self.subs[0]
         self.ready = False

@@ -68,6 +68,28 @@ def test_plain_subscription_gets_publishes_only_and_oof_gets_each_reason(sow, to
     assert all(m["bookmark"] and m["sow_key"] for m in got_oof)
 
 
+def test_without_bookmarks_the_same_messages_carry_none(sow, topic_name):
+    """``bookmarks=False`` (the deriver's subscriptions): the same live messages, in the same
+    order, without a ``bookmark`` each; the subscriber's own position still moves."""
+    from sow_redis.feed.subscriber import Subscriber
+
+    t = _topic(sow, topic_name)
+    sow.publish(t.name, {"k": 1, "px": 50})
+    subs = [Subscriber(sow.r, t, filter="/px > 10", oof=True, bookmarks=b) for b in (True, False)]
+    try:
+        sow.publish(t.name, [{"k": 2, "px": 60}, {"k": 3, "px": 70}])
+        sow.delta_publish(t.name, {"k": 2, "px": 5})
+        sow.sow_delete(t.name, filter="/k = 3")
+        with_bm, without = (_drain(sub) for sub in subs)
+        assert len(with_bm) == 4 and all(m["bookmark"] for m in with_bm)
+        assert not any("bookmark" in m for m in without)
+        assert [{k: v for k, v in m.items() if k != "bookmark"} for m in with_bm] == without
+        assert subs[0].bookmark == subs[1].bookmark != str(Bookmark.epoch(2))
+    finally:
+        for sub in subs:
+            sub.close()
+
+
 def test_oof_for_a_removed_record_never_received_before(sow, topic_name):
     t = _topic(sow, topic_name)
     sow.publish(t.name, {"k": 1, "px": 50})

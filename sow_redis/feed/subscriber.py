@@ -137,6 +137,9 @@ class Subscriber(MessageReader):
         keys: only these SOW keys (AMPS ``SowKeys`` on a subscription): the query part
             returns only these records, and only their changes (and out-of-focus notices)
             are delivered; combined with ``filter``, both must hold. None: every key.
+        bookmarks: False: the live part's ``publish`` and ``oof`` messages carry no
+            ``bookmark`` (a consumer that never resumes from one, as the deriver, saves
+            making one per change; :attr:`bookmark` still gives the position).
 
     Raises:
         ConfigError: ``delta`` on a topic without ``change_previous``.
@@ -151,7 +154,8 @@ class Subscriber(MessageReader):
                  tracker: Tracker | None = None,
                  report: Callable[[Message], None] | None = None,
                  auto_processed: bool = True, resync: bool = False,
-                 delta: bool = False, keys: list[str] | None = None) -> None:
+                 delta: bool = False, keys: list[str] | None = None,
+                 bookmarks: bool = True) -> None:
         # start-up time: the filter grammar (lark, re2: ~0.13 s) loads only for a filter
         from ..query.filter import compile_filter
 
@@ -167,7 +171,7 @@ class Subscriber(MessageReader):
         self._order = parse_order_by(order_by) if order_by else None
         self._top_n = top_n
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
-        self.resync = resync
+        self.resync, self.bookmarks = resync, bookmarks
         self._ready: deque[Message] = deque()
         self._last: Message | None = None
         self._live: ShardListener | None = None
@@ -326,14 +330,16 @@ class Subscriber(MessageReader):
 
     def _events(self, block: ChangeBlock, upto: int | None = None) -> None:
         p = block["partition"]
-        # the bookmark around partition p's position: the other partitions stay put here
-        self.bookmark  # noqa: B018 (brings self._texts up to date)
-        head = "".join(t + "," for t in self._texts[:p])
-        tail = "".join("," + t for t in self._texts[p + 1:])
+        if self.bookmarks:  # the bookmark around partition p's position: the others stay
+            self.bookmark  # noqa: B018 (brings self._texts up to date)
+            head = "".join(t + "," for t in self._texts[:p])
+            tail = "".join("," + t for t in self._texts[p + 1:])
+        pos, tracker, ready = self.pos, self.tracker, self._ready
         for ev in block["events"]:
-            if ev["seq"] <= self.pos[p] or (upto is not None and ev["seq"] > upto):
+            seq = ev["seq"]
+            if seq <= pos[p] or (upto is not None and seq > upto):
                 continue
-            self.pos[p] = ev["seq"]
+            pos[p] = seq
             what = ev.get("error")
             msg = None
             if what is None:
@@ -342,15 +348,16 @@ class Subscriber(MessageReader):
                 except Exception as exc:  # nothing a change holds may stop the subscriber
                     what = f"the change cannot be rendered ({type(exc).__name__}: {exc})"
             if what is not None:
-                self._error(p, ev["seq"], ev["sow_key"], ev["id"], what)
+                self._error(p, seq, ev["sow_key"], ev["id"], what)
             if msg is None:
-                if self.tracker is not None:
-                    self.tracker.skip(p, ev["seq"])
+                if tracker is not None:
+                    tracker.skip(p, seq)
                 continue
-            msg["bookmark"] = head + position_text(ev["seq"]) + tail
-            if self.tracker is not None:
-                self.tracker.received(p, ev["seq"])
-            self._ready.append(msg)
+            if self.bookmarks:
+                msg["bookmark"] = head + position_text(seq) + tail
+            if tracker is not None:
+                tracker.received(p, seq)
+            ready.append(msg)
 
     def _error(self, p: int | None, seq: int | None, key: str | bytes | None, sid: str | None,
                what: str) -> None:
