@@ -47,6 +47,7 @@ def _applied(sow: Sow, topic: str, last_ids: dict[int, str]) -> bool:
     return True
 
 
+@pytest.mark.serial  # a latency bound: beside 6 busy xdist workers a p99 of 1.6 s
 def test_a_quiet_topic_is_served_while_another_keeps_both_workers_busy(own_url):
     """Topic A (8 partitions) gets a delta_publish of 200 messages every 0.1 s while topic B
     gets one delta every 0.1 s, with 2 workers, for 12 s: B's deltas are applied within
