@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,13 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and "PYTHONPYCACHEPREFIX" not in os
     os.environ["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
     sys.dont_write_bytecode = False
     sys.pycache_prefix = str(PYCACHE)
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # started in the background by a shell without job control (``cmd &`` in a script), the
+    # run inherits SIGINT ignored, and so would every process it starts: the Ctrl-C tests
+    # (``sow-redis`` commands, ``up`` stopping its workers) then fail. Python's own handler
+    # here makes the processes this run starts get SIGINT's default, as from a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # short lease / marker lifetimes so takeover tests run in seconds
 FAST = {"SOW_LEASE_MS": "1000", "SOW_MARKER_TTL_MS": "1500", "SOW_SWEEP_INTERVAL_S": "0.2"}
@@ -80,17 +88,19 @@ def pytest_generate_tests(metafunc):
 
 # -- pytest-xdist (scripts/test.sh runs the suite with -n N --dist loadgroup) ---------------
 SPARK_FIXTURES = frozenset({"spark", "spark_standalone"})
-"""The tests that take one of these fixtures (as a parameter), and every other test marked
-``spark`` (each starts JVMs of its own: a CLI ``spark`` command, a standalone cluster),
-run on one xdist worker, one after the other: the standalone Spark cluster and the session
-start once per run, and no two tests start JVMs at once (run side by side at the start of
-the run, the JVMs of four Spark tests took a CLI load of 3 rows from 8 s alone to 493 s)."""
+"""The tests that take one of these fixtures (as a parameter), and the other tests of the
+Spark test files (marked ``spark`` by the module; each starts JVMs of its own: a CLI
+``spark`` command, a standalone cluster), run on one xdist worker, one after the other: the
+standalone Spark cluster and the session start once per run, and those tests do not start
+JVMs side by side (at the start of the run, the JVMs of four Spark tests took a CLI load of 3
+rows from 8 s alone to 493 s). The Spark benchmark's test runs beside them: in the group, the
+group ended 100 s after every other worker."""
 
 WHOLE_FILES = frozenset({"tests/test_fixtures.py"})
 """Files whose tests run on one worker in file order: a later test there checks what an
 earlier one left (test_fixtures: ``lonely_url`` is the same server within a module)."""
 
-LONGEST = ("test_expirer_and_workers_race_for_60s",
+LONGEST = ("test_bench_spark_compares", "test_expirer_and_workers_race_for_60s",
            "test_kill9_workers_during_500k_mixed_ingest", "test_every_failure_path_is_one_line",
            "test_up_cluster_starts_a_cluster", "test_redis_kill9_keeps_every_acknowledged",
            "test_a_view_equals_a_recompute_after_10000", "test_as_of_equals_a_model_after",
@@ -100,7 +110,8 @@ handed out right after the Spark group, so none of them starts last."""
 
 
 def _marks_spark(node: object) -> bool:
-    """An expression that names ``pytest.mark.spark`` (alone, or in a list of marks)."""
+    """An expression that names ``pytest.mark.spark`` (alone, or in a list of marks): a
+    module's ``pytestmark``."""
     import ast
 
     return any(isinstance(n, ast.Attribute) and n.attr == "spark"
@@ -111,8 +122,8 @@ def _marks_spark(node: object) -> bool:
 @functools.cache
 def _spark_tests() -> frozenset[str]:
     """``path::name`` of every test function in tests/ with a :data:`SPARK_FIXTURES`
-    parameter or the ``spark`` mark (its own, or its module's ``pytestmark``), from the files'
-    syntax trees: the xdist controller schedules by node id and collects nothing itself."""
+    parameter or in a module marked ``spark`` (its ``pytestmark``), from the files' syntax
+    trees: the xdist controller schedules by node id and collects nothing itself."""
     import ast
 
     found = set()
@@ -123,8 +134,7 @@ def _spark_tests() -> frozenset[str]:
                              for t in stmt.targets) for stmt in tree.body)
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and (
-                    module or SPARK_FIXTURES & {a.arg for a in node.args.args}
-                    or any(_marks_spark(d) for d in node.decorator_list)):
+                    module or SPARK_FIXTURES & {a.arg for a in node.args.args}):
                 found.add(f"tests/{path.name}::{node.name}")
     return frozenset(found)
 
@@ -347,7 +357,6 @@ def _run_in_process(env: dict[str, str], args: tuple[str, ...],
     command's connections closed."""
     import gc
     import logging
-    import signal
     import traceback
 
     from click.testing import CliRunner
@@ -446,8 +455,7 @@ SPARK_NICE = 4
 session's driver, the CLI's ``spark`` commands): the Spark tests check results, not timings,
 while the fault and expiry tests on the other xdist workers measure seconds and lose them
 when JVMs compete with their Redis and workers for the 2 cores. Not more: the Spark tests run
-one after the other on one worker (:data:`SPARK_FIXTURES`), the run's longest path, and at
-niceness 10 they ended 100 s after every other worker (2026-11-27)."""
+one after the other on one worker (:data:`SPARK_FIXTURES`), the run's longest path."""
 
 
 def _renice(pid: int) -> None:

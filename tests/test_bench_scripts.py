@@ -213,3 +213,21 @@ def test_bench_apply_call_compares_two_revisions_of_the_script(tmp_path: Path) -
     bad = _run("bench_apply_call.py", "--base", "no-such-revision", "--sizes", "1",
                "--json", str(tmp_path / "bad.json"))
     assert bad.returncode != 0 and b"git show no-such-revision" in bad.stderr
+
+
+def test_bench_deriver_replays_the_changes_through_two_trees(tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD", "sow_redis"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    res, text = _results("bench_deriver.py", tmp_path / "deriver.json", "--n", "1500",
+                         "--runs", "1", "--against", str(old))
+    assert [r["tree"] for r in res["results"]] == [str(ROOT), str(old)]
+    for r in res["results"]:
+        assert 0 < r["parse_us"] < r["all_us"] and r["subscriber_us"] > 0
+        assert len(r["all_us_runs"]) == 1
+    assert "captured" in text and "load average" in text
+    bad = _run("bench_deriver.py", "--n", "10", "--against", str(tmp_path),
+               "--json", str(tmp_path / "bad.json"))
+    assert bad.returncode != 0 and b"holds no sow_redis" in bad.stderr
