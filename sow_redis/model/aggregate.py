@@ -134,11 +134,6 @@ def _reader(paths: list[tuple[str, ...]]) -> Callable[[JSONObject], tuple[JSON, 
     return lambda record: tuple([get_path(record, p) for p in paths])
 
 
-def _same(a: JSON, b: JSON) -> bool:
-    """The same JSON value of the same type (``1``, ``1.0`` and ``true`` aggregate apart)."""
-    return a is b or (type(a) is type(b) and a == b)
-
-
 _COUNT, _SUM, _MIN, _MAX = range(4)
 
 
@@ -182,11 +177,11 @@ class Aggregation:
         self._inputs_of = _reader(paths)
         self._fields = [(p, self.spec.grouping.index(p)) for p in self.spec.fields]
         code = {"COUNT": _COUNT, "SUM": _SUM, "AVG": _SUM, "MIN": _MIN, "MAX": _MAX}
-        # per input (distinct path): the aggregates that read it, as (index, code)
-        self._plan: list[list[tuple[int, int]]] = [[] for _ in paths]
+        # per input (distinct path): its index and the aggregates that read it (index, code)
+        plans: list[list[tuple[int, int]]] = [[] for _ in paths]
         for i, agg in enumerate(self.spec.aggregates):
-            self._plan[paths.index(agg.path)].append((i, code[agg.function]))
-        self._slots = list(enumerate(self._plan))
+            plans[paths.index(agg.path)].append((i, code[agg.function]))
+        self._slots = list(enumerate(plans))
         self._keys: dict[tuple[JSON, ...], str] = {}  # grouping values (str, int) → group key
 
     def upsert(self, sow_key: str, record: JSONObject) -> list[tuple[str, str, JSONObject]]:
