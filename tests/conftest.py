@@ -11,6 +11,7 @@ either kind.
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import signal
@@ -109,14 +110,12 @@ LONGEST = ("test_bench_spark_compares", "test_expirer_and_workers_race_for_60s",
 handed out right after the Spark group, so none of them starts last."""
 
 
-def _marks_spark(node: object) -> bool:
+def _marks_spark(node: ast.AST) -> bool:
     """An expression that names ``pytest.mark.spark`` (alone, or in a list of marks): a
     module's ``pytestmark``."""
-    import ast
-
     return any(isinstance(n, ast.Attribute) and n.attr == "spark"
                and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"
-               for n in ast.walk(node))  # type: ignore[arg-type]
+               for n in ast.walk(node))
 
 
 @functools.cache
@@ -124,8 +123,6 @@ def _spark_tests() -> frozenset[str]:
     """``path::name`` of every test function in tests/ with a :data:`SPARK_FIXTURES`
     parameter or in a module marked ``spark`` (its ``pytestmark``), from the files' syntax
     trees: the xdist controller schedules by node id and collects nothing itself."""
-    import ast
-
     found = set()
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
         tree = ast.parse(path.read_text())
