@@ -29,7 +29,6 @@ one; the machine's 6379 is never used). Output: a table and a JSON file (``--jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import shutil
@@ -42,6 +41,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))  # benchlib, bench_views
+
+from benchlib import machine_info, private_redis, write_json  # noqa: E402
+
 STAGES = ("parse", "subscriber", "all")
 
 REPLAY = r'''
@@ -96,12 +99,11 @@ finally:
 
 
 def capture(n: int, nkeys: int, groups: int, partitions: int, flush_every: int,
-            path: Path) -> int:
+            path: Path) -> tuple[int, dict[str, Any]]:
     """Publish ``n`` messages of bench_views into a topic with one view and keep the change
-    blocks its channels carried (with the configuration) in ``path``; returns the blocks."""
-    sys.path.insert(0, str(ROOT / "scripts"))
+    blocks its channels carried (with the configuration) in ``path``; returns the number of
+    blocks and the machine's description (``benchlib.machine_info``)."""
     import bench_views as bv
-    from benchlib import private_redis
 
     from sow_redis import keys
     from sow_redis.client import Sow
@@ -112,6 +114,7 @@ def capture(n: int, nkeys: int, groups: int, partitions: int, flush_every: int,
     with private_redis("bench-deriver-") as server:
         sow = Sow(server.url)
         sow.apply_config(config)
+        machine = machine_info(sow.r)
         listener = ShardListener(sow.r, [keys.partition_channel("t", p)
                                          for p in range(partitions)])
         append(sow.r, sow.topic("t"), (("publish", m, None)
@@ -123,7 +126,7 @@ def capture(n: int, nkeys: int, groups: int, partitions: int, flush_every: int,
         listener.close()
     path.write_bytes(pickle.dumps({"config": config, "view": "t_v1", "blocks": blocks,
                                    "flush_every": flush_every}))
-    return len(blocks)
+    return len(blocks), machine
 
 
 def replay(tree: Path, data: Path, stage: str, count: int, passes: int,
@@ -198,8 +201,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "blocks.pickle"
         t0 = time.monotonic()
-        blocks = capture(args.n, args.keys, args.groups, args.partitions, args.flush_every,
-                         data)
+        blocks, machine = capture(args.n, args.keys, args.groups, args.partitions,
+                                  args.flush_every, data)
         print(f"captured {blocks} change blocks of {args.n} messages in "
               f"{time.monotonic() - t0:.1f} s")
         results = [measure(tree, data, args.n, blocks, args.runs, args.callgrind)
@@ -217,12 +220,9 @@ def main() -> None:
         if args.callgrind:
             line += "".join(f"{res[f'{s}_instructions']:>18,.0f}" for s in STAGES)
         print(line)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"n": args.n, "keys": args.keys, "groups": args.groups,
-                               "partitions": args.partitions, "flush_every": args.flush_every,
-                               "runs": args.runs, "load_average": [load0, load1],
-                               "results": results}, indent=2))
+    out = write_json(args.json, {"benchmark": "bench_deriver", "machine": machine,
+                                 "options": vars(args), "load_average": [load0, load1],
+                                 "results": results})
     print(f"results: {out}")
 
 

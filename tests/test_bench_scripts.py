@@ -224,6 +224,7 @@ def test_bench_deriver_replays_the_changes_through_two_trees(tmp_path: Path) -> 
     res, text = _results("bench_deriver.py", tmp_path / "deriver.json", "--n", "1500",
                          "--runs", "1", "--against", str(old))
     assert [r["tree"] for r in res["results"]] == [str(ROOT), str(old)]
+    assert res["machine"]["cpu_count"] and res["options"]["n"] == 1500
     for r in res["results"]:
         assert 0 < r["parse_us"] < r["all_us"] and r["subscriber_us"] > 0
         assert len(r["all_us_runs"]) == 1
