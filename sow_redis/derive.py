@@ -309,14 +309,14 @@ class _ViewFollower(_Follower):
 
     def take(self, msg: Message) -> None:
         kind = msg["kind"]
-        if kind == "sow":
+        if kind == "publish":  # first: nearly every message
+            self.changed(self.agg.upsert_keys(msg["sow_key"], msg["data"]))
+        elif kind == "oof":
+            self.changed(self.agg.remove_keys(msg["sow_key"]))
+        elif kind == "sow":
             self.agg.upsert(msg["sow_key"], msg["data"])
         elif kind == "group_end":
             self.reconcile(dict(self.agg.rows()))
-        elif kind in ("publish", "oof"):
-            agg = self.agg
-            self.changed(agg.upsert_keys(msg["sow_key"], msg["data"]) if kind == "publish"
-                         else agg.remove_keys(msg["sow_key"]))
 
 
 class _ConflationFollower(_Follower):

@@ -23,8 +23,11 @@ removed (:meth:`~Aggregation.remove`) and says which rows changed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from math import frexp
+from operator import itemgetter
+from typing import Any
 
 import orjson
 
@@ -106,49 +109,54 @@ def _path(text: str, where: str) -> tuple[str, ...]:
         raise ProjectionError(f"{where}: {exc}") from None
 
 
-def _number(value: JSON) -> int | float | None:
-    return value if type(value) in (int, float) else None
-
-
 _SCALE_BITS = 1074
 """A float is summed as the integer count of 2**-1074 (the least subnormal) it holds: exact
 for every finite float, and an integer sum is much cheaper than a ``Fraction`` sum."""
 
 
 def _scaled(number: float) -> int:
-    """``number`` in units of 2**-1074 (exact). Raises OverflowError / ValueError for an
-    infinity / NaN (as ``Fraction`` does)."""
-    n, d = number.as_integer_ratio()  # d is a power of two, at most 2**1074
-    return n << (_SCALE_BITS + 1 - d.bit_length())
+    """``number`` in units of 2**-1074 (exact): its 53-bit significand, shifted by its
+    exponent (``frexp``; ``as_integer_ratio`` loops over the bits: ~1,270 instructions a call
+    here). Raises OverflowError / ValueError for an infinity / NaN (as ``Fraction`` does)."""
+    mantissa, exponent = frexp(number)  # number = mantissa * 2**exponent, 0.5 <= |m| < 1
+    whole = int(mantissa * 9007199254740992.0)  # * 2**53: an integer, exactly
+    shift = exponent + _SCALE_BITS - 53
+    return whole << shift if shift >= 0 else whole >> -shift  # a subnormal: only 0s go
 
 
-def _reader(paths: list[tuple[str, ...]]) -> Callable[[JSONObject], tuple[JSON, ...]]:
-    """A function giving a record's values at ``paths`` as a tuple (a missing field: None):
-    ``map(record.get, …)`` when every path is one step, :func:`get_path` otherwise."""
-    if all(len(p) == 1 for p in paths):
-        steps = [p[0] for p in paths]
-        if len(steps) == 1:
-            step = steps[0]
-            return lambda record: (record.get(step),)
-        return lambda record: tuple(map(record.get, steps))
-    return lambda record: tuple([get_path(record, p) for p in paths])
+_SUMS = ("num", "isum", "fsum", "floats")
+
+_MEASURES = {"COUNT": ("count",), "SUM": _SUMS, "AVG": _SUMS, "MIN": ("num", "min"),
+             "MAX": ("num", "max")}
+"""The running totals each function reads, per input: ``count`` (values present), ``num``
+(numeric values), ``isum`` (their integers' sum), ``fsum`` (their floats' sum, :func:`_scaled`),
+``floats`` (how many are floats), ``min``, ``max`` (None while there is no number). A SUM and
+an AVG of one path share theirs."""
+
+_EXTREMES = (("min", "<", "min"), ("max", ">", "max"))
 
 
-_COUNT, _SUM, _MIN, _MAX = range(4)
-
-
-@dataclass
 class _Group:
-    """The members of one group (SOW key → its input values, one per distinct aggregate
-    path) and the running totals of its aggregates."""
+    """One group: its grouping values, its members (SOW key → its input values, one per
+    distinct aggregate path) and its running totals (``state``: one slot per measure of
+    :data:`_MEASURES` that the projection reads, in :attr:`Aggregation._slots` order)."""
 
-    values: tuple[JSON, ...]
-    members: dict[str, tuple[JSON, ...]] = field(default_factory=dict)
-    counts: list[int] = field(default_factory=list)
-    int_sums: list[int] = field(default_factory=list)
-    float_sums: list[int] = field(default_factory=list)  # in units of 2**-1074 (_scaled)
-    floats: list[int] = field(default_factory=list)
-    extremes: list[int | float | None] = field(default_factory=list)
+    __slots__ = ("members", "state", "values")
+
+    def __init__(self, values: tuple[JSON, ...], state: list[int | float | None]) -> None:
+        self.values = values
+        self.members: dict[str, tuple[JSON, ...]] = {}
+        self.state = state
+
+
+def _extreme(pick: Callable[[Iterable[int | float]], int | float],
+             members: dict[str, tuple[JSON, ...]], j: int, numbers: int) -> int | float | None:
+    """The least or greatest (``pick``) number among the members' input ``j``, ``numbers`` of
+    which are numbers; None when none is."""
+    if numbers == len(members):  # all are: no test of each
+        return pick(map(itemgetter(j), members.values())) if numbers else None
+    found = [v for other in members.values() if type(v := other[j]) is int or type(v) is float]
+    return pick(found) if found else None
 
 
 class Aggregation:
@@ -157,6 +165,10 @@ class Aggregation:
     Each record's input values are read once per distinct aggregate path; an update within
     its group touches only the aggregates of the values that changed (a value of another
     type counts as changed: ``1``, ``1.0`` and ``true`` aggregate apart).
+
+    The work of one change is done by code generated for the projection (as ``dataclasses``
+    does for a class: :class:`_Code`), with no loop over its aggregates: a deriver takes every
+    change of its underlying topic, and the loops over plans took most of its CPU.
 
     Args:
         projection: the items, e.g. ``["/sym", "COUNT(/id) AS /orders", "AVG(/px) AS /px"]``.
@@ -172,17 +184,38 @@ class Aggregation:
         self.domain = domain
         self._of: dict[str, str] = {}  # record SOW key → group key
         self._groups: dict[str, _Group] = {}
-        self._group_of = _reader(list(self.spec.grouping))
-        paths = list(dict.fromkeys(a.path for a in self.spec.aggregates))
-        self._inputs_of = _reader(paths)
-        self._fields = [(p, self.spec.grouping.index(p)) for p in self.spec.fields]
-        code = {"COUNT": _COUNT, "SUM": _SUM, "AVG": _SUM, "MIN": _MIN, "MAX": _MAX}
-        # per input (distinct path): its index and the aggregates that read it (index, code)
-        plans: list[list[tuple[int, int]]] = [[] for _ in paths]
-        for i, agg in enumerate(self.spec.aggregates):
-            plans[paths.index(agg.path)].append((i, code[agg.function]))
-        self._slots = list(enumerate(plans))
-        self._keys: dict[tuple[JSON, ...], str] = {}  # grouping values (str, int) → group key
+        # grouping values (str, int) → group key; the value itself for one grouping field
+        self._keys: dict[JSON, str] = {}
+        self._single = len(self.spec.grouping) == 1
+        self._paths = list(dict.fromkeys(a.path for a in self.spec.aggregates))
+        # (measure, input) → its index in a group's state
+        self._slots: dict[tuple[str, int], int] = {}
+        for agg in self.spec.aggregates:
+            j = self._paths.index(agg.path)
+            for measure in _MEASURES[agg.function]:
+                self._slots.setdefault((measure, j), len(self._slots))
+        self._initial = [None if m in ("min", "max") else 0 for m, _j in self._slots]
+        self.source = _Code(self).source
+        """The code generated for this projection (``upsert``, ``add``, ``take_out``,
+        ``row``)."""
+        scope: dict[str, Any] = {
+            "_keys": self._keys, "_of": self._of, "_groups": self._groups, "_key": self._key,
+            "_enter": self._enter, "_extreme": _extreme, "get_path": get_path, "_put": _put,
+            "_scaled": _scaled, "_UNIT": 1 << _SCALE_BITS}
+        exec(compile(self.source, f"<aggregation {domain}>", "exec"), scope)
+        self._add: Callable[[list[int | float | None], tuple[JSON, ...]], None] = scope["add"]
+        self._take_out: Callable[[list[int | float | None], dict[str, tuple[JSON, ...]],
+                                  tuple[JSON, ...]], None] = scope["take_out"]
+        # the generated functions themselves, not methods calling them: one call less
+        self.upsert_keys: Callable[[str, JSONObject],
+                                   list[tuple[str, str, JSONObject | None]]] = scope["upsert"]
+        """``upsert_keys(sow_key, record)``: :meth:`upsert` without making the rows of the
+        groups that stay: ``publish`` entries carry None (read the row with :attr:`row` when
+        it is needed, e.g. once after many changes); an ``oof`` carries the group's last
+        row."""
+        self.row: Callable[[str], JSONObject] = scope["row"]
+        """``row(key)``: the row of group ``key``, its grouping fields and aggregates (raises
+        KeyError when no group has that key now)."""
 
     def upsert(self, sow_key: str, record: JSONObject) -> list[tuple[str, str, JSONObject]]:
         """Take a record's new version. Returns the changed rows as ``(kind, group key,
@@ -190,31 +223,16 @@ class Aggregation:
         group left empty (the record moved to another group)."""
         return self._filled(self.upsert_keys(sow_key, record))
 
-    def upsert_keys(self, sow_key: str,
-                    record: JSONObject) -> list[tuple[str, str, JSONObject | None]]:
-        """:meth:`upsert` without making the rows of the groups that stay: ``publish``
-        entries carry None (read the row with :meth:`row` when it is needed, e.g. once after
-        many changes); an ``oof`` carries the group's last row."""
-        values = self._group_of(record)
-        key = self._key(values)
-        inputs = self._inputs_of(record)
-        before = self._of.get(sow_key)
-        if before == key:  # an update within its group: only what changed
-            same = self._groups[key]
-            old = same.members[sow_key]
-            same.members[sow_key] = inputs
-            self._replace(same, old, inputs)
-            return [("publish", key, None)]
+    def _enter(self, sow_key: str, key: str, values: tuple[JSON, ...], inputs: tuple[JSON, ...],
+               before: str | None) -> list[tuple[str, str, JSONObject | None]]:
+        """A record new to group ``key`` (new, or leaving group ``before``): the generated
+        ``upsert``'s path for all but an update within a group."""
         out = [] if before is None else self._leave(sow_key, before)
         group = self._groups.get(key)
         if group is None:
-            n = len(self.spec.aggregates)
-            group = self._groups[key] = _Group(
-                values, counts=[0] * n, int_sums=[0] * n,
-                float_sums=[0] * n, floats=[0] * n, extremes=[None] * n)
+            group = self._groups[key] = _Group(values, list(self._initial))
         group.members[sow_key] = inputs
-        for j, plan in self._slots:
-            self._add(group, plan, inputs[j])
+        self._add(group.state, inputs)
         self._of[sow_key] = key
         out.append(("publish", key, None))
         return out
@@ -226,18 +244,15 @@ class Aggregation:
     def _key(self, values: tuple[JSON, ...]) -> str:
         """The group key (a generated SOW key) of grouping ``values``; remembered for values
         that are strings and integers (not booleans: ``True == 1``), at most 100,000."""
-        simple = True
-        for v in values:
-            if type(v) is not str and type(v) is not int:
-                simple = False
-                break
-        key = self._keys.get(values) if simple else None
+        simple = all(type(v) is str or type(v) is int for v in values)
+        cached = values[0] if self._single else values
+        key = self._keys.get(cached) if simple else None
         if key is None:
             key = generate(self.domain, [_text(v) for v in values])
             if simple:
                 if len(self._keys) >= 100_000:
                     self._keys.clear()
-                self._keys[values] = key
+                self._keys[cached] = key
         return key
 
     def remove(self, sow_key: str) -> list[tuple[str, str, JSONObject]]:
@@ -255,20 +270,6 @@ class Aggregation:
         """Every group's ``(group key, row)``."""
         return [(key, self.row(key)) for key in self._groups]
 
-    def row(self, key: str) -> JSONObject:
-        """The row of group ``key``: its grouping fields and aggregates.
-
-        Raises:
-            KeyError: no group has that key (now).
-        """
-        group = self._groups[key]
-        row: JSONObject = {}
-        for path, at in self._fields:
-            _put(row, path, group.values[at])
-        for i, agg in enumerate(self.spec.aggregates):
-            _put(row, agg.name, self._value(group, i, agg.function))
-        return row
-
     def _leave(self, sow_key: str, key: str) -> list[tuple[str, str, JSONObject | None]]:
         group = self._groups[key]
         if len(group.members) == 1:  # the group goes: its oof carries its last row
@@ -276,119 +277,222 @@ class Aggregation:
             del self._groups[key]
             return [("oof", key, row)]
         inputs = group.members.pop(sow_key)
-        for j, plan in self._slots:
-            self._take_out(group, plan, j, inputs[j])
+        self._take_out(group.state, group.members, inputs)
         return [("publish", key, None)]
 
-    def _replace(self, group: _Group, old: tuple[JSON, ...], new: tuple[JSON, ...]) -> None:
-        """A member's inputs ``old`` replaced by ``new`` (already in ``group.members``): a
-        number replaced by a number in one pass (the deriver's common case: its COUNT stays,
-        a SUM moves by the difference, a MIN / MAX searches the members only when the value
-        that held it got worse), any other change as a removal and an addition."""
-        for j, plan in self._slots:
-            o, n = old[j], new[j]
-            to, tn = type(o), type(n)
-            if o is n or (to is tn and o == n):
-                continue
-            if (to is not int and to is not float) or (tn is not int and tn is not float):
-                self._add(group, plan, n)  # first, so a beating MIN / MAX needs no search
-                self._take_out(group, plan, j, o)
-                continue
-            for i, code in plan:
-                if code == _SUM:
-                    if to is int:
-                        group.int_sums[i] -= o
-                    else:
-                        group.float_sums[i] -= _scaled(o)
-                        group.floats[i] -= 1
-                    if tn is int:
-                        group.int_sums[i] += n
-                    else:
-                        group.float_sums[i] += _scaled(n)
-                        group.floats[i] += 1
-                elif code != _COUNT:  # MIN / MAX (a COUNT stays)
-                    current = group.extremes[i]
-                    if n < current if code == _MIN else n > current:
-                        group.extremes[i] = n
-                    elif o == current and to is type(current) and not (
-                            n == current and tn is to):
-                        found = [v for other in group.members.values()
-                                 if (v := _number(other[j])) is not None]
-                        group.extremes[i] = (min if code == _MIN else max)(found)
+
+class _Code:
+    """The source of an :class:`Aggregation`'s per-change functions, one block per input
+    (distinct aggregate path) with a line per running total it feeds (``st[i]``: slot ``i``
+    of the group's state):
+
+    * ``upsert(sow_key, record)``: ``upsert_keys``; an update within the record's group in
+      place (a number replaced by a number in one pass: a COUNT stays, a SUM moves by the
+      difference, a MIN / MAX searches the members only when the value that held it got
+      worse; any other change of a value as its removal after its addition), anything else
+      by ``Aggregation._enter``;
+    * ``add(st, inputs)`` / ``take_out(st, members, inputs)``: a member's input values counted
+      in / taken out of the totals (``members`` no longer holding it: a MIN / MAX it held is
+      found again among them);
+    * ``row(key)``: the row of a group.
+    """
+
+    def __init__(self, agg: Aggregation) -> None:
+        self.slots, self.spec, self.paths = agg._slots, agg.spec, agg._paths
+        self.inputs = len(agg._paths)
+        paths = [*agg.spec.grouping, *agg._paths]
+        reads = [self._read(p) for p in paths]
+        self.groups = reads[:len(agg.spec.grouping)]
+        self.source = "\n".join([
+            *self._upsert(reads[len(self.groups):], agg._single), "",
+            "def add(st, inputs):", f"    {self._unpack('v')} = inputs",
+            *[line for j in range(self.inputs) for line in self._add(j, f"v{j}", 1)], "",
+            "def take_out(st, members, inputs):", f"    {self._unpack('v')} = inputs",
+            *[line for j in range(self.inputs) for line in self._take_out(j, f"v{j}", 1)], "",
+            *self._row(), ""])
 
     @staticmethod
-    def _add(group: _Group, plan: list[tuple[int, int]], value: JSON) -> None:
-        """Count ``value`` in the aggregates ``plan`` of ``group``."""
-        if value is None:
-            return
-        kind = type(value)
-        number = kind is int or kind is float
-        counts = group.counts
-        for i, code in plan:
-            if code == _COUNT:
-                counts[i] += 1
-            elif not number:
-                continue
-            elif code == _SUM:
-                counts[i] += 1
-                if kind is int:
-                    group.int_sums[i] += value
-                else:
-                    group.float_sums[i] += _scaled(value)
-                    group.floats[i] += 1
-            else:
-                counts[i] += 1
-                current = group.extremes[i]
-                if current is None or (value < current if code == _MIN
-                                       else value > current):
-                    group.extremes[i] = value
+    def _read(path: tuple[str, ...]) -> str:
+        """The expression of a record's value at ``path`` (None when missing)."""
+        return f"record.get({path[0]!r})" if len(path) == 1 else f"get_path(record, {path!r})"
 
-    @staticmethod
-    def _take_out(group: _Group, plan: list[tuple[int, int]], j: int, value: JSON) -> None:
-        """Take ``value`` (a member's input ``j``, no longer among ``group.members``' current
-        values) out of the aggregates ``plan`` of ``group``: a MIN / MAX it held is found
-        again among the members."""
-        if value is None:
-            return
-        kind = type(value)
-        number = kind is int or kind is float
-        counts = group.counts
-        for i, code in plan:
-            if code == _COUNT:
-                counts[i] -= 1
-            elif not number:
-                continue
-            elif code == _SUM:
-                counts[i] -= 1
-                if kind is int:
-                    group.int_sums[i] -= value
-                else:
-                    group.float_sums[i] -= _scaled(value)
-                    group.floats[i] -= 1
-            else:
-                counts[i] -= 1
-                current = group.extremes[i]
-                if value != current or kind is not type(current):
-                    continue  # it was not the extreme (an equal value of another type, too)
-                found = [n for other in group.members.values()
-                         if (n := _number(other[j])) is not None]
-                pick = min if code == _MIN else max
-                group.extremes[i] = pick(found) if found else None
+    def _unpack(self, prefix: str) -> str:
+        return ", ".join(f"{prefix}{j}" for j in range(self.inputs)) + ","
 
-    @staticmethod
-    def _value(group: _Group, i: int, function: str) -> JSON:
-        n = group.counts[i]
-        if function == "COUNT":
-            return n
-        if function in ("MIN", "MAX"):
-            return group.extremes[i]
-        if n == 0:
-            return None
-        if group.floats[i] == 0:  # integers only: a SUM is an integer, as JSON wrote them
-            return group.int_sums[i] if function == "SUM" else group.int_sums[i] / n
-        # exact, rounded once (int / int is correctly rounded, as float(Fraction) is)
-        total = group.float_sums[i] + (group.int_sums[i] << _SCALE_BITS)
-        return total / (1 << _SCALE_BITS) if function == "SUM" else total / (n << _SCALE_BITS)
+    def _slot(self, measure: str, j: int) -> int | None:
+        return self.slots.get((measure, j))
+
+    def _upsert(self, reads: list[str], single: bool) -> list[str]:
+        groups = [f"g{k}" for k in range(len(self.groups))]
+        values = f"({', '.join(groups)},)"
+        simple = " and ".join(f"(type({g}) is str or type({g}) is int)" for g in groups)
+        lines = ["def upsert(sow_key, record):",
+                 *[f"    {g} = {read}" for g, read in zip(groups, self.groups)]]
+        if single:  # the one grouping value is the cache's key: no tuple
+            lines.append(f"    key = _keys.get(g0) if {simple} else None")
+        else:
+            lines += [f"    values = {values}",
+                      f"    key = _keys.get(values) if {simple} else None"]
+        lines += ["    if key is None:", f"        key = _key({values if single else 'values'})",
+                  *[f"    v{j} = {read}" for j, read in enumerate(reads)],
+                  f"    inputs = ({self._unpack('v')})",
+                  "    before = _of.get(sow_key)",
+                  "    if before != key:",
+                  f"        return _enter(sow_key, key, {values if single else 'values'}, "
+                  "inputs, before)",
+                  "    group = _groups[key]",
+                  "    members = group.members",
+                  "    old = members[sow_key]",
+                  "    members[sow_key] = inputs",
+                  "    st = group.state"]
+        for j in range(self.inputs):
+            lines += self._replace(j, f"v{j}", 1)
+        lines.append("    return [('publish', key, None)]")
+        return lines
+
+    def _replace(self, j: int, new: str, depth: int) -> list[str]:
+        """Input ``j`` of a member replaced by ``new`` (``old[j]`` before)."""
+        if all(measure == "count" for measure, at in self.slots if at == j):
+            body = [f"o = old[{j}]",  # a COUNT only: whether it is null
+                    "if o is None:",
+                    f"    if {new} is not None:",
+                    f"        st[{self._slot('count', j)}] += 1",
+                    f"elif {new} is None:",
+                    f"    st[{self._slot('count', j)}] -= 1"]
+            return _indented(body, depth)
+        body = [f"o = old[{j}]",
+                "to = type(o)",
+                f"if to is type({new}) and (to is float or to is int):  # the common case",
+                f"    if o != {new}:",
+                *self._same_type(j, new, 2),
+                f"elif o is not {new} and (to is not type({new}) or o != {new}):",
+                f"    tn = type({new})",
+                "    if (to is int or to is float) and (tn is int or tn is float):",
+                *self._numbers(j, new, 2),
+                "    else:  # added first, so a beating MIN / MAX needs no search",
+                *self._add(j, new, 2),
+                *self._take_out(j, "o", 2)]
+        return _indented(body, depth)
+
+    def _same_type(self, j: int, n: str, depth: int) -> list[str]:
+        """Input ``j``: the number ``o`` replaced by another number ``n`` of its type
+        ``to``."""
+        lines = []
+        if (fs := self._slot("fsum", j)) is not None:
+            lines += ["if to is float:",
+                      f"    st[{fs}] += _scaled({n}) - _scaled(o)",
+                      "else:",
+                      f"    st[{self._slot('isum', j)}] += {n} - o"]
+        return _indented(lines + self._extremes(j, n), depth)
+
+    def _numbers(self, j: int, n: str, depth: int) -> list[str]:
+        """Input ``j``: the number ``o`` replaced by the number ``n`` of the other type (an
+        int by a float or a float by an int)."""
+        lines = []
+        if (fs := self._slot("fsum", j)) is not None:
+            si, fc = self._slot("isum", j), self._slot("floats", j)
+            lines += ["if to is int:",
+                      f"    st[{si}] -= o",
+                      f"    st[{fs}] += _scaled({n})",
+                      f"    st[{fc}] += 1",
+                      "else:",
+                      f"    st[{fs}] -= _scaled(o)",
+                      f"    st[{fc}] -= 1",
+                      f"    st[{si}] += {n}"]
+        return _indented(lines + self._extremes(j, n), depth)
+
+    def _extremes(self, j: int, n: str) -> list[str]:
+        """Input ``j``'s MIN / MAX after the number ``o`` was replaced by the number ``n`` (of
+        another value): ``n`` when it beats the extreme, found again among the members when
+        ``o`` held it (an equal value of another type did not)."""
+        lines = []
+        for measure, op, pick in _EXTREMES:
+            if (at := self._slot(measure, j)) is not None:
+                lines += [f"cur = st[{at}]",
+                          f"if {n} {op} cur:",
+                          f"    st[{at}] = {n}",
+                          "elif o == cur and to is type(cur):",
+                          f"    st[{at}] = {self._search(pick, j)}"]
+        return lines or ["pass"]
+
+    def _search(self, pick: str, j: int) -> str:
+        return f"_extreme({pick}, members, {j}, st[{self._slot('num', j)}])"
+
+    def _add(self, j: int, v: str, depth: int) -> list[str]:
+        """Input ``j``'s value ``v`` counted in the totals."""
+        return self._count(j, v, depth, "+=")
+
+    def _take_out(self, j: int, v: str, depth: int) -> list[str]:
+        """Input ``j``'s value ``v`` taken out of the totals."""
+        return self._count(j, v, depth, "-=")
+
+    def _count(self, j: int, v: str, depth: int, op: str) -> list[str]:
+        lines = []
+        if (at := self._slot("count", j)) is not None:
+            lines.append(f"st[{at}] {op} 1")
+        extremes = []
+        for measure, cmp, pick in _EXTREMES:
+            if (at := self._slot(measure, j)) is None:
+                continue
+            if op == "+=":
+                extremes += [f"cur = st[{at}]",
+                             f"if cur is None or {v} {cmp} cur:",
+                             f"    st[{at}] = {v}"]
+            else:  # it held the extreme: found again (an equal value of another type did not)
+                extremes += [f"cur = st[{at}]",
+                             f"if {v} == cur and t is type(cur):",
+                             f"    st[{at}] = {self._search(pick, j)}"]
+        # every input with a SUM, AVG, MIN or MAX counts its numbers (first: a search for
+        # a MIN / MAX reads it)
+        number = [f"    st[{self._slot('num', j)}] {op} 1", *_indented(extremes, 1)]
+        if (fs := self._slot("fsum", j)) is not None:
+            si, fc = self._slot("isum", j), self._slot("floats", j)
+            lines += [f"t = type({v})",
+                      "if t is int:",
+                      f"    st[{si}] {op} {v}",
+                      *number,
+                      "elif t is float:",
+                      f"    st[{fs}] {op} _scaled({v})",
+                      f"    st[{fc}] {op} 1",
+                      *number]
+        elif extremes:
+            lines += [f"t = type({v})", "if t is int or t is float:", *number]
+        if not lines:
+            return []
+        return _indented([f"if {v} is not None:", *_indented(lines, 1)], depth)
+
+    def _row(self) -> list[str]:
+        items = [(path, f"values[{self.spec.grouping.index(path)}]")
+                 for path in self.spec.fields]
+        items += [(agg.name, self._value(agg)) for agg in self.spec.aggregates]
+        lines = ["def row(key):", "    group = _groups[key]", "    st = group.state",
+                 "    values = group.values"]
+        if all(len(path) == 1 for path, _value in items):
+            fields = ", ".join(f"{path[0]!r}: {value}" for path, value in items)
+            return [*lines, f"    return {{{fields}}}"]
+        return [*lines, "    row = {}", *[f"    _put(row, {path!r}, {value})"
+                                          for path, value in items], "    return row"]
+
+    def _value(self, agg: Aggregate) -> str:
+        """The expression of an aggregate's value in a row (as exact as the totals: a SUM of
+        floats rounded once, an integer SUM an integer, as JSON wrote them)."""
+        j = self.paths.index(agg.path)
+        if agg.function == "COUNT":
+            return f"st[{self._slot('count', j)}]"
+        if agg.function in ("MIN", "MAX"):
+            return f"st[{self._slot(agg.function.lower(), j)}]"
+        num, si = self._slot("num", j), self._slot("isum", j)
+        fs, fc = self._slot("fsum", j), self._slot("floats", j)
+        total = f"(st[{fs}] + (st[{si}] << {_SCALE_BITS}))"
+        if agg.function == "SUM":
+            return (f"(None if st[{num}] == 0 else st[{si}] if st[{fc}] == 0 "
+                    f"else {total} / _UNIT)")
+        return (f"(None if st[{num}] == 0 else st[{si}] / st[{num}] if st[{fc}] == 0 "
+                f"else {total} / (st[{num}] << {_SCALE_BITS}))")
+
+
+def _indented(lines: list[str], depth: int) -> list[str]:
+    return ["    " * depth + line for line in lines]
 
 
 def _text(value: JSON) -> str:

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import repeat
 from typing import TypedDict
 
 import msgpack
@@ -250,30 +251,32 @@ def parse_block(raw: bytes) -> ChangeBlock:
         raise ValueError("not a change block: bad header")
     topic = _shown(_text(topic))
     events: list[ChangeEvent] = []
-    for n, i in enumerate(range(5, len(arr), width)):
-        op, key, seq, sid, reason, expiry, data = arr[i:i + 7]
+    append, loads, max_expiry = events.append, orjson.loads, MAX_EXPIRY_MS
+    fields = iter(arr[5:])  # one change per step, as a tuple (no slice, no index)
+    columns = [fields] * width if width == EVENT_WIDTH else [fields] * width + [repeat("")]
+    for op, key, seq, sid, reason, expiry, data, prev in zip(*columns):
         try:  # the common case, inline (a subscriber decodes every change)
             if op not in _OPS or not key.isascii():
                 raise ValueError
-            obj = orjson.loads(data)
+            obj = loads(data)
             if type(obj) is not dict:
                 raise ValueError
         except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
-            ev = _change(arr[i:i + width], first + n)
+            ev = _change((op, key, seq, sid, reason, expiry, data), first + len(events))
             ev["topic"], ev["partition"] = topic, partition
-            events.append(ev)
+            append(ev)
             continue
         ev = {"topic": topic, "partition": partition, "op": op, "sow_key": key,
-              "seq": seq if type(seq) is int else first + n, "id": sid,
-              "expiry_ms": expiry if type(expiry) is int and 0 <= expiry <= MAX_EXPIRY_MS
+              "seq": seq if type(seq) is int else first + len(events), "id": sid,
+              "expiry_ms": expiry if type(expiry) is int and 0 <= expiry <= max_expiry
               else expiry_of(expiry), "data": obj}
         if reason:
             ev["reason"] = reason
-        if width == EVENT_WIDTH and arr[i + 7]:
-            recorded, previous = _previous(arr[i + 7], obj)
+        if prev:  # "" when not recorded (and in a block of 7 fields per change)
+            recorded, previous = _previous(prev, obj)
             if recorded:
                 ev["previous"] = previous
-        events.append(ev)
+        append(ev)
     return {"topic": topic, "partition": partition, "first": first, "last": last, "ms": ms,
             "events": events}
 
