@@ -58,9 +58,37 @@ end
 
 local HASH_SIGN = 35  -- "#"
 
+-- The common case of collect_moves, in one pass and without tables: key has no P.ixm entry
+-- (old is nil) and each of its members is a number, "#<score>", in a range index (as on a
+-- topic whose range indexes hold numbers: a ZADD each, which replaces the key's old score;
+-- nothing to remove, no entry to keep). Returns false, having collected nothing, when that
+-- is not so (a hash index, a text, an invalid score): collect_moves then does it all.
+local function collect_numbers(P, key, members, m)
+  local n, num = #P.idx, P.num
+  local scores, start = {}, 1
+  for j = 1, n do
+    if not num[j] or string.byte(members, start) ~= HASH_SIGN then return false end
+    local stop = string.find(members, ",", start, true)
+    if (stop == nil) ~= (j == n) then return false end  -- not one member per index
+    local score = string.sub(members, start + 1, (stop or 0) - 1)
+    local x = tonumber(score)
+    if not x or x ~= x then return false end  -- not a number, or NaN
+    scores[j] = score
+    if stop then start = stop + 1 end
+  end
+  local nadds = m.nadds
+  for j = 1, n do
+    local a = nadds[j]
+    a[#a + 1] = scores[j]
+    a[#a + 1] = key
+  end
+  return true
+end
+
 -- Collect into m the moves of key's index members from old (its P.ixm entry, nil: none) to
 -- members; returns the entry to keep (nil: none).
 local function collect_moves(P, key, old, members, m)
+  if not old and collect_numbers(P, key, members, m) then return nil end
   local news = split_members(members)
   local olds = {}
   if old then olds = split_members(old) end
