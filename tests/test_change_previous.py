@@ -113,3 +113,21 @@ def test_blocks_of_seven_fields_per_change_still_parse():
     assert "previous" not in parse_block(junk)["events"][0]  # not an object: not recorded
     with pytest.raises(ValueError):
         parse_block(msgpack.packb(["t", 0, 6, 7, 1, "publish", "k1", 6, "3-0", "", 0, "{}"]))
+
+
+def test_a_previous_state_as_stored_is_read_without_its_header():
+    """Lua puts the stored record whole (``<seq>:<expiry ms>:<stream id>`` and a newline
+    before the JSON) in ``previous``; the reader takes the JSON. Without a newline, or with
+    something else after it, the previous state is not recorded (and the change still is)."""
+    def block(previous: str) -> bytes:
+        return msgpack.packb(["t", 0, 6, 6, 1700000000000,
+                              "publish", "k1", 6, "3-0", "", 0, '{"a":2}', previous])
+
+    assert parse_block(block('5:0:1700000000000-0\n{"a":1}'))["events"][0]["previous"] == {
+        "a": 1}
+    json_block = orjson.dumps(["t", 0, 6, 6, 1, "publish", "k1", 6, "3-0", "", 0, '{"a":2}',
+                               '5:0:1-0\n{"a":{"b":1}}'])
+    assert parse_block(json_block)["events"][0]["previous"] == {"a": {"b": 1}}
+    for bad in ("5:0:1-0", "5:0:1-0\n[1]", "5:0:1-0\nnot json", "7"):
+        ev = parse_block(block(bad))["events"][0]
+        assert "previous" not in ev and ev["data"] == {"a": 2}, bad

@@ -26,7 +26,9 @@ in-process ``memory://`` backend, whose Lua has no MessagePack)::
   (for an expiry, the entry that last wrote the record); ``expiry_ms``: the record's expiry in
   ms since the epoch on the Redis server clock, 0 = none; ``data``: the record's JSON text.
 * ``previous``: on a topic with ``change_previous = true``, the record's JSON text before a
-  ``publish`` or ``delta_publish`` (``null`` when there was no record), so a subscriber that
+  ``publish`` or ``delta_publish`` (``null`` when there was no record; as stored, with the
+  record's header ``<seq>:<expiry ms>:<stream id>`` and a newline before the JSON, when it
+  was read from the SOW: a copy fewer in Lua; the reader strips it), so a subscriber that
   joined late still knows what changed (exact out-of-focus notices, deltas); on a topic that
   keeps history, where every change is retained for the window, only what differs, as a
   reverse delta ``~[{members before}, [names absent before]]`` (top-level members, copied
@@ -128,13 +130,19 @@ def _width(arr: list[JSON]) -> int:
 
 def _previous(raw: object, data: JSONObject) -> tuple[bool, JSONObject | None]:
     """``(recorded, previous record)`` of a change's ``previous`` field, the change's record
-    being ``data``: ``null``, a JSON object, or a reverse delta (``~[{members before},
+    being ``data``: ``null``, a JSON object (after the stored record's header and newline,
+    when it has them), or a reverse delta (``~[{members before},
     [names absent before]]``, written for a topic that keeps history:
     apply/lua/include/reverse_delta.lua), from which the previous record is ``data`` without
     the names absent before, with the members before; not recorded for ``""`` or anything
     else."""
     if not raw or not isinstance(raw, (str, bytes)):
         return False, None
+    if raw[:1].isdigit():  # the stored record, "<header>\n<JSON>": the JSON
+        cut = raw.find("\n") if isinstance(raw, str) else raw.find(b"\n")
+        if cut < 0:
+            return False, None
+        raw = raw[cut + 1:]
     if raw[:1] in ("~", b"~"):
         return _undone(raw[1:], data)
     try:

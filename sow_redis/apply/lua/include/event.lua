@@ -7,7 +7,8 @@
     data, previous
   op is "publish", "delta_publish" or "sow_delete" (reason "deleted" or "expired"; "" for the
   others); data is the record's JSON text; previous is, on a topic with change_previous, the
-  record's JSON text before a publish or delta_publish ("null" when there was none; on a
+  record's JSON text before a publish or delta_publish ("null" when there was none; the
+  stored text, "<header>\n<JSON>", when read from the SOW: the reader strips the header; on a
   topic that keeps history, only what differs: include reverse_delta), and ""
   otherwise (a removal's data is the removed record: its previous state). The array is encoded with MessagePack (Redis's
   cmsgpack: strings copied once, about a third of the cost of building JSON text in Lua), or

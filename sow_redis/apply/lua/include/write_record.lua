@@ -152,6 +152,16 @@ local function move_members(P, key, members)
   end
 end
 
+-- The previous state of a change from the stored record old ("<header>\n<JSON>"): the stored
+-- text as it is, header and all, which the change block's reader strips (the previous field
+-- starts with a digit then: sow_redis.model.events): a copy of the record into a new Lua
+-- string fewer per change. The JSON alone for a topic that keeps history (reverse_delta
+-- compares it with the new record).
+local function stored_previous(P, old)
+  if not P.reverse then return old end
+  return string.sub(old, string.find(old, "\n", 1, true) + 1)
+end
+
 -- change_previous in bulk mode: a change whose key the batch had not written before records
 -- its previous state after the batch's loop, from the stored records, which bulk mode leaves
 -- as they were until write_deferred: one HMGET per DEFERRED_MAX such changes instead of one
@@ -164,7 +174,7 @@ local function resolve_previous(P, S)
   local changes = S.changes
   for i = 1, #pend do
     local old, previous = stored[i], "null"
-    if old then previous = string.sub(old, string.find(old, "\n", 1, true) + 1) end
+    if old then previous = stored_previous(P, old) end
     if P.reverse then previous = reverse_delta(previous, changes[pend[i] - 1]) end
     changes[pend[i]] = previous
   end
@@ -243,7 +253,7 @@ local function previous_data(P, S, d, key, old)
     old = redis.call("HGET", P.rec, key)
   end
   if not old then return "null" end
-  return string.sub(old, string.find(old, "\n", 1, true) + 1)
+  return stored_previous(P, old)
 end
 
 -- Store data as the record of key, written by the log entry id with op "publish" or
