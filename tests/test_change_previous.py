@@ -128,6 +128,12 @@ def test_a_previous_state_as_stored_is_read_without_its_header():
     json_block = orjson.dumps(["t", 0, 6, 6, 1, "publish", "k1", 6, "3-0", "", 0, '{"a":2}',
                                '5:0:1-0\n{"a":{"b":1}}'])
     assert parse_block(json_block)["events"][0]["previous"] == {"a": {"b": 1}}
+    # a SOW key beyond ASCII (a chained key can be a user's order id) decodes on the slower
+    # path: its previous state is read there too
+    wide = msgpack.packb(["t", 0, 6, 6, 1, "publish", "ordre-é", 6, "3-0", "", 0, '{"a":2}',
+                          '5:0:1-0\n{"a":1}'])
+    ev = parse_block(wide)["events"][0]
+    assert (ev["sow_key"], ev["data"], ev["previous"]) == ("ordre-é", {"a": 2}, {"a": 1})
     for bad in ("5:0:1-0", "5:0:1-0\n[1]", "5:0:1-0\nnot json", "7"):
         ev = parse_block(block(bad))["events"][0]
         assert "previous" not in ev and ev["data"] == {"a": 2}, bad

@@ -272,6 +272,11 @@ def parse_block(raw: bytes) -> ChangeBlock:
         except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
             ev = _change((op, key, seq, sid, reason, expiry, data), first + len(events))
             ev["topic"], ev["partition"] = topic, partition
+            decoded = ev.get("data")
+            if prev and decoded is not None:  # decoded after all (a non-ASCII key)
+                recorded, previous = _previous(prev, decoded)
+                if recorded:
+                    ev["previous"] = previous
             append(ev)
             continue
         ev = {"topic": topic, "partition": partition, "op": op, "sow_key": key,
