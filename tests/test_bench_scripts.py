@@ -4,6 +4,7 @@ free loopback port) and verify their own results."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,28 @@ def test_bench_deriver_replays_the_changes_through_two_trees(tmp_path: Path) -> 
     bad = _run("bench_deriver.py", "--n", "10", "--against", str(tmp_path),
                "--json", str(tmp_path / "bad.json"))
     assert bad.returncode != 0 and b"holds no sow_redis" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (callgrind)")
+def test_bench_instructions_counts_the_tree_it_is_given(tmp_path: Path) -> None:
+    """``--against`` measures the other tree (the workload once imported this checkout's
+    sow_redis for both: it ran in the project folder, first on the path); ``--topic-extra``
+    reaches the workload's topic."""
+    old = tmp_path / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD", "sow_redis"], cwd=ROOT,
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    out = tmp_path / "bi.json"
+    proc = _run("bench_instructions.py", "--n", "120", "--workloads", "redis write-through",
+                "--topic-extra", 'index = ["/v"]', "--against", str(old), "--json", str(out),
+                timeout=600)
+    assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
+    res = json.loads(out.read_bytes())
+    assert res["topic_extra"] == 'index = ["/v"]' and res["against"] == str(old)
+    [row] = res["rows"]
+    assert row["workload"] == "redis write-through"
+    assert row["this tree"] > 0 and row["against"] > 0
+    assert row["ratio"] == pytest.approx(row["this tree"] / row["against"])
+    bad = _run("bench_instructions.py", "--workloads", "nothing")
+    assert bad.returncode == 2 and b"--workloads" in bad.stderr
