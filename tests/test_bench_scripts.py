@@ -216,12 +216,17 @@ def test_bench_apply_call_compares_two_revisions_of_the_script(tmp_path: Path) -
     assert bad.returncode != 0 and b"git show no-such-revision" in bad.stderr
 
 
-def test_bench_deriver_replays_the_changes_through_two_trees(tmp_path: Path) -> None:
-    old = tmp_path / "old"
-    old.mkdir()
+def _head_tree(folder: Path) -> Path:
+    """``folder`` holding HEAD's ``sow_redis`` (another tree for a benchmark's ``--against``)."""
+    folder.mkdir()
     archive = subprocess.run(["git", "archive", "HEAD", "sow_redis"], cwd=ROOT,
                              capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def test_bench_deriver_replays_the_changes_through_two_trees(tmp_path: Path) -> None:
+    old = _head_tree(tmp_path / "old")
     res, text = _results("bench_deriver.py", tmp_path / "deriver.json", "--n", "1500",
                          "--runs", "1", "--against", str(old))
     assert [r["tree"] for r in res["results"]] == [str(ROOT), str(old)]
@@ -240,11 +245,7 @@ def test_bench_instructions_counts_the_tree_it_is_given(tmp_path: Path) -> None:
     """``--against`` measures the other tree (the workload once imported this checkout's
     sow_redis for both: it ran in the project folder, first on the path); ``--topic-extra``
     reaches the workload's topic."""
-    old = tmp_path / "old"
-    old.mkdir()
-    archive = subprocess.run(["git", "archive", "HEAD", "sow_redis"], cwd=ROOT,
-                             capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    old = _head_tree(tmp_path / "old")
     out = tmp_path / "bi.json"
     proc = _run("bench_instructions.py", "--n", "120", "--workloads", "redis write-through",
                 "--topic-extra", 'index = ["/v"]', "--against", str(old), "--json", str(out),
