@@ -158,15 +158,28 @@ def _cluster_client(url: str) -> Client:
     node for the slot map (so, unlike a single server's client, it connects now).
 
     Raises:
-        BadURLError: as for a single server's URL; redis.exceptions.RedisClusterException /
-            ConnectionError: no node answers.
+        BadURLError: as for a single server's URL; redis.exceptions.ConnectionError: no node
+            answers; redis.exceptions.RedisClusterException: the node is no cluster node.
     """
     plain = _node_url(url)
     _redis_client(plain)  # the same URL checks as a single server's (nothing is sent)
     # start-up time: redis loads at the first connect (`sow-redis --help`, URL checks)
     from redis.cluster import RedisCluster
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 
-    return RedisCluster.from_url(plain, **tls_options(url))  # type: ignore[return-value]
+    try:
+        return RedisCluster.from_url(plain, **tls_options(url))  # type: ignore[return-value]
+    except RedisClusterException as exc:
+        # no node answered (redis-py chains the last node's error): an outage, which the
+        # long-running processes ride out and the CLI reports in one line, not an error of
+        # the cluster's (RedisClusterException stays for a node that is no cluster node)
+        if isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError)):
+            raise RedisConnectionError(
+                f"no node of the Redis Cluster at {redact(url)} answers "
+                f"({' '.join(str(exc.__cause__).split())})") from exc
+        raise
 
 
 def _redis_client(url: str) -> Client:
@@ -218,7 +231,8 @@ def connect(url: str) -> Client:
 
     Raises:
         BadURLError: the URL cannot be used (see the module docstring);
-            redis.exceptions.RedisClusterException: no node of a cluster URL answers.
+            redis.exceptions.ConnectionError: no node of a cluster URL answers;
+            redis.exceptions.RedisClusterException: the node it names is no cluster node.
     """
     if is_cluster_url(url):
         return _cluster_client(url)

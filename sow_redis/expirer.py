@@ -39,7 +39,7 @@ from .feed.live import ShardListener, topic_subscribers
 from .logs import fields
 from .model import events
 from .model.topic import TopicConfig
-from .outage import reporter
+from .outage import connect_through_outage, reporter
 from .publish.append import append
 from .registry import TopicCache
 from .settings import Settings
@@ -325,8 +325,24 @@ def run_expirer(settings: Settings, burst: bool = False,
                 topics: Iterable[str] | None = None) -> int:
     """The ``sow-redis expirer`` process (``topics``: serve only these); stops on SIGINT/SIGTERM.
 
-    Returns the number of records expired."""
-    exp = Expirer(connect_pair(settings.redis_url, settings.control_url, required=False),
-                  settings, topics)
+    Returns the number of records expired. Started while Redis (or the Redis Cluster node of
+    the URL) is down, it waits for it (reported once), except with ``burst``.
+
+    Raises:
+        redis.exceptions.ConnectionError: with ``burst``, Redis does not answer at start.
+    """
+    def connect() -> Client:
+        return connect_pair(settings.redis_url, settings.control_url, required=False)
+
+    if burst:
+        r = connect()
+    else:
+        starting = StopEvent()
+        stop_on_signals(starting)
+        up = connect_through_outage(connect, starting, "expirer")
+        if up is None:
+            return 0
+        r = up
+    exp = Expirer(r, settings, topics)
     stop_on_signals(exp._stop)
     return exp.run(burst=burst)

@@ -161,3 +161,32 @@ def call_through_outage(fn: Callable[[], T], retry_s: float, component: str = "p
             continue
         outage.answered()
         return out
+
+
+def connect_through_outage(connect: Callable[[], T], stop: threading.Event,
+                           component: str) -> T | None:
+    """``connect()``, tried again while Redis does not answer (backoff :data:`BACKOFF_MIN_S`
+    doubling to :data:`BACKOFF_MAX_S`; the outage reported once through :func:`reporter`
+    ``component``) until ``stop`` is set: for a long-running process (worker, expirer,
+    deriver) started while Redis is down, or while the Redis Cluster node its URL names is
+    down (a cluster client reads the slot map when it is made, so it connects then).
+
+    Returns:
+        What ``connect()`` returned; None when ``stop`` was set first.
+
+    Raises:
+        Whatever ``connect()`` raises but :data:`REDIS_DOWN` (a bad URL, a node that is no
+        cluster node).
+    """
+    outage = reporter(component)
+    pause = BACKOFF_MIN_S
+    while not stop.is_set():
+        try:
+            client = connect()
+        except REDIS_DOWN as exc:
+            outage.failed(exc)
+            stop.wait(pause)
+            pause = min(BACKOFF_MAX_S, pause * 2)
+            continue
+        return client
+    return None

@@ -71,6 +71,12 @@ def _run(tmp_path, durable: bool, replicas: int) -> dict[str, int]:
         workers = [subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "worker"],
                                     env=env, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL) for _ in range(2)]
+        # both workers running before the clock starts: a worker still starting when the
+        # node its URL names is killed cannot read the slot map (it waits for that node)
+        control, deadline = Redis.from_url(curl), time.monotonic() + 60
+        while control.scard("rq:workers:sow") < 2:
+            assert time.monotonic() < deadline, "the workers did not start within 60 s"
+            time.sleep(0.05)
         settings = Settings.from_env(redis_url=url, control_url=curl)
         victim = _primary_of(cluster, keys.log(name, 0))
         acked: list[int] = []

@@ -290,3 +290,53 @@ def test_up_restarts_a_child_that_keeps_dying_with_backoff(capsys):
     assert "crasher exited (3); restarting in 0.5 s" in err
     assert "crasher exited (3); restarting in 1.0 s" in err
     assert 3 <= len(spawned) <= 5
+
+
+def test_worker_expirer_and_deriver_started_before_their_cluster_node_wait_for_it(tmp_path):
+    """Started while the Redis Cluster node their URL names is down (a cluster client reads
+    the slot map when it is made), the worker, the expirer and the deriver each report the
+    outage in one line and wait, instead of ending with an internal error; once the node
+    answers, the worker applies a publish."""
+    control_port, port = free_port(), free_port()
+    control = spawn_redis(control_port, tmp_path / "control", persist=False)
+    curl = f"redis://127.0.0.1:{control_port}/0"
+    url = f"redis+cluster://127.0.0.1:{port}"
+    env = env_for(url, SOW_CONTROL_URL=curl)
+    logs = {name: tmp_path / f"{name}.log" for name in ("worker", "expirer", "derive")}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "sow_redis.cli", name], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=open(path, "wb"))
+             for name, path in logs.items()}
+    node = None
+    try:
+        wait_until(lambda: all(b"redis unreachable" in p.read_bytes() for p in logs.values()),
+                   30, "each process reporting the outage")
+        time.sleep(1.0)  # a few more attempts, with no more lines
+        for name, proc in procs.items():
+            text = logs[name].read_text()
+            assert proc.poll() is None, (name, text)
+            assert text.count("redis unreachable") == 1 and "internal error" not in text, text
+            assert f"no node of the Redis Cluster at {url} answers" in text, text
+        node = spawn_redis(port, tmp_path / "node", persist=False,
+                           extra=["--cluster-enabled", "yes",
+                                  "--cluster-config-file", str(tmp_path / "nodes.conf")])
+        Redis(port=port).execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        wait_until(lambda: b"cluster_state:ok" in Redis(port=port).execute_command(
+            "CLUSTER", "INFO"), 30, "the one-node cluster")
+        sow = Sow(url, control_url=curl)
+        make_topic(sow, "late", 2)
+        started = time.monotonic()
+        res = sow.publish("late", [{"id": i} for i in range(10)], wait=True, timeout=30)
+        print(f"\napplied {res.published} by the worker {time.monotonic() - started:.1f} s "
+              "after the node answered")
+        assert sorted(r.obj()["id"] for r in sow.sow("late")) == list(range(10))
+        for name, proc in procs.items():
+            assert proc.poll() is None, (name, logs[name].read_text())
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = {name: proc.wait(timeout=30) for name, proc in procs.items()}
+        for extra_proc in (node, control):
+            if extra_proc is not None:
+                extra_proc.terminate()
+                extra_proc.wait(timeout=10)
+    assert codes == {"worker": 0, "expirer": 0, "derive": 0}, codes

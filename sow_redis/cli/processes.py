@@ -85,12 +85,21 @@ def derive(ctx: click.Context, burst: bool, nice: int) -> None:
     """
     from ..derive import Deriver  # start-up time: redis-py, rq
     from ..ops.priority import lower_priority
+    from ..outage import connect_through_outage
+    from ..stopping import StopEvent, stop_on_signals
 
-    deriver = Deriver(sow_of(ctx))
     if burst:
+        deriver = Deriver(sow_of(ctx))
         names = deriver.burst()
         click.echo(f"derived {len(names)} topic(s){': ' if names else ''}{', '.join(names)}")
         return
+    starting = StopEvent()  # started while Redis is down: wait for it (reported once)
+    stop_on_signals(starting)
+    sow = connect_through_outage(lambda: sow_of(ctx), starting, "deriver")
+    if sow is None:
+        click.echo("deriver stopped", err=True)
+        return
+    deriver = Deriver(sow)
     lower_priority(nice)
     click.echo(f"deriver on {redact(settings_of(ctx).redis_url)}: every view and conflated "
                "topic; Ctrl-C stops it", err=True)
@@ -119,8 +128,8 @@ def expirer(ctx: click.Context, burst: bool, topics: tuple[str, ...]) -> None:
     from ..registry import load_topics  # start-up time: redis-py
 
     settings = settings_of(ctx)
-    sow = sow_of(ctx)
-    try:
+    try:  # a cluster client connects when made: within the try
+        sow = sow_of(ctx)
         known = load_topics(sow.r)
     except (RedisConnectionError, RedisTimeoutError):
         if burst:

@@ -42,7 +42,7 @@ from ..apply.jobs import HOST, LagScanner, owner_dead, sweep
 from ..apply.safejob import SERIALIZER, SowJob
 from ..connection import Client, Pipeline, connect_pair, control_of, server_info
 from ..logs import fields
-from ..outage import REDIS_STUCK, reporter
+from ..outage import REDIS_STUCK, connect_through_outage, reporter
 from ..settings import QUEUE_NAME, Settings
 from ..stopping import StopEvent, stop_on_signals
 
@@ -329,10 +329,17 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     Raises:
         redis.exceptions.ConnectionError: with ``burst``, Redis does not answer at start.
     """
-    data = connect_pair(settings.redis_url, settings.control_url)
-    r = control_of(data)  # rq's connection; its jobs find ``data`` from it (data_of)
     stop = StopEvent()
     stop_on_signals(stop)  # outside rq's work loop
+    if burst:
+        data = connect_pair(settings.redis_url, settings.control_url)
+    else:  # started while Redis (or the cluster node of the URL) is down: wait for it
+        up = connect_through_outage(
+            lambda: connect_pair(settings.redis_url, settings.control_url), stop, "worker")
+        if up is None:
+            return False
+        data = up
+    r = control_of(data)  # rq's connection; its jobs find ``data`` from it (data_of)
     _quiet_rq_outages()
     wname = worker_name(name)
     if burst:
