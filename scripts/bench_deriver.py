@@ -9,11 +9,14 @@ Each replay runs in a process of its own with the sow_redis of a given tree firs
 (this checkout, and with ``--against DIR`` another one, e.g. ``git worktree add --detach
 /tmp/old <rev>``), in three stages, so the table splits the cost:
 
-* ``parse``: decoding the blocks (``sow_redis.model.events.parse_block``);
+* ``parse``: decoding the blocks (``sow_redis.model.events.parse_block``, or
+  ``plain_changes`` in a tree whose deriver subscribes with ``batches``);
 * ``subscriber``: the same, taken by the follower's subscription (``Subscriber``: its
-  position, out-of-focus view and messages);
+  position, out-of-focus view and messages; one ``changes`` message per block with
+  ``batches``);
 * ``all``: and the follower's work: the aggregation of each change, the rows of every
-  ``--flush-every`` changes (what one 5 ms write window holds at 35,000 changes/s).
+  ``--flush-every`` changes (what one 5 ms write window holds at 35,000 changes/s; a
+  ``changes`` message is split there, so both kinds of tree make the same rows).
 
 Figures: CPU microseconds per change (the replay loop's process time, the median of
 ``--runs`` replays, each after one warm-up pass that the figures leave out); with
@@ -69,19 +72,41 @@ try:
     while not follower.ready:
         follower.step(0.1)
     sub, start, times = follower.sub, list(follower.sub.pos), []
+    # a tree whose subscription takes the blocks as they come (batches: plain_changes, one
+    # message per block), or one that takes them decoded (parse_block)
+    raw_blocks = hasattr(sub, "_live_message")
+    batches = getattr(sub, "_batches", False)
+    if batches:
+        from sow_redis.model.events import plain_changes
+        decode = lambda raw: plain_changes(raw) or parse_block(raw)
+    else:
+        decode = parse_block
     for _ in range(passes):
         sub.pos = list(start)  # the same changes again, as new
         taken = 0
         t0 = time.process_time()
         for raw in blocks:
-            block = parse_block(raw)
             if stage == "parse":
+                decode(raw)
                 continue
-            sub._block(block)
+            if raw_blocks:
+                sub._live_message(raw)
+            else:
+                sub._block(parse_block(raw))
             if stage == "subscriber":
                 sub._ready.clear()
                 continue
             while (msg := sub.get(0)) is not None:
+                if batches and msg["kind"] == "changes":
+                    changes, i = msg["changes"], 0  # flushed after the same changes as below
+                    while i < len(changes):
+                        k = min(len(changes) - i, flush_every - taken % flush_every)
+                        follower.take(msg if k == len(changes) else
+                                      {**msg, "changes": changes[i:i + k]})
+                        taken, i = taken + k, i + k
+                        if taken % flush_every == 0:
+                            follower.flush()
+                    continue
                 follower.take(msg)
                 taken += 1
                 if taken % flush_every == 0:

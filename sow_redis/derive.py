@@ -191,7 +191,7 @@ class _Follower:
         self.sow, self.target = sow, target
         self.sub = Subscriber(sow.r, sow.topic(target.underlying),
                               filter=target.filter or None, oof=True, sow=True,
-                              bookmarks=False)
+                              bookmarks=False, batches=True)
         self.ready = False  # the initial records are in
         self._initial: JSONObject = {}
         self.rows: dict[str, JSONObject] = {}  # SOW key → what the next flush writes
@@ -202,17 +202,21 @@ class _Follower:
     def step(self, wait: float = STEP_S) -> int:
         """Take the messages that arrived (waiting at most ``wait`` seconds for the first,
         taking them for at most :data:`FLUSH_S` seconds, :data:`FLUSH_MAX_S` once it has been
-        behind for :data:`BACKLOG_S`) and write what is due; returns the messages taken."""
+        behind for :data:`BACKLOG_S`) and write what is due; returns the messages taken (a
+        ``changes`` message counts its changes)."""
         n = 0
+        check = 64  # the clock is read once per 64 messages taken
         msg = self.sub.get(wait)
         start = time.monotonic()
         behind = self.behind_since is not None and start - self.behind_since >= BACKLOG_S
         until = start + (FLUSH_MAX_S if behind else FLUSH_S)
         while msg is not None:
-            n += 1
             self.take(msg)
-            if not n % 64 and time.monotonic() >= until:
-                break  # msg stays set: stopped by the clock
+            n += len(msg["changes"]) if msg["kind"] == "changes" else 1
+            if n >= check:
+                check = n + 64
+                if time.monotonic() >= until:
+                    break  # msg stays set: stopped by the clock
             msg = self.sub.get(0.0001)
         if msg is None:
             self.behind_since = None
@@ -309,7 +313,11 @@ class _ViewFollower(_Follower):
 
     def take(self, msg: Message) -> None:
         kind = msg["kind"]
-        if kind == "publish":  # first: nearly every message
+        if kind == "changes":  # first: nearly every change comes in one (Subscriber batches)
+            # as a publish / oof message each: an update within a group is marked directly
+            self.agg.take_changes(msg["changes"], self.dirty if self.ready else set(),
+                                  self.changed)
+        elif kind == "publish":
             self.changed(self.agg.upsert_keys(msg["sow_key"], msg["data"]))
         elif kind == "oof":
             self.changed(self.agg.remove_keys(msg["sow_key"]))
@@ -336,6 +344,9 @@ class _ConflationFollower(_Follower):
             self.due = time.monotonic() + self.target.interval_ms / 1000
         elif kind in ("publish", "oof"):
             self.mark(msg["sow_key"], msg["data"] if kind == "publish" else None)
+        elif kind == "changes":  # a publish or an oof (record None) each
+            for key, record in msg["changes"]:
+                self.mark(key, record)
 
     def flush(self) -> None:
         now = time.monotonic()
@@ -469,7 +480,7 @@ class Deriver:
         self._stop = StopEvent()
 
     def loop(self) -> int:
-        """One unit of work; returns the messages taken."""
+        """One unit of work; returns the messages taken (see :meth:`_Follower.step`)."""
         if time.monotonic() >= self._next_renew:
             self._refresh()
             self._next_renew = time.monotonic() + LEASE_RENEW_S

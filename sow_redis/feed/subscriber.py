@@ -35,6 +35,9 @@ Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
   ``data`` is the update; on a topic with ``change_previous`` also for a record the subscriber
   never saw, because it subscribed later, whose previous state matched) or ``resync`` (found gone when a gap was recovered by re-reading the
   records), with the record's ``sow_key`` and last known ``data``;
+* ``changes`` (only with ``batches``: the deriver's subscriptions): the live changes of one
+  change block, ``partition`` and ``changes`` (``[(sow_key, record), …]``, ``record`` None for
+  a removal), in place of their ``publish`` and ``oof`` messages;
 * ``completed``: the end of the replay part of a bookmark subscription: ``bookmark``;
 * ``recovery``: ``partition``, ``cause`` (``gap`` | ``reconnect`` | ``replay``: the change
   feed could not give a bookmark replay's changes | ``resync``: the same, asked for with
@@ -75,7 +78,14 @@ from ..connection import Client, server_ms
 from ..errors import ConfigError, FilterEvalError, SubscriptionEnded
 from ..logs import fields
 from ..model.delta import delta_of
-from ..model.events import ChangeBlock, ChangeEvent, decode_change, notice_op, parse_block
+from ..model.events import (
+    ChangeBlock,
+    ChangeEvent,
+    decode_change,
+    notice_op,
+    parse_block,
+    plain_changes,
+)
 from ..model.expiry import is_due
 from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
@@ -140,6 +150,14 @@ class Subscriber(MessageReader):
         bookmarks: False: the live part's ``publish`` and ``oof`` messages carry no
             ``bookmark`` (a consumer that never resumes from one, as the deriver, saves
             making one per change; :attr:`bookmark` still gives the position).
+        batches: a subscription of every record whole (no filter, SOW keys or delta), with
+            ``bookmarks`` False and no tracker, gets the live changes of a block as one
+            ``changes`` message (``topic``, ``partition``, ``changes``: ``[(sow_key,
+            record), …]`` in order, ``record`` None for a removal, given only with ``oof``),
+            in place of their ``publish`` and ``oof`` messages, when every change of the
+            block decodes the common way and it follows the partition's position
+            (:func:`~sow_redis.model.events.plain_changes`); other blocks as before. For the
+            deriver: no dict per change. Ignored for any other subscription.
 
     Raises:
         ConfigError: ``delta`` on a topic without ``change_previous``.
@@ -155,7 +173,7 @@ class Subscriber(MessageReader):
                  report: Callable[[Message], None] | None = None,
                  auto_processed: bool = True, resync: bool = False,
                  delta: bool = False, keys: list[str] | None = None,
-                 bookmarks: bool = True) -> None:
+                 bookmarks: bool = True, batches: bool = False) -> None:
         # start-up time: the filter grammar (lark, re2: ~0.13 s) loads only for a filter
         from ..query.filter import compile_filter
 
@@ -170,8 +188,9 @@ class Subscriber(MessageReader):
         self._keys = frozenset(keys) if keys is not None else None
         # a subscription of every record whole (the deriver's): each change gives its message
         # with no test (what _message gives it, in fewer steps)
-        self._render = (self._message_of_all if self.pred is None and self._keys is None
-                        and not delta else self._message)
+        every = self.pred is None and self._keys is None and not delta
+        self._render = self._message_of_all if every else self._message
+        self._batches = batches and every and not bookmarks and tracker is None
         self._order = parse_order_by(order_by) if order_by else None
         self._top_n = top_n
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
@@ -606,22 +625,57 @@ class Subscriber(MessageReader):
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 self._reconnect()
                 continue
-            if data is None:
-                continue
-            try:
-                block = parse_block(data)
-            except ValueError as exc:
-                notice = notice_op(data)
-                if notice == "topic_migrating":
-                    self._follow_migration()
-                elif notice is None:
-                    self._error(None, None, None, None, f"a message on the topic's channels "
-                                f"is no change block ({exc}); ignored")
-                continue
-            self._block(block)
+            if data is not None:
+                self._live_message(data)
         out = self._ready.popleft()
         self._last = out
         return out
+
+    def _live_message(self, data: bytes) -> None:
+        """Account for one message of the topic's channels: a change block (as one
+        ``changes`` message with ``batches``, when it can be), a topic notice, or anything
+        else (reported)."""
+        if self._batches and self._batch(data):
+            return
+        try:
+            block = parse_block(data)
+        except ValueError as exc:
+            notice = notice_op(data)
+            if notice == "topic_migrating":
+                self._follow_migration()
+            elif notice is None:
+                self._error(None, None, None, None, f"a message on the topic's channels "
+                            f"is no change block ({exc}); ignored")
+            return
+        self._block(block)
+
+    def _batch(self, data: bytes) -> bool:
+        """Take a change block as one ``changes`` message (see ``batches``), or as nothing
+        when its changes are accounted for; False when it is no block of plain changes, or
+        when it does not follow its partition's position (a gap: the general path recovers
+        it)."""
+        got = plain_changes(data)
+        if got is None:
+            return False
+        p, first, last, changes = got
+        if not 0 <= p < self.topic.partitions or last <= self.pos[p]:
+            return True  # seen, or not this topic's layout (as _block)
+        if first != self.pos[p] + 1:
+            return False
+        self.pos[p] = last
+        if self.oof:  # the view serves out-of-focus notices (a recovery by re-reading)
+            view = self._view[p]
+            add, discard = view.add, view.discard
+            for key, record in changes:
+                if record is None:
+                    discard(key)
+                else:
+                    add(key)
+        else:  # removals reach subscriptions with out-of-focus notices only
+            changes = [change for change in changes if change[1] is not None]
+        self._ready.append({"kind": "changes", "topic": self.topic.name, "partition": p,
+                            "changes": changes})
+        return True
 
     def _settle_last(self) -> None:
         last, self._last = self._last, None

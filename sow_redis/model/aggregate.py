@@ -12,9 +12,10 @@ A **projection** is a list of items, each a grouping field path (``/sym``) or an
 
 The **grouping** is a list of field paths; records with equal values there (a missing field
 counts as null) form one group, whose row holds the grouping fields and the aggregates at the
-paths their ``AS`` names. Sums are exact (floats are added as whole multiples of 2**-1074, the
-least subnormal, which every finite float is, and rounded once), so a row kept current equals
-the row computed afresh from the same records.
+paths their ``AS`` names. Sums are exact (a group's floats are added as whole multiples of
+2**-s, the place of the last significand bit of the least of them, and rounded once: int /
+int is correctly rounded), so a row kept current equals the row computed afresh from the same
+records.
 
 :class:`Aggregation` takes each record as it is published (:meth:`~Aggregation.upsert`) or
 removed (:meth:`~Aggregation.remove`) and says which rows changed.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from math import frexp
+from math import frexp, inf
 from operator import itemgetter
 from typing import Any
 
@@ -109,29 +110,45 @@ def _path(text: str, where: str) -> tuple[str, ...]:
         raise ProjectionError(f"{where}: {exc}") from None
 
 
-_SCALE_BITS = 1074
-"""A float is summed as the integer count of 2**-1074 (the least subnormal) it holds: exact
-for every finite float, and an integer sum is much cheaper than a ``Fraction`` sum."""
+_TWO_53 = 9007199254740992.0
+"""2**53: a float's ``frexp`` mantissa times this is its 53-bit significand, exactly."""
 
 
-def _scaled(number: float) -> int:
-    """``number`` in units of 2**-1074 (exact): its 53-bit significand, shifted by its
-    exponent (``frexp``; ``as_integer_ratio`` loops over the bits: ~1,270 instructions a call
-    here). Raises OverflowError / ValueError for an infinity / NaN (as ``Fraction`` does)."""
+def _units(st: list[Any], fs: int, sc: int, fac: int, number: float) -> int:
+    """``number`` (a finite float) in the units of the float sum ``st[fs]``: 2**-``st[sc]``,
+    ``st[fac]`` being 2.0**``st[sc]`` (inf beyond the float range). The common case is one
+    product, exact (a power of two), that is a whole number; otherwise the units are made
+    fine enough first (``st[sc]`` grows to the position of the float's last significand
+    bit, by ``frexp``, and ``st[fs]`` is rescaled with it; the units never coarsen, so a
+    float once added can always be taken out). The floats of a group, of like magnitude,
+    so sum to a small integer (a few 30-bit digits), not one of 1,100 bits as in units of
+    2**-1074, the least subnormal."""
+    unit: float = number * st[fac]
+    if unit.is_integer():  # not inf (beyond the floats in these units), nor nan
+        return int(unit)
     mantissa, exponent = frexp(number)  # number = mantissa * 2**exponent, 0.5 <= |m| < 1
-    whole = int(mantissa * 9007199254740992.0)  # * 2**53: an integer, exactly
-    shift = exponent + _SCALE_BITS - 53
-    return whole << shift if shift >= 0 else whole >> -shift  # a subnormal: only 0s go
+    whole = int(mantissa * _TWO_53)  # number = whole * 2**(exponent - 53)
+    shift: int = exponent + st[sc] - 53
+    if shift >= 0:
+        return whole << shift
+    st[fs] <<= -shift
+    st[sc] -= shift
+    st[fac] = 2.0 ** st[sc] if st[sc] < 1024 else inf
+    return whole
 
 
-_SUMS = ("num", "isum", "fsum", "floats")
+_SUMS = ("num", "isum", "fsum", "floats", "scale", "factor")
 
 _MEASURES = {"COUNT": ("count",), "SUM": _SUMS, "AVG": _SUMS, "MIN": ("num", "min"),
              "MAX": ("num", "max")}
 """The running totals each function reads, per input: ``count`` (values present), ``num``
-(numeric values), ``isum`` (their integers' sum), ``fsum`` (their floats' sum, :func:`_scaled`),
-``floats`` (how many are floats), ``min``, ``max`` (None while there is no number). A SUM and
-an AVG of one path share theirs."""
+(numeric values), ``isum`` (their integers' sum), ``fsum`` (their floats' sum in units of
+2**-``scale``, :func:`_units`), ``floats`` (how many are floats), ``scale`` (0 until a float
+needs more), ``factor`` (2.0**scale), ``min``, ``max`` (None while there is no number). A SUM
+and an AVG of one path share theirs."""
+
+_INITIAL: dict[str, int | float | None] = {"min": None, "max": None, "factor": 1.0}
+"""A group's first running totals that are not 0."""
 
 _EXTREMES = (("min", "<", "min"), ("max", ">", "max"))
 
@@ -194,14 +211,14 @@ class Aggregation:
             j = self._paths.index(agg.path)
             for measure in _MEASURES[agg.function]:
                 self._slots.setdefault((measure, j), len(self._slots))
-        self._initial = [None if m in ("min", "max") else 0 for m, _j in self._slots]
+        self._initial = [_INITIAL.get(m, 0) for m, _j in self._slots]
         self.source = _Code(self).source
-        """The code generated for this projection (``upsert``, ``add``, ``take_out``,
-        ``row``)."""
+        """The code generated for this projection (``upsert``, ``take_changes``, ``add``,
+        ``take_out``, ``row``)."""
         scope: dict[str, Any] = {
             "_keys": self._keys, "_of": self._of, "_groups": self._groups, "_key": self._key,
             "_enter": self._enter, "_extreme": _extreme, "get_path": get_path, "_put": _put,
-            "_scaled": _scaled, "_UNIT": 1 << _SCALE_BITS}
+            "_units": _units, "_leave": self._leave}
         exec(compile(self.source, f"<aggregation {domain}>", "exec"), scope)
         self._add: Callable[[list[int | float | None], tuple[JSON, ...]], None] = scope["add"]
         self._take_out: Callable[[list[int | float | None], dict[str, tuple[JSON, ...]],
@@ -213,6 +230,15 @@ class Aggregation:
         groups that stay: ``publish`` entries carry None (read the row with :attr:`row` when
         it is needed, e.g. once after many changes); an ``oof`` carries the group's last
         row."""
+        self.take_changes: Callable[[list[tuple[str, JSONObject | None]], set[str],
+                                     Callable[[list[tuple[str, str, JSONObject | None]]], object]],
+                                    None] = scope["take_changes"]
+        """``take_changes(changes, dirty, changed)``: the changes ``[(sow_key, record or None
+        for a removal), …]`` in order, as ``changed(upsert_keys(sow_key, record))`` (or
+        ``changed(remove_keys(sow_key))``) for each would do, but with the group key of an
+        update within a group added to the set ``dirty`` in place of a call of ``changed``
+        (with ``[("publish", key, None)]``): one loop, no call per change (a deriver takes
+        every change of its underlying topic)."""
         self.row: Callable[[str], JSONObject] = scope["row"]
         """``row(key)``: the row of group ``key``, its grouping fields and aggregates (raises
         KeyError when no group has that key now)."""
@@ -291,6 +317,8 @@ class _Code:
       difference, a MIN / MAX searches the members only when the value that held it got
       worse; any other change of a value as its removal after its addition), anything else
       by ``Aggregation._enter``;
+    * ``take_changes(changes, dirty, changed)``: ``upsert``'s body in a loop over changes,
+      an update within a group marked in ``dirty`` (``Aggregation.take_changes``);
     * ``add(st, inputs)`` / ``take_out(st, members, inputs)``: a member's input values counted
       in / taken out of the totals (``members`` no longer holding it: a MIN / MAX it held is
       found again among them);
@@ -303,8 +331,21 @@ class _Code:
         paths = [*agg.spec.grouping, *agg._paths]
         reads = [self._read(p) for p in paths]
         self.groups = reads[:len(agg.spec.grouping)]
+        body = reads[len(self.groups):]
         self.source = "\n".join([
-            *self._upsert(reads[len(self.groups):], agg._single), "",
+            "def upsert(sow_key, record):",
+            *_indented(self._upsert(body, agg._single, ["return _enter({})"],
+                                    "return [('publish', key, None)]"), 1), "",
+            "def take_changes(changes, dirty, changed):",
+            "    mark = dirty.add",
+            "    for sow_key, record in changes:",
+            "        if record is None:",
+            "            before = _of.pop(sow_key, None)",
+            "            if before is not None:",
+            "                changed(_leave(sow_key, before))",
+            "            continue",
+            *_indented(self._upsert(body, agg._single, ["changed(_enter({}))", "continue"],
+                                    "mark(key)"), 2), "",
             "def add(st, inputs):", f"    {self._unpack('v')} = inputs",
             *[line for j in range(self.inputs) for line in self._add(j, f"v{j}", 1)], "",
             "def take_out(st, members, inputs):", f"    {self._unpack('v')} = inputs",
@@ -322,32 +363,40 @@ class _Code:
     def _slot(self, measure: str, j: int) -> int | None:
         return self.slots.get((measure, j))
 
-    def _upsert(self, reads: list[str], single: bool) -> list[str]:
+    def _units(self, j: int) -> str:
+        """The start of a call of :func:`_units` for input ``j`` (the number and ``)`` to
+        follow)."""
+        slot = self._slot
+        return f"u = _units(st, {slot('fsum', j)}, {slot('scale', j)}, {slot('factor', j)}, "
+
+    def _upsert(self, reads: list[str], single: bool, enter: list[str], done: str
+                ) -> list[str]:
+        """The body of an upsert of ``record`` as ``sow_key``: ``enter`` (its ``{}`` the
+        arguments of ``_enter``) for all but an update within a group, ``done`` after one."""
         groups = [f"g{k}" for k in range(len(self.groups))]
         values = f"({', '.join(groups)},)"
         simple = " and ".join(f"(type({g}) is str or type({g}) is int)" for g in groups)
-        lines = ["def upsert(sow_key, record):",
-                 *[f"    {g} = {read}" for g, read in zip(groups, self.groups)]]
+        lines = [f"{g} = {read}" for g, read in zip(groups, self.groups)]
         if single:  # the one grouping value is the cache's key: no tuple
-            lines.append(f"    key = _keys.get(g0) if {simple} else None")
+            lines.append(f"key = _keys.get(g0) if {simple} else None")
         else:
-            lines += [f"    values = {values}",
-                      f"    key = _keys.get(values) if {simple} else None"]
-        lines += ["    if key is None:", f"        key = _key({values if single else 'values'})",
-                  *[f"    v{j} = {read}" for j, read in enumerate(reads)],
-                  f"    inputs = ({self._unpack('v')})",
-                  "    before = _of.get(sow_key)",
-                  "    if before != key:",
-                  f"        return _enter(sow_key, key, {values if single else 'values'}, "
-                  "inputs, before)",
-                  "    group = _groups[key]",
-                  "    members = group.members",
-                  "    old = members[sow_key]",
-                  "    members[sow_key] = inputs",
-                  "    st = group.state"]
+            lines += [f"values = {values}",
+                      f"key = _keys.get(values) if {simple} else None"]
+        arguments = f"sow_key, key, {values if single else 'values'}, inputs, before"
+        lines += ["if key is None:", f"    key = _key({values if single else 'values'})",
+                  *[f"v{j} = {read}" for j, read in enumerate(reads)],
+                  f"inputs = ({self._unpack('v')})",
+                  "before = _of.get(sow_key)",
+                  "if before != key:",
+                  *_indented([line.format(arguments) for line in enter], 1),
+                  "group = _groups[key]",
+                  "members = group.members",
+                  "old = members[sow_key]",
+                  "members[sow_key] = inputs",
+                  "st = group.state"]
         for j in range(self.inputs):
-            lines += self._replace(j, f"v{j}", 1)
-        lines.append("    return [('publish', key, None)]")
+            lines += self._replace(j, f"v{j}", 0)
+        lines.append(done)
         return lines
 
     def _replace(self, j: int, new: str, depth: int) -> list[str]:
@@ -379,8 +428,17 @@ class _Code:
         ``to``."""
         lines = []
         if (fs := self._slot("fsum", j)) is not None:
-            lines += ["if to is float:",
-                      f"    st[{fs}] += _scaled({n}) - _scaled(o)",
+            lines += ["if to is float:  # _units' common case inline (inf is no integer)",
+                      f"    f = st[{self._slot('factor', j)}]",
+                      f"    a = {n} * f",
+                      "    b = o * f",
+                      "    if a.is_integer() and b.is_integer():",
+                      f"        st[{fs}] += int(a) - int(b)",
+                      "    else:  # finer units first (u first: _units may rescale the sum)",
+                      f"        {self._units(j)}{n})",
+                      f"        st[{fs}] += u",
+                      f"        {self._units(j)}o)",
+                      f"        st[{fs}] -= u",
                       "else:",
                       f"    st[{self._slot('isum', j)}] += {n} - o"]
         return _indented(lines + self._extremes(j, n), depth)
@@ -393,10 +451,12 @@ class _Code:
             si, fc = self._slot("isum", j), self._slot("floats", j)
             lines += ["if to is int:",
                       f"    st[{si}] -= o",
-                      f"    st[{fs}] += _scaled({n})",
+                      f"    {self._units(j)}{n})",
+                      f"    st[{fs}] += u",
                       f"    st[{fc}] += 1",
                       "else:",
-                      f"    st[{fs}] -= _scaled(o)",
+                      f"    {self._units(j)}o)",
+                      f"    st[{fs}] -= u",
                       f"    st[{fc}] -= 1",
                       f"    st[{si}] += {n}"]
         return _indented(lines + self._extremes(j, n), depth)
@@ -451,8 +511,13 @@ class _Code:
                       "if t is int:",
                       f"    st[{si}] {op} {v}",
                       *number,
-                      "elif t is float:",
-                      f"    st[{fs}] {op} _scaled({v})",
+                      "elif t is float:",  # _units' common case inline
+                      f"    a = {v} * st[{self._slot('factor', j)}]",
+                      "    if a.is_integer():",
+                      f"        st[{fs}] {op} int(a)",
+                      "    else:  # u first: _units may rescale st[fs]",
+                      f"        {self._units(j)}{v})",
+                      f"        st[{fs}] {op} u",
                       f"    st[{fc}] {op} 1",
                       *number]
         elif extremes:
@@ -482,13 +547,14 @@ class _Code:
         if agg.function in ("MIN", "MAX"):
             return f"st[{self._slot(agg.function.lower(), j)}]"
         num, si = self._slot("num", j), self._slot("isum", j)
-        fs, fc = self._slot("fsum", j), self._slot("floats", j)
-        total = f"(st[{fs}] + (st[{si}] << {_SCALE_BITS}))"
+        fs, fc, sc = self._slot("fsum", j), self._slot("floats", j), self._slot("scale", j)
+        # int / int is correctly rounded: the exact sum (or mean) rounded once
+        total = f"(st[{fs}] + (st[{si}] << st[{sc}]))"
         if agg.function == "SUM":
             return (f"(None if st[{num}] == 0 else st[{si}] if st[{fc}] == 0 "
-                    f"else {total} / _UNIT)")
+                    f"else {total} / (1 << st[{sc}]))")
         return (f"(None if st[{num}] == 0 else st[{si}] / st[{num}] if st[{fc}] == 0 "
-                f"else {total} / (st[{num}] << {_SCALE_BITS}))")
+                f"else {total} / (st[{num}] << st[{sc}]))")
 
 
 def _indented(lines: list[str], depth: int) -> list[str]:

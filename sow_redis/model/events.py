@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import count, repeat
 from typing import TypedDict
 
 import msgpack
@@ -292,6 +292,48 @@ def parse_block(raw: bytes) -> ChangeBlock:
         append(ev)
     return {"topic": topic, "partition": partition, "first": first, "last": last, "ms": ms,
             "events": events}
+
+
+PlainBlock = tuple[int, int, int, list[tuple[str, JSONObject | None]]]
+"""What :func:`plain_changes` gives: ``(partition, first, last, changes)``."""
+
+
+def plain_changes(raw: bytes) -> PlainBlock | None:
+    """The changes of a change block as ``(partition, first, last, [(sow_key, record), …])``
+    (``record`` None for a removal: a ``sow_delete``, deleted or expired), when
+    :func:`parse_block` decodes every change of it the common way (no ``error``) and their
+    seqs are ``first`` … ``last`` in order; None for any other block or message (decode it
+    with :func:`parse_block`, which says what is wrong). Cheaper than :func:`parse_block`:
+    no dict per change, and the ids, expiries, reasons and previous records are not kept
+    (a removal's record is decoded, as :func:`parse_block` does, only to be checked): for
+    a reader of every change that needs none of those, the deriver."""
+    try:
+        arr = _unpack(raw)
+    except Exception:
+        return None
+    if not isinstance(arr, list) or len(arr) <= 5 or not (width := _width(arr)):
+        return None
+    topic, partition, first, last, ms = arr[:5]
+    if not isinstance(topic, (str, bytes)) or not all(
+            type(x) is int for x in (partition, first, last, ms)):
+        return None
+    _shown(_text(topic))  # raises where parse_block raises (a surrogate no decoder made)
+    out: list[tuple[str, JSONObject | None]] = []
+    append, loads, ops, max_expiry = out.append, orjson.loads, _OPS, MAX_EXPIRY_MS
+    for op, key, seq, expiry, data, at in zip(arr[5::width], arr[6::width], arr[7::width],
+                                              arr[10::width], arr[11::width], count(first)):
+        if seq != at or type(expiry) is not int or not 0 <= expiry <= max_expiry:
+            return None  # parse_block reads these otherwise
+        try:  # parse_block's common case (anything else: it says what is wrong)
+            if op not in ops or not key.isascii():
+                return None
+            obj = loads(data)
+        except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
+            return None
+        if type(obj) is not dict:
+            return None
+        append((key, None if op == "sow_delete" else obj))
+    return partition, first, last, out
 
 
 def due_times(raw: bytes) -> list[int]:
