@@ -23,7 +23,7 @@ from sow_redis import keys
 from sow_redis.apply.jobs import ensure_jobs
 from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
-from sow_redis.ops.server import free_port, spawn_redis
+from sow_redis.ops.server import free_cluster_port, free_port, spawn_redis
 from sow_redis.publish.append import append, wait_applied
 from sow_redis.settings import Settings
 
@@ -297,7 +297,7 @@ def test_worker_expirer_and_deriver_started_before_their_cluster_node_wait_for_i
     the slot map when it is made), the worker, the expirer and the deriver each report the
     outage in one line and wait, instead of ending with an internal error; once the node
     answers, the worker applies a publish."""
-    control_port, port = free_port(), free_port()
+    control_port, port = free_port(), free_cluster_port()  # a node: bus port + 10000
     control = spawn_redis(control_port, tmp_path / "control", persist=False)
     curl = f"redis://127.0.0.1:{control_port}/0"
     url = f"redis+cluster://127.0.0.1:{port}"
