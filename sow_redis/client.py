@@ -32,7 +32,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import keys
 from .apply.jobs import apply_here, ensure_jobs
-from .apply.scripts import Scripts
+from .apply.scripts import scripts_of
 from .config import DERIVED_KINDS, TOPIC_NAME, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, MessageError, UnknownTopicError
@@ -553,7 +553,7 @@ class Sow:
         if checked is None or not checked[1].get("k"):  # chaining topics: the workers' key
             raise refused
         p, entry = checked
-        done = Scripts(self.r).delete_now(t, p, entry, [str(entry["k"])])
+        done = scripts_of(self.r).delete_now(t, p, entry, [str(entry["k"])])
         if done is None:
             raise refused
         return PublishResult(published=1, last_ids={p: done[1]})

@@ -239,3 +239,28 @@ def test_change_events_on_pubsub(sow, topic_name):
 def test_unknown_topic_publish_is_an_error(sow, topic_name):
     with pytest.raises(UnknownTopicError, match="config apply"):
         sow.publish(topic_name, {"orderId": 1})
+
+
+def test_deletes_by_key_register_the_scripts_once_per_client(sow, topic_name, monkeypatch):
+    """A sow_delete by SOW keys runs delete_now.lua through the client's one Scripts
+    (registering the bundled scripts costs about a round trip): three deletes, no new one."""
+    from sow_redis.apply import scripts
+
+    sow.apply_config(cfg(topic_name))
+    sow.publish(topic_name, [{"orderId": i} for i in range(4)])
+    made: list[object] = []
+    real_init = scripts.Scripts.__init__
+
+    def counting_init(self, r):
+        made.append(self)
+        real_init(self, r)
+
+    def key_of(i: int) -> list[str]:
+        return [r.sow_key for r in sow.sow(topic_name) if r.obj()["orderId"] == i]
+
+    assert sow.sow_delete(topic_name, keys=key_of(0)) == 1  # the client's scripts made here
+    monkeypatch.setattr(scripts.Scripts, "__init__", counting_init)
+    for i in (1, 2, 3):
+        assert sow.sow_delete(topic_name, keys=key_of(i)) == 1
+    assert made == [] and scripts.scripts_of(sow.r) is scripts.scripts_of(sow.r)
+    assert [r.obj() for r in sow.sow(topic_name)] == []

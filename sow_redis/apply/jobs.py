@@ -56,7 +56,7 @@ from ..registry import TopicCache
 from ..settings import QUEUE_NAME, Settings
 from ..streamids import ZERO, parse
 from .applier import PartitionApplier
-from .scripts import Scripts, attached
+from .scripts import Scripts, attached, scripts_of
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ QUEUE_KEY = f"rq:queue:{QUEUE_NAME}"
 
 def _tools(r: Client) -> tuple[Scripts, TopicCache]:
     """The scripts and registry cache of client ``r`` (made once per client)."""
-    return attached(r, "tools", lambda c: (Scripts(c), TopicCache(c)))
+    return attached(r, "tools", lambda c: (scripts_of(c), TopicCache(c)))
 
 
 BEHIND_COUNT_MAX = 1_000

@@ -6,7 +6,7 @@ from __future__ import annotations
 from redis.exceptions import NoPermissionError, ResponseError
 
 from .. import keys
-from ..apply.scripts import Scripts
+from ..apply.scripts import scripts_of
 from ..connection import Client, Fields
 from ..model.topic import TopicConfig
 from .result import PublishResult, interrupted
@@ -34,7 +34,7 @@ def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields) 
     entry: Fields = {"cmd": "sow_delete", **fields}
     out: dict[int, str] = {}
     if "keys" in fields and not isinstance(r, fake_redis_class()):
-        scripts = Scripts(r)
+        scripts = scripts_of(r)
         sow_keys = str(fields["keys"]).split(",")
         try:
             for p in range(topic.partitions):
