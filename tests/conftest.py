@@ -412,6 +412,20 @@ def run_cli(url: str, *args: str, input: bytes | None = None, check: bool = True
     return proc
 
 
+def random_record(rnd, id_: object, value) -> dict:
+    """A record of random shape for the aggregation tests: ``id_``, a grouping value of mixed
+    types (``/g``: 1, 1.0 and True apart), ``/h``, and the fields ``v w qty px n`` at the top
+    and under ``/a``, each there 9 times in 10 with ``value()``."""
+    rec: dict = {"id": id_, "g": rnd.choice([1, 2, "b", None, 1.0, True]),
+                 "h": rnd.choice(["x", "y"]), "a": {"g": rnd.choice(["p", "q"])}}
+    for name in ("v", "w", "qty", "px", "n"):
+        if rnd.random() < 0.9:
+            rec[name] = value()
+        if rnd.random() < 0.9:
+            rec["a"][name] = value()
+    return rec
+
+
 def wait_until(pred, timeout_s: float, what: str, step: float = 0.01) -> float:
     """Seconds until ``pred()`` is true (Redis errors count as false); fails the test after
     ``timeout_s`` seconds, naming ``what``."""

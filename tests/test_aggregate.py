@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from sow_redis.model.aggregate import Aggregation, ProjectionError, parse_projection
-from conftest import run_cli
+from conftest import random_record, run_cli
 
 PROJECTION = ["/sym", "COUNT(/id) AS /orders", "SUM(/qty) AS /qty", "AVG(/px) AS /avg_px",
               "MIN(/px) AS /lo", "MAX(/px) AS /hi"]
@@ -318,13 +318,7 @@ def test_generated_aggregation_equals_a_plain_recompute(projection, grouping):
                            True, None, "7", 5e-324, 1e300, rnd.randrange(-50, 50)])
 
     def record(key: str) -> dict:
-        rec: dict = {"id": key, "g": rnd.choice([1, 2, "b", None, 1.0, True]),
-                     "h": rnd.choice(["x", "y"]), "a": {"g": rnd.choice(["p", "q"])}}
-        for name in ("v", "w", "qty", "px", "n"):
-            if rnd.random() < 0.9:
-                rec[name] = value()
-            if rnd.random() < 0.9:
-                rec["a"][name] = value()
+        rec = random_record(rnd, key, value)
         if rnd.random() < 0.05:
             rec.pop("id")
         return rec

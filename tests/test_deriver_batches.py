@@ -12,6 +12,7 @@ import time
 import msgpack
 import orjson
 import pytest
+from conftest import random_record
 
 from sow_redis import derive, keys
 from sow_redis.feed.changes import current_seqs
@@ -113,14 +114,7 @@ def test_take_changes_equals_upsert_keys_one_by_one(projection, grouping):
                            rnd.uniform(-1e6, 1e6), rnd.randrange(-50, 50)])
 
     def record() -> dict:
-        rec: dict = {"id": rnd.randrange(5), "g": rnd.choice([1, 2, "b", None, 1.0, True]),
-                     "h": rnd.choice(["x", "y"]), "a": {"g": rnd.choice(["p", "q"])}}
-        for name in ("v", "w", "qty", "px", "n"):
-            if rnd.random() < 0.9:
-                rec[name] = value()
-            if rnd.random() < 0.9:
-                rec["a"][name] = value()
-        return rec
+        return random_record(rnd, rnd.randrange(5), value)
 
     current: dict[str, dict] = {}
     for step in range(300):
