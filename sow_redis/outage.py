@@ -17,10 +17,11 @@ publisher that must keep going through an outage (``sow-redis publish --retry-s`
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError
@@ -144,32 +145,15 @@ def call_through_outage(fn: Callable[[], T], retry_s: float, component: str = "p
         redis.exceptions.ConnectionError, TimeoutError: Redis did not answer for ``retry_s``
             seconds; whatever ``fn`` raises otherwise.
     """
-    outage = reporter(component)
-    since: float | None = None
-    pause = BACKOFF_MIN_S
-    while True:
-        try:
-            out = fn()
-        except REDIS_DOWN as exc:
-            now = time.monotonic()
-            since = now if since is None else since
-            if now - since >= retry_s:
-                raise
-            outage.failed(exc)
-            time.sleep(pause)
-            pause = min(BACKOFF_MAX_S, pause * 2)
-            continue
-        outage.answered()
-        return out
+    return cast(T, _retry(fn, retry_s, component, None))
 
 
 def connect_through_outage(connect: Callable[[], T], stop: threading.Event,
                            component: str) -> T | None:
-    """``connect()``, tried again while Redis does not answer (backoff :data:`BACKOFF_MIN_S`
-    doubling to :data:`BACKOFF_MAX_S`; the outage reported once through :func:`reporter`
-    ``component``) until ``stop`` is set: for a long-running process (worker, expirer,
-    deriver) started while Redis is down, or while the Redis Cluster node its URL names is
-    down (a cluster client reads the slot map when it is made, so it connects then).
+    """``connect()``, tried again while Redis does not answer (as :func:`call_through_outage`,
+    for as long as it takes) until ``stop`` is set: for a long-running process (worker,
+    expirer, deriver) started while Redis is down, or while the Redis Cluster node its URL
+    names is down (a cluster client reads the slot map when it is made, so it connects then).
 
     Returns:
         What ``connect()`` returned; None when ``stop`` was set first.
@@ -178,15 +162,38 @@ def connect_through_outage(connect: Callable[[], T], stop: threading.Event,
         Whatever ``connect()`` raises but :data:`REDIS_DOWN` (a bad URL, a node that is no
         cluster node).
     """
+    out = _retry(connect, math.inf, component, stop)
+    return None if out is _STOPPED else cast(T, out)
+
+
+_STOPPED = object()
+"""What :func:`_retry` returns when its ``stop`` was set before ``fn`` succeeded."""
+
+
+def _retry(fn: Callable[[], T], retry_s: float, component: str,
+           stop: threading.Event | None) -> T | object:
+    """The loop of :func:`call_through_outage` and :func:`connect_through_outage`: ``fn()``
+    until it does not raise :data:`REDIS_DOWN`, for up to ``retry_s`` seconds of failures,
+    pausing with backoff (on ``stop``, which ends the loop with :data:`_STOPPED`, if given);
+    the outage reported once, and its end."""
     outage = reporter(component)
+    since: float | None = None
     pause = BACKOFF_MIN_S
-    while not stop.is_set():
+    while stop is None or not stop.is_set():
         try:
-            client = connect()
+            out = fn()
         except REDIS_DOWN as exc:
+            now = time.monotonic()
+            since = now if since is None else since
+            if now - since >= retry_s:
+                raise
             outage.failed(exc)
-            stop.wait(pause)
+            if stop is None:
+                time.sleep(pause)
+            else:
+                stop.wait(pause)
             pause = min(BACKOFF_MAX_S, pause * 2)
             continue
-        return client
-    return None
+        outage.answered()
+        return out
+    return _STOPPED

@@ -331,6 +331,8 @@ def test_worker_expirer_and_deriver_started_before_their_cluster_node_wait_for_i
         assert sorted(r.obj()["id"] for r in sow.sow("late")) == list(range(10))
         for name, proc in procs.items():
             assert proc.poll() is None, (name, logs[name].read_text())
+        wait_until(lambda: all(b"redis answers again" in p.read_bytes() for p in logs.values()),
+                   30, "each process reporting the end of the outage")
     finally:
         for proc in procs.values():
             proc.send_signal(signal.SIGTERM)
