@@ -148,6 +148,15 @@ def test_one_line_errors_for_user_mistakes(url, topic):
     err = out.stderr.decode().strip()
     assert out.returncode == 1 and err.startswith(f"Error: cannot reach Redis at {dead}")
     assert len(err.splitlines()) == 1
+    # a cluster URL whose node is down: an outage in one line, not an internal error
+    dead_node = f"redis+cluster://127.0.0.1:{free_port()}"
+    out = run_cli(dead_node, "--control-url", "redis://127.0.0.1:1/0", "sow", "-t", topic,
+                  check=False)
+    err = out.stderr.decode().strip()
+    assert out.returncode == 1 and err.startswith(
+        f"Error: cannot reach Redis at {dead_node}: no node of the Redis Cluster at "
+        f"{dead_node} answers"), err
+    assert len(err.splitlines()) == 1 and "internal error" not in err
 
 
 def test_status_shows_records_and_pending(url, topic):
