@@ -8,9 +8,8 @@
 # Tests run in parallel on SOW_TEST_WORKERS (default 6) pytest-xdist workers, through
 # PYTEST_ADDOPTS ("-n N --dist loadgroup"; tests/conftest.py keeps the tests of the Spark
 # session on one worker), then the tests bound to wall-clock time (marker serial) on
-# SOW_TEST_SERIAL_WORKERS (default 2: two at a time, mostly waiting on restarts and timeouts,
-# 95 s instead of 150 s one at a time in one process (0); on 3 workers a clean clone lost a
-# failover test and a CPU bound to their competition);
+# SOW_TEST_SERIAL_WORKERS (default 0: one at a time, in one process; on 3 workers a clean
+# clone lost a failover test and a CPU bound to their competition);
 # SOW_TEST_WORKERS=0 runs them all in this process, one after the other, and a caller's own
 # -m makes one parallel run of what it selects.
 set -euo pipefail
@@ -38,7 +37,7 @@ if [ "${1:-}" = "--fast" ]; then
   lane="not slow and not cluster and not spark and not browser and not faults"
 fi
 workers="${SOW_TEST_WORKERS:-6}"
-serial_workers="${SOW_TEST_SERIAL_WORKERS:-2}"
+serial_workers="${SOW_TEST_SERIAL_WORKERS:-0}"
 own_marks=0
 for arg in "$@"; do [ "$arg" = "-m" ] && own_marks=1; done
 if [ "$workers" = "0" ] || [ "$own_marks" = "1" ]; then

@@ -166,7 +166,7 @@ SERIAL_FILES = frozenset({
 """Test files bound to wall-clock time (a restart within seconds, a Ctrl-C at a given moment, a
 cluster failover's 2 s node timeout): on 2 cores, beside 6 busy xdist workers, they starve
 and fail. They are marked ``serial``, and scripts/test.sh runs them after the parallel part,
-two at a time (``SOW_TEST_SERIAL_WORKERS``)."""
+one at a time."""
 
 
 def pytest_itemcollected(item):

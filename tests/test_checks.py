@@ -100,14 +100,14 @@ def test_a_finding_fails_the_run_before_pytest(scratch: Path, tool: str, ran: li
 
 
 @pytest.mark.parametrize("workers, addopts, want", [
-    (None, None, ["-n 6 --dist loadgroup", "-n 2"]),
+    (None, None, ["-n 6 --dist loadgroup", "-n 0"]),
     ("0", None, [""]),  # one process: one run, no xdist options
     ("3", "-p no:cacheprovider", ["-n 3 --dist loadgroup -p no:cacheprovider",
-                                  "-n 2 -p no:cacheprovider"])])
+                                  "-n 0 -p no:cacheprovider"])])
 def test_test_sh_runs_pytest_on_xdist_workers(scratch: Path, workers, addopts, want):
     """The tests run on SOW_TEST_WORKERS (default 6) pytest-xdist workers with the group
     scheduling of tests/conftest.py, then those marked serial on SOW_TEST_SERIAL_WORKERS
-    (default 2), through PYTEST_ADDOPTS (a PYTEST_ADDOPTS of the caller is kept after them);
+    (default 0: one process), through PYTEST_ADDOPTS (a PYTEST_ADDOPTS of the caller is kept after them);
     the arguments still reach pytest as given."""
     python = scratch / ".venv" / "bin" / "python"
     python.write_text(f'#!/usr/bin/env bash\necho "$PYTEST_ADDOPTS" >> "{scratch / "calls.log"}"\n')
