@@ -266,8 +266,9 @@ class Sow:
         """Append blocks of items to ``topic``'s log with this client's :attr:`retry_s`,
         ``durable`` and mode (workers started as entries wait for them, unless
         :attr:`inline`): :func:`sow_redis.publish.retry.append_blocks`, which
-        :meth:`publish` and the CLI's ``publish`` use. Nothing is applied or waited for:
-        see :meth:`handoff_published`.
+        :meth:`publish` and the CLI's ``publish`` use. Nothing is applied or waited for
+        beyond what the writes apply themselves (write-through, also inline: publishes to a
+        caught-up partition): see :meth:`handoff_published`.
 
         Args:
             topic: the definition to key by (read again across a migration:
@@ -288,13 +289,16 @@ class Sow:
         return append_blocks(self.r, topic, blocks, self.retry_s, stop=stop,
                              on_chunk=on_chunk, fix_separator=fix_separator,
                              jobs=self.job_settings, durable=self.durable,
-                             registry_check=registry_check)
+                             registry_check=registry_check,
+                             inline=self.settings if self._inline else None)
 
     def handoff_published(self, topic: TopicConfig, result: PublishResult, wait: bool = False,
                           timeout: float = 60.0) -> int:
         """:meth:`handoff` of what :meth:`append_blocks` appended (``result.last_ids``, under
         ``result.definition`` when the publish read it again, else ``topic``), riding out an
-        outage of :attr:`retry_s` seconds (the handoff may repeat: ``SET NX``, waits).
+        outage of :attr:`retry_s` seconds (the handoff may repeat: ``SET NX``, waits). The
+        partitions the writes settled themselves (:attr:`PublishResult.settled`: every entry
+        written through, no trim due) are skipped: no drain inline, no wait.
 
         Returns:
             The number of log entries applied in this process (0 without inline).
@@ -304,7 +308,9 @@ class Sow:
             :attr:`retry_s` seconds.
         """
         t = result.definition or topic
-        return call_through_outage(lambda: self.handoff(t, result.last_ids, wait, timeout,
+        settled = result.settled  # applied in the publish's own write: nothing to hand over
+        last_ids = {p: sid for p, sid in result.last_ids.items() if p not in settled}
+        return call_through_outage(lambda: self.handoff(t, last_ids, wait, timeout,
                                                         jobs_started=True), self.retry_s)
 
     def handoff(self, topic: str | TopicConfig, last_ids: dict[int, str], wait: bool = False,

@@ -14,9 +14,11 @@ from conftest import start_worker
 
 from sow_redis import keys
 from sow_redis.apply.applier import apply_batch
+from sow_redis.apply.jobs import QUEUE_KEY, drain_partition
 from sow_redis.apply.ops import Upsert
 from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
+from sow_redis.connection import is_cluster
 from sow_redis.errors import ConflictError
 from sow_redis.feed.live import ShardListener
 from sow_redis.model.events import events_of
@@ -49,8 +51,8 @@ def test_a_write_through_applies_only_its_own_entries_of_a_caught_up_partition(
     wt = _write_through(r)
     assert wt is not None
     own = {"cmd": "publish", "data": b'{"id": 2, "v": 3}', "k": key_of({"id": 2}, t, None)}
-    applied, last, marked, error = r.evalsha(*wt.call(t, 0, [own], 1000, "j1"))
-    assert (applied, marked, error) == (0, 1, b"")
+    applied, last, marked, error, log_len = r.evalsha(*wt.call(t, 0, [own], 1000, "j1"))
+    assert (applied, marked, error, log_len) == (0, 1, b"", 3)
     assert r.exists(keys.job_marker(topic_name, 0))
     assert [sid for sid, _ in r.xrange(keys.log(topic_name, 0))][-1] == last
     assert sow.sow(topic_name) == []  # nothing applied by the write-through
@@ -80,13 +82,66 @@ def test_a_write_through_of_a_caught_up_partition_applies_in_the_same_call(lonel
     assert wt is not None
     entries = [{"cmd": "publish", "data": b'{"id": %d}' % i, "k": key_of({"id": i}, t, None)}
                for i in range(3)] + [{"cmd": "delta_publish", "data": b'{"id": 0, "x": 1}'}]
-    applied, last, marked, error = r.evalsha(*wt.call(t, 0, entries, 1000, "j2"))
-    assert (applied, marked, error) == (3, 1, b"")
+    applied, last, marked, error, log_len = r.evalsha(*wt.call(t, 0, entries, 1000, "j2"))
+    assert (applied, marked, error, log_len) == (3, 1, b"", 4)
     assert r.xlen(keys.log(topic_name, 0)) == 4
     assert sorted(x.obj()["id"] for x in sow.sow(topic_name)) == [0, 1, 2]
     ids = [sid for sid, _ in r.xrange(keys.log(topic_name, 0))]
     assert ids[-1] == last
     assert r.hget(keys.state(topic_name, 0), "cursor") == ids[2]
+
+
+def test_an_inline_publish_to_a_caught_up_partition_is_applied_in_its_own_write(
+        lonely_url, topic_name):
+    """Sow(inline=True) writes its publishes through as a publisher with workers does: a
+    publish to a caught-up partition is applied by the write that appends it, so no drain
+    follows and no lease is taken (the partition's fencing token stays); a delta_publish,
+    planned in Python, is drained inline under a lease; so is every publish with
+    SOW_WRITE_THROUGH off."""
+    sow = Sow(lonely_url, inline=True)
+    sow.apply_config(cfg(topic_name, 1))
+    state = keys.state(topic_name, 0)
+    fence = sow.r.hget(state, "fence")
+    for i in range(10):
+        assert sow.publish(topic_name, {"id": i % 3, "v": i}).settled == {0}
+    assert sow.r.hget(state, "fence") == fence  # no lease taken
+    assert {x.obj()["id"]: x.obj()["v"] for x in sow.sow(topic_name)} == {0: 9, 1: 7, 2: 8}
+    assert sow.delta_publish(topic_name, {"id": 1, "w": 1}).settled == set()
+    assert int(sow.r.hget(state, "fence")) == int(fence or 0) + 1
+    assert sow.sow(topic_name, filter="/id = 1")[0].obj() == {"id": 1, "v": 7, "w": 1}
+    off = Sow(settings=Settings.from_env(redis_url=lonely_url, write_through=False), inline=True)
+    assert off.publish(topic_name, {"id": 2, "v": 10}).settled == set()
+    assert int(sow.r.hget(state, "fence")) == int(fence or 0) + 2
+    assert sow.sow(topic_name, filter="/id = 2")[0].obj() == {"id": 2, "v": 10}
+
+
+def test_a_log_written_through_is_still_trimmed(lonely_url, topic_name):
+    """Only an applier's pass trims a log past ``log_max_len``, and no worker passes over a
+    partition whose publishes are all written through: the publisher asks for a pass once the
+    log grew past the limit (inline: its own drain; with workers: an ingest job). 400
+    publishes with ``log_max_len`` 20 leave fewer than 200 entries (Redis trims whole
+    stream nodes of 100 entries); before, all 400 stayed."""
+    settings = Settings.from_env(redis_url=lonely_url, log_max_len=20)
+    inline = Sow(settings=settings, inline=True)
+    inline.apply_config(cfg(topic_name, 1))
+    log_key = keys.log(topic_name, 0)
+    for i in range(400):
+        assert inline.publish(topic_name, {"id": i % 5, "v": i}).published == 1
+    assert inline.r.xlen(log_key) < 200
+    assert {x.obj()["id"]: x.obj()["v"] for x in inline.sow(topic_name)} == {
+        i % 5: i for i in range(395, 400)}
+    if is_cluster(inline.r):
+        return  # workers on a cluster need a control URL: the server plane shows them
+    sow = Sow(settings=settings)
+    t = sow.topic(topic_name)
+    drain_partition(sow.r, t, 0, settings)  # the log as short as a pass leaves it
+    before = sow.r.xlen(log_key)
+    for i in range(400):
+        assert sow.publish(topic_name, {"id": i % 5, "v": -i}).published == 1
+    assert sow.r.xlen(log_key) == before + 400  # all written through, none trimmed yet
+    assert sow.r.llen(QUEUE_KEY) >= 1 and sow.r.exists(keys.job_marker(topic_name, 0))
+    drain_partition(sow.r, t, 0, settings)  # what that job does
+    assert sow.r.xlen(log_key) < 200
 
 
 def test_write_through_and_workers_apply_a_mixed_stream_exactly_once(url, topic_name):

@@ -43,7 +43,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
            on_chunk: Callable[[int], None] | None = None,
            fix_separator: bytes | None = None,
            jobs: Settings | None = None, durable: bool = False,
-           registry_check: bool = False) -> PublishResult:
+           registry_check: bool = False, inline: Settings | None = None) -> PublishResult:
     """Validate and append messages to the log.
 
     Every item is either appended or rejected with its reason, whatever the other items do:
@@ -86,6 +86,11 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             entries (:attr:`PublishResult.registry_version`): a caller that keeps ``topic``
             cached learns in the same round trip whether it was still current (see
             :meth:`sow_redis.client.Sow.publish`).
+        inline: instead of ``jobs``, the settings of a client that applies what the publish
+            leaves itself (``Sow(inline=True)``): with ``write_through``, its publishes to a
+            caught-up partition are applied in the write that appends them, as with ``jobs``,
+            and no job marker is set; :attr:`PublishResult.settled` names the partitions
+            where nothing is left to do.
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
@@ -105,7 +110,7 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     source = Source(items, start)
     deadline = 0.0
     while True:
-        state = Pass(r, topic, jobs, result, on_chunk, registry_check)
+        state = Pass(r, topic, jobs, result, on_chunk, registry_check, inline)
         _one_pass(state, open_sink(state, durable), source, fix_separator, start)
         if state.refused is not None:
             touch_used(r, topic, result.last_ids)

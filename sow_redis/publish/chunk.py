@@ -10,7 +10,7 @@ from typing import Protocol
 
 from redis.exceptions import ResponseError
 
-from ..apply.jobs import enqueue_job, new_job_id
+from ..apply.jobs import enqueue_job, ensure_jobs, new_job_id
 from ..connection import Client, Fields
 from ..model.topic import TopicConfig
 from ..settings import Settings
@@ -70,16 +70,21 @@ class Pass:
         jobs: start the workers while appending (see :func:`~sow_redis.publish.append.append`).
         on_chunk: called with the number of items handled, after each chunk's replies.
         registry_check: read the registry version with the first chunk sent.
+        inline: the settings of a client that applies what the publish leaves itself (see
+            :func:`~sow_redis.publish.append.append`).
     """
 
     def __init__(self, r: Client, topic: TopicConfig, jobs: Settings | None,
                  result: PublishResult, on_chunk: Callable[[int], None] | None,
-                 registry_check: bool) -> None:
+                 registry_check: bool, inline: Settings | None = None) -> None:
         self.r, self.topic, self.jobs, self.result = r, topic, jobs, result
         self.on_chunk = on_chunk
         self.registry_check = registry_check
         self.fenced = Fenced()
         self.refused: ResponseError | None = None
+        self.settings = jobs or inline
+        self.apply_through = self.settings is not None and self.settings.write_through
+        """Whether apply.lua (appended) applies the chunks on a caught-up partition."""
 
     @property
     def stopped(self) -> bool:
@@ -116,6 +121,26 @@ class Pass:
         """``n`` entries were appended to partition ``p``, the last with stream id ``sid``."""
         self.result.last_ids[p] = sid.decode() if isinstance(sid, bytes) else str(sid)
         self.result.published += n
+        self.result.appended_at[p] += n
+
+    def through_done(self, p: int, n: int, applied: int, log_len: int) -> None:
+        """A write-through call appended ``n`` entries to partition ``p`` (after
+        :meth:`appended`) and applied ``applied`` of them; the log holds ``log_len`` entries
+        now. No worker passes over a partition whose entries are all written through, and
+        only a worker's pass trims a log (:func:`sow_redis.apply.jobs.drain_partitions`):
+        when the log crossed a step of a tenth of ``log_max_len`` above it (a persistent
+        topic, or a transient one with ``log_retention``), the partition is due a pass: a
+        job (with ``jobs``, where this call left none), or the inline client's own."""
+        self.result.applied_at[p] += applied
+        settings, topic = self.settings, self.topic
+        if settings is None or (topic.transient and not topic.log_retention_ms):
+            return
+        limit = settings.log_max_len
+        step = max(1, limit // 10)
+        if log_len > limit and (log_len - n) // step != log_len // step:
+            self.result.trim_due.add(p)
+            if self.jobs is not None and applied == n:
+                ensure_jobs(self.r, topic.name, [p], self.jobs)
 
     def take_ids(self, sent: list[int], replies: list[object]) -> None:
         """Count the XADD replies of entries appended to ``sent`` (one partition each, in

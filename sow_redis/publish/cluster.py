@@ -32,7 +32,7 @@ class RoundTripSink:
         self.state, self.through, self.durable = state, through, durable
         t = state.topic
         self.log_keys = [keys.log(t.name, p) for p in range(t.partitions)]
-        self.apply_through = state.jobs is not None and state.jobs.write_through
+        self.apply_through = state.apply_through
 
     def make_room(self) -> None:
         """Nothing is in flight between chunks."""

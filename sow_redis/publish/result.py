@@ -4,6 +4,7 @@ definition of both, shared by :mod:`sow_redis.publish.append`, the outage retry
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,22 @@ class PublishResult:
     """The topic's definition read again during the publish, when Redis refused messages
     keyed under the one passed in (a migration; :func:`append`): the later messages, and
     :attr:`last_ids`, are of this definition. None: the one passed in."""
+    appended_at: Counter[int] = field(default_factory=Counter, repr=False)
+    """Partition → entries this publish appended there."""
+    applied_at: Counter[int] = field(default_factory=Counter, repr=False)
+    """Partition → entries of this publish applied in the write that appended them
+    (write-through: lua/include/apply_appended.lua)."""
+    trim_due: set[int] = field(default_factory=set, repr=False)
+    """Partitions whose log grew past ``log_max_len`` with this publish: an applier's pass
+    there trims it (sow_redis.publish.chunk.Pass.through_done)."""
+
+    @property
+    def settled(self) -> set[int]:
+        """Partitions of :attr:`last_ids` where this publish left nothing to do: every entry
+        it appended there was applied in the same write, and the log needs no trim. A
+        handoff skips them (:meth:`sow_redis.client.Sow.handoff_published`)."""
+        return {p for p in self.last_ids
+                if p not in self.trim_due and self.applied_at[p] == self.appended_at[p] > 0}
 
     def merge(self, other: PublishResult) -> None:
         """Add ``other``'s counts, rejections and stream ids (a later publish of the same
@@ -62,6 +79,9 @@ class PublishResult:
         self.skipped += other.skipped
         self.rejected += other.rejected
         self.last_ids.update(other.last_ids)
+        self.appended_at.update(other.appended_at)
+        self.applied_at.update(other.applied_at)
+        self.trim_due |= other.trim_due
         if other.registry_version is not NOT_READ:
             self.registry_version = other.registry_version
         if other.definition is not None:

@@ -22,7 +22,8 @@ def append_blocks(r: Client, topic: TopicConfig, blocks: Iterable[Iterable[Item]
                   stop: Callable[[], bool] | None = None,
                   on_chunk: Callable[[int], None] | None = None,
                   fix_separator: bytes | None = None, jobs: Settings | None = None,
-                  durable: bool = False, registry_check: bool = False) -> PublishResult:
+                  durable: bool = False, registry_check: bool = False,
+                  inline: Settings | None = None) -> PublishResult:
     """:func:`~sow_redis.publish.append.append` of each block of items in turn, with one
     merged result: positions count on across blocks (from ``start``), and each block is
     keyed by the definition the blocks before it ended with (:attr:`PublishResult.definition`:
@@ -42,7 +43,7 @@ def append_blocks(r: Client, topic: TopicConfig, blocks: Iterable[Iterable[Item]
         blocks: the items, in blocks (e.g. the lines that arrived on a pipe within 0.2 s).
         retry_s: seconds an outage may last before its error is raised (0: at once).
         stop: asked after each block; True: the rest is not read.
-        on_chunk, fix_separator, jobs, durable, registry_check: as for
+        on_chunk, fix_separator, jobs, durable, registry_check, inline: as for
             :func:`~sow_redis.publish.append.append`.
 
     Returns:
@@ -60,7 +61,7 @@ def append_blocks(r: Client, topic: TopicConfig, blocks: Iterable[Iterable[Item]
             send = functools.partial(
                 append, r, result.definition or topic, part, start=start + result.read,
                 on_chunk=on_chunk, fix_separator=fix_separator, jobs=jobs, durable=durable,
-                registry_check=registry_check)
+                registry_check=registry_check, inline=inline)
             try:
                 result.merge(call_through_outage(send, retry_s))
             except PublishInterrupted as exc:  # count the earlier blocks too

@@ -67,7 +67,7 @@ class PipelinedSink:
         self.inflight: deque[_Sent] = deque()
         t = state.topic
         self.log_keys = [keys.log(t.name, p).encode() for p in range(t.partitions)]
-        self.apply_through = state.jobs is not None and state.jobs.write_through
+        self.apply_through = state.apply_through
 
     def make_room(self) -> None:
         """Read the oldest chunk's replies once :data:`IN_FLIGHT` chunks wait for theirs."""

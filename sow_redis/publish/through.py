@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Taken = tuple[int, str, bool]
+Taken = tuple[int, str, bool, int]
 """What one write-through call did: entries applied, stream id of the last entry appended,
-job marker set."""
+job marker set, the log's length after it."""
 
 
 class WriteThrough:
@@ -107,7 +107,8 @@ class WriteThrough:
         """Take the reply of one write-through call.
 
         Returns:
-            ``(entries applied, stream id of the last entry appended, job marker set)``;
+            ``(entries applied, stream id of the last entry appended, job marker set, the
+            log's length after the call)``;
             the reason (``migrating``, ``absent``, ``dropped``, ``changed``) when the
             definition fence refused the call; None for an error reply (in both cases
             nothing was appended).
@@ -126,12 +127,13 @@ class WriteThrough:
         if int(parts[0]) < 0:
             why = parts[1]
             return why.decode() if isinstance(why, bytes) else str(why)
-        applied, last, marked, error = parts
+        applied, last, marked, error, log_len = parts
         if error:
             self._warn(topic, "apply", f"write-through apply failed ({error!r}); the workers "
                        "apply those entries")
         self.applied += int(applied)
-        return int(applied), last.decode() if isinstance(last, bytes) else str(last), bool(marked)
+        return (int(applied), last.decode() if isinstance(last, bytes) else str(last),
+                bool(marked), int(log_len))
 
     def _warn(self, topic: TopicConfig, kind: str, text: str) -> None:
         if kind not in self._warned:
@@ -188,11 +190,12 @@ def settle_calls(state: Pass, through: WriteThrough, chunk: Chunk, job_ids: dict
         if isinstance(taken, str):
             state.fenced.refuse(p, taken, items[p])
         elif taken is not None:
-            applied, last, marked = taken
+            applied, last, marked, log_len = taken
             state.appended(p, last, len(entries))
             if marked and state.jobs is not None:
                 enqueue_job(state.r, state.topic.name, p, behind=len(entries) - applied,
                             job_id=job_ids[p])
+            state.through_done(p, len(entries), applied, log_len)
         elif isinstance(reply, (NoScriptError, NoPermissionError)):
             retry[p] = entries
         else:

@@ -47,10 +47,12 @@
              itself)
 
   Output:
-    {entries applied, stream id of the last entry appended, marker, apply error}: marker = 1
-    when entries are left for the workers and this call set the job marker (no job was
-    outstanding), else 0; apply error = "" or the text of an error the apply raised (the
-    entries are appended all the same; the workers apply them).
+    {entries applied, stream id of the last entry appended, marker, apply error, log length}:
+    marker = 1 when entries are left for the workers and this call set the job marker (no job
+    was outstanding), else 0; apply error = "" or the text of an error the apply raised (the
+    entries are appended all the same; the workers apply them); log length = the log's XLEN
+    after the call (a log written through is trimmed by no worker run: the publisher asks
+    for one when it grew past the limit, sow_redis.publish.chunk Pass.through_done).
     {-1, why, stored}: nothing appended, the definition fence refused the call; why =
     "migrating" (a migration holds the partition), "absent" (no definition stored for the
     partition), "dropped" (a migration removed the partition) or "changed" (another
@@ -95,7 +97,7 @@ local function apply_appended(P)
   local last_id = ""
   if #entries > 0 then last_id = entries[#entries][1] end
   if not caught_up then
-    return {0, last_id, hand_over(entries, 1), ""}
+    return {0, last_id, hand_over(entries, 1), "", redis.call("XLEN", P.log)}
   end
 
   local applied = 0
@@ -109,7 +111,7 @@ local function apply_appended(P)
     applied = n
   end)
   if not ok then
-    return {0, last_id, hand_over(entries, 1), tostring(err)}
+    return {0, last_id, hand_over(entries, 1), tostring(err), redis.call("XLEN", P.log)}
   end
-  return {applied, last_id, hand_over(entries, applied + 1), ""}
+  return {applied, last_id, hand_over(entries, applied + 1), "", redis.call("XLEN", P.log)}
 end
