@@ -45,7 +45,6 @@ from .feed.subscriber import Message, Subscriber
 from .model.aggregate import Aggregation
 from .model.topic import TopicConfig
 from .model.values import JSON, JSONObject, canonical, get_path, split_path
-from .publish.append import append
 from .query.filter import compile_filter
 from .registry import load_topics
 from .stopping import StopEvent, stop_on_signals
@@ -269,11 +268,12 @@ class _Follower:
         items += [("sow_delete", _EMPTY, key) for key in removals - set(upserts)]
         if not items:
             return
-        result = append(self.sow.r, self.target, items, jobs=self.sow.job_settings)
+        # the client's own publish path: written through where caught up (also inline)
+        result = self.sow.append_blocks(self.target, [items])
         if result.rejected:
             log.warning("deriver: %s: %d write(s) refused, first: %s", self.target.name,
                         len(result.rejected), result.rejected[0])
-        self.sow.handoff(self.target, result.last_ids, jobs_started=True)
+        self.sow.handoff_published(self.target, result)
 
     def reconcile(self, wanted: dict[str, JSONObject]) -> None:
         """Make the target hold exactly ``wanted``: write each, remove every other record
