@@ -59,7 +59,7 @@ from .publish.used import touch
 from .publish.validate import Item, prepare
 from .publish.wait import delete_counts, wait_applied
 from .query.filter import check_deterministic, compile_filter
-from .query.sow import Plan, explain, query, query_batches
+from .query.sow import Plan, explain, filter_partitions, key_partitions, query, query_batches
 from .registry import apply_topics, get_topic, load_topics
 from .settings import Settings
 from .streamids import parse as parse_id
@@ -522,10 +522,14 @@ class Sow:
         if filter is not None:
             # a syntax error is the caller's, before anything is logged; so is NOW(): each
             # partition (and a worker after a restart) must find the same records
-            check_deterministic(compile_filter(filter), "a sow_delete filter")
-            ids = append_delete_all_partitions(self.r, t, {"filter": filter})
+            pred = compile_filter(filter)
+            check_deterministic(pred, "a sow_delete filter")
+            # only to the partitions that can hold a match (a filter pinning the key fields)
+            ids = append_delete_all_partitions(self.r, t, {"filter": filter},
+                                               filter_partitions(t, pred))
         elif keys is not None:
-            ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)})
+            ids = append_delete_all_partitions(self.r, t, {"keys": ",".join(keys)},
+                                               key_partitions(t, keys))
         else:
             try:
                 res = append(self.r, t, [("sow_delete", _to_bytes(data), sow_key)],

@@ -52,7 +52,7 @@ from ..model.messages import index_members, merge
 from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
 from ..partition_state import read_cursor
-from ..query.sow import scan_partition
+from ..query.sow import partition_candidates
 from .keying import KeyResolver, Resolved, check_members, resolver, verified_prepared
 from .ops import Ack, ChainLink, Delete, Op, Reject, Upsert
 from .scripts import LogApplied, PendingCall, Scripts, attached
@@ -266,8 +266,10 @@ class _Planner:
 
         assert e.delete_filter is not None
         pred = compile_filter(e.delete_filter)
+        # a filter that pins the key fields reads those records only, else a scan
         ops: list[Op] = [Delete(e.id, rec.sow_key)
-                         for rec in scan_partition(self.r, self.topic, self.p) if pred(rec.obj())]
+                         for rec in partition_candidates(self.r, self.topic, self.p, pred)
+                         if pred(rec.obj())]
         ops.append(Ack(e.id))
         self.state.clear()  # the records are re-read after this segment is applied
         self.checks.clear()

@@ -13,8 +13,11 @@ from .result import PublishResult, interrupted
 from .through import fake_redis_class
 
 
-def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields) -> dict[int, str]:
-    """Append a ``sow_delete`` by filter or by SOW keys to every partition's log.
+def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields,
+                                 partitions: list[int] | None = None) -> dict[int, str]:
+    """Append a ``sow_delete`` by filter or by SOW keys to every partition's log (or to
+    ``partitions`` only: those that can hold the records it removes,
+    :func:`sow_redis.query.sow.filter_partitions`, :func:`~sow_redis.query.sow.key_partitions`).
 
     A delete by SOW keys is appended and applied in one call where the partition is caught
     up (``delete_now.lua``; a write-through for deletes), also when Redis is out of memory
@@ -33,17 +36,18 @@ def append_delete_all_partitions(r: Client, topic: TopicConfig, fields: Fields) 
     """
     entry: Fields = {"cmd": "sow_delete", **fields}
     out: dict[int, str] = {}
+    targets = range(topic.partitions) if partitions is None else partitions
     if "keys" in fields and not isinstance(r, fake_redis_class()):
         scripts = scripts_of(r)
         sow_keys = str(fields["keys"]).split(",")
         try:
-            for p in range(topic.partitions):
+            for p in targets:
                 done = scripts.delete_now(topic, p, entry, sow_keys)
                 if done is not None:
                     out[p] = done[1]
         except NoPermissionError:  # e.g. the ACL publisher role: no scripts
             pass
-    rest = [p for p in range(topic.partitions) if p not in out]
+    rest = [p for p in targets if p not in out]
     pipe = r.pipeline(transaction=False)
     for p in rest:
         pipe.xadd(keys.log(topic.name, p), entry)

@@ -115,6 +115,38 @@ def key_lookup(topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | N
     return None if combos is None else [generate(topic.domain, list(c)) for c in combos]
 
 
+def key_partitions(topic: TopicConfig, sow_keys: list[str]) -> list[int] | None:
+    """The partitions that can hold records with these SOW keys, ascending: a key's
+    partition follows from the key itself (None: any, with ``partition_by``)."""
+    if topic.partition_by:
+        return None
+    return sorted({partition_of_key(k, topic.partitions) for k in sow_keys})
+
+
+def filter_partitions(topic: TopicConfig, pred: Filter) -> list[int] | None:
+    """The partitions that can hold a record ``pred`` matches: those of the SOW keys
+    :func:`key_lookup` gives when the filter pins the topic's key fields (``/id = 5``,
+    ``/id IN (1, 2)``), ascending; None: any. A sow_delete by filter is appended only there
+    (the same plan a sow query of that filter reads by)."""
+    terms = pred.equality_terms()
+    sow_keys = key_lookup(topic, terms) if terms else None
+    return None if sow_keys is None else key_partitions(topic, sow_keys)
+
+
+def partition_candidates(r: Client, topic: TopicConfig, p: int, pred: Filter
+                         ) -> Iterator[Record]:
+    """The records of partition ``p`` that ``pred`` may match (the caller evaluates it on
+    each): the records of the SOW keys :func:`key_lookup` gives that live in ``p`` when the
+    filter pins the key fields, else every record (:func:`scan_partition`). A worker's plan
+    of a sow_delete by filter reads them."""
+    terms = pred.equality_terms()
+    sow_keys = key_lookup(topic, terms) if terms else None
+    if sow_keys is None or topic.partition_by:
+        return scan_partition(r, topic, p)
+    return get_records(r, topic, [k for k in sow_keys
+                                  if partition_of_key(k, topic.partitions) == p])
+
+
 def index_keys(r: Client, topic: TopicConfig, terms: dict[str, list[str]]) -> list[str] | None:
     """SOW keys that a hash index yields for equality terms ``{path: [values]}``.
 
