@@ -261,16 +261,20 @@ def test_bench_instructions_counts_the_tree_it_is_given(tmp_path: Path) -> None:
     assert bad.returncode == 2 and b"--workloads" in bad.stderr
 
 
-def test_bench_client_measures_each_interpreter(tmp_path: Path) -> None:
+def test_bench_client_measures_each_interpreter_and_tree(tmp_path: Path) -> None:
     out = tmp_path / "client.json"
     other = str(Path(sys.executable).with_name("python3"))  # the venv's, by another name
-    proc = _run("bench_client.py", "--python", other, "--n", "400", "--runs", "1",
-                "--json", str(out))
+    tree = tmp_path / "tree"  # another checkout: a copy of the package
+    shutil.copytree(ROOT / "sow_redis", tree / "sow_redis")
+    proc = _run("bench_client.py", "--python", other, "--tree", str(tree), "--n", "400",
+                "--runs", "1", "--json", str(out))
     assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:]
     res = json.loads(out.read_bytes())
-    (run,) = res["runs"][sys.executable]
+    (run,) = res["runs"][f"{sys.executable} {tree}"]
     assert run["published"] == 220 and run["records"] == 220  # 200 warm-up + 20 timed
-    med = res["median"][sys.executable]
-    assert all(med[c] > 0 for c in ("get", "evalsha", "pipeline_10", "inline_publish"))
-    assert res["runs"][other][0]["records"] == 220  # the other interpreter's round
-    assert len(res["load_averages"]) == 1 and "inline_publish" in proc.stdout.decode()
+    assert run["sow_redis"] == str(tree / "sow_redis")  # the tree given, not this checkout
+    med = res["median"][f"{sys.executable} {tree}"]
+    assert all(med[c] > 0 for c in ("get", "evalsha", "pipeline_10", "inline_publish",
+                                    "inline_delete"))
+    assert res["runs"][f"{other} {tree}"][0]["records"] == 220  # the other interpreter's
+    assert len(res["load_averages"]) == 1 and "inline_delete" in proc.stdout.decode()
