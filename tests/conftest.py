@@ -318,9 +318,20 @@ def cli_env(url: str, **extra: str) -> dict[str, str]:
 
 
 def start_worker(url: str, *args: str, **extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "worker", *args],
-                            env=cli_env(url, **extra), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    """``sow-redis worker ARGS`` as a process. Its output (stdout and stderr) goes to a file,
+    never a pipe: a worker whose output no test reads would block once a pipe's 64 KiB
+    filled (a long test under load logs more); ``proc.stdout`` reads that file from its
+    start (after the worker ended: everything it printed)."""
+    fd, path = tempfile.mkstemp(prefix="sow-worker-", suffix=".log")
+    try:
+        with open(fd, "ab") as log:  # appends: the reader below has an offset of its own
+            proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "worker", *args],
+                                    env=cli_env(url, **extra), stdout=log,
+                                    stderr=subprocess.STDOUT)
+        proc.stdout = open(path, "rb")  # noqa: SIM115 - closed with the Popen
+    finally:
+        os.unlink(path)  # the open files keep it while they need it
+    return proc
 
 
 IN_PROCESS = frozenset({"config", "publish", "delta-publish", "sow", "sow-delete", "subscribe",

@@ -110,7 +110,8 @@ def test_workers_stay_up_under_oom_and_resume_when_memory_is_freed(small_url, to
         assert alive and worker.poll() is None
     finally:
         worker.terminate()
-        out = worker.communicate(timeout=30)[0].decode()
+        worker.wait(timeout=30)
+        out = worker.stdout.read().decode()  # a file: everything it printed
     assert "Traceback" not in out, out[-3000:]
 
 
