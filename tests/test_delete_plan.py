@@ -82,3 +82,28 @@ def test_with_partition_by_a_pinned_delete_goes_to_every_partition(sow, topic_na
     assert sow.sow_delete(topic_name, "/id = 5") == 1
     assert [a - b for a, b in zip(_logs(sow, topic_name), before)] == [1, 1, 1, 1]
     assert sorted(r.obj()["id"] for r in sow.sow(topic_name)) == [i for i in range(12) if i != 5]
+
+
+def test_the_acks_of_old_deletes_go_while_deletes_never_pause(sow, topic_name):
+    """The acks hash (records removed per sow_delete entry, read by its client) expires an
+    hour after the last delete; under deletes that never pause that long, the fields of
+    entries older than an hour go each time the hash reaches 1,000 fields (and a field that
+    is no stream id, which only a foreign write makes)."""
+    sow.apply_config(_config(topic_name))
+    t = sow.topic(topic_name)
+    sow.publish(topic_name, [{"id": i} for i in range(10)])
+    for i, by_keys in ((1, False), (2, True)):  # a planned delete; delete_now.lua (keys)
+        key = generate(t.domain, [str(i)])
+        acks = keys.acks(topic_name, partition_of_key(key, 4))
+        sow.r.delete(acks)
+        old = {f"{1_600_000_000_000 + n}-0": 1 for n in range(998)}  # ids of 2020
+        sow.r.hset(acks, mapping={**old, "junk": "x"})
+        removed = (sow.sow_delete(topic_name, keys=[key]) if by_keys
+                   else sow.sow_delete(topic_name, f"/id = {i}"))
+        assert removed == 1  # counted before the old fields went
+        left = sow.r.hgetall(acks)
+        assert len(left) == 1 and list(left.values()) == [b"1"], (by_keys, len(left))
+        assert 0 < sow.r.pttl(acks) <= 3_600_000
+        sow.r.hset(acks, mapping=dict(list(old.items())[:10]))  # under 1,000: kept
+        assert sow.sow_delete(topic_name, f"/id = {i + 5}") == 1
+        assert sow.r.hlen(acks) in (11, 12)  # 12: the key of i + 5 shares the partition

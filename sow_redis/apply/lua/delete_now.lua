@@ -58,8 +58,7 @@ for i = OP + 2, #ARGV do
     removed = removed + 1
   end
 end
-redis.call("HSETNX", P.acks, id, 0)
-redis.call("PEXPIRE", P.acks, 3600000)
+ack_entry(P, id)
 redis.call("HSET", P.state, "cursor", id, "seq", S.seq)
 publish_changes(P, S)
 return {removed, id}

@@ -105,8 +105,7 @@ local function apply_planned(P)
     if op == "chain" then
       redis.call("HSET", P.chain, key, D[i + 3])
     elseif op == "ack" then
-      redis.call("HSETNX", P.acks, id, 0)
-      redis.call("PEXPIRE", P.acks, 3600000)
+      ack_entry(P, id)
     elseif op == "sow_delete" then
       local old = live_record(P, S, key, id)
       if old then

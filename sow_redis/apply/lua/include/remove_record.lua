@@ -16,6 +16,33 @@
   S.quiet (nil, or a function of a stream id: true for an entry a rebuild replays without a
   change event; include apply_prepared quiet_rebuild).
 ]]
+-- The acks hash P.acks: per sow_delete entry by filter or SOW keys (its stream id), the
+-- records it removed (HINCRBY as each goes), read by the client that appended it
+-- (sow_redis.publish.wait.delete_counts) once it is applied. ack_entry records an entry that
+-- removed nothing as 0 and keeps the hash an hour after the last delete. Under deletes that
+-- never pause for an hour that expiry never comes: each time the hash reaches a multiple of
+-- ACKS_CHECK fields, the fields of entries older than ACKS_KEEP_MS go (and any field that
+-- is no stream id: nothing else writes there), one HKEYS per ACKS_CHECK deletes.
+local ACKS_KEEP_MS = 3600000
+local ACKS_CHECK = 1000
+
+local function ack_entry(P, id)
+  redis.call("HSETNX", P.acks, id, 0)
+  if redis.call("HLEN", P.acks) % ACKS_CHECK == 0 then
+    local t = redis.call("TIME")
+    local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - ACKS_KEEP_MS
+    local old = {}
+    for _, field in ipairs(redis.call("HKEYS", P.acks)) do
+      local ms = tonumber(string.match(field, "^(%d+)%-%d+$"))
+      if not ms or ms < cutoff then old[#old + 1] = field end
+    end
+    for i = 1, #old, 1000 do
+      redis.call("HDEL", P.acks, unpack(old, i, math.min(i + 999, #old)))
+    end
+  end
+  redis.call("PEXPIRE", P.acks, ACKS_KEEP_MS)
+end
+
 local function batch_state(P, seq, expiring, dead_letter, keep_count, keep_ms)
   return {seq = seq, first = seq + 1, changes = {}, inserts = 0, deletes = 0, expiries = 0,
           expiring = expiring,
