@@ -472,6 +472,10 @@ def test_stream_restarted_midway_equals_one_run_and_replays_change_nothing(spark
     each2(df, batches[-1][0])
     assert got[0].appended == 0
     assert sum(int(sow.r.hget(keys.state(streamed, p), "seq") or 0) for p in range(2)) == seq
+    # positions of the batches Spark can no longer replay are gone: of the last two only
+    kept = {f.decode().split(":")[2] for p in range(2)
+            for f in sow.r.hkeys(keys.loads(streamed, p))}
+    assert kept == {str(b) for b, _n in batches[-2:]}, (kept, batches)
 
 
 def test_stream_on_a_deleted_and_recreated_checkpoint_is_a_new_stream(spark, url, topic_name,

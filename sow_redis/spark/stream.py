@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from .. import keys
+from ..connection import Client, connect
 from ..model.topic import TopicConfig
 from .load import LoadResult, load_rows
 
@@ -77,6 +79,7 @@ def batch_loader(url: str, topic: TopicConfig, stream_id: str,
                  ) -> Callable[[DataFrame, int], None]:
     """The ``foreachBatch`` function of a stream into ``topic`` whose checkpoint has the id
     ``stream_id`` (:func:`checkpoint_id`)."""
+    clients: list[Client] = []  # the driver's client, made at the first batch
 
     def each(df: DataFrame, batch_id: int) -> None:
         # start-up time: pyspark (the optional [spark] extra) loads once Spark runs
@@ -89,10 +92,44 @@ def batch_loader(url: str, topic: TopicConfig, stream_id: str,
         rows = ordered.rdd.map(lambda x: (x[0], x[1]))
         res = load_rows(url, topic, rows, f"stream:{stream_id}:{batch_id}",
                         separator=separator)
+        if not clients:
+            clients.append(connect(url))
+        forget_batches(clients[0], topic, stream_id, batch_id - 1)
         if on_batch is not None:
             on_batch(batch_id, res)
 
     return each
+
+
+def forget_batches(r: Client, topic: TopicConfig, stream_id: str, before: int) -> int:
+    """Remove from every partition's loads hash (:func:`sow_redis.keys.loads`) the positions
+    of the batches of stream ``stream_id`` numbered below ``before``. Spark never replays a
+    batch once a later one runs (a micro-batch starts after the one before it committed), so
+    only the newest batches' positions keep a replay exactly once; without this a stream kept
+    two fields per partition for every micro-batch it ever ran (172,800 a day at a 1 s
+    trigger). The stream's current and previous batch are kept (``before`` = batch id - 1).
+
+    Returns:
+        The number of fields removed.
+    """
+    prefix = f"stream:{stream_id}:".encode()
+    pipe = r.pipeline(transaction=False)
+    for p in range(topic.partitions):
+        pipe.hkeys(keys.loads(topic.name, p))
+    drop: dict[int, list[bytes]] = {}
+    for p, fields in enumerate(pipe.execute()):
+        for field in fields:
+            if not field.startswith(prefix):
+                continue
+            number = field[len(prefix):].split(b":", 1)[0]
+            if number.isdigit() and int(number) < before:
+                drop.setdefault(p, []).append(field)
+    if drop:
+        pipe = r.pipeline(transaction=False)
+        for p, fields in drop.items():
+            pipe.hdel(keys.loads(topic.name, p), *fields)
+        pipe.execute()
+    return sum(len(fields) for fields in drop.values())
 
 
 def stream(spark: SparkSession, url: str, topic: TopicConfig, directory: str, checkpoint: str,
