@@ -3,7 +3,8 @@
 URLs (redis-py ``Redis.from_url``): ``redis://[user:password@]host:port/db``,
 ``rediss://…`` (TLS), ``unix:///path/to/socket[?db=N]``; ``redis+cluster://host:port`` and
 ``rediss+cluster://host:port`` (any one node of a Redis Cluster: redis-py's
-``RedisCluster`` discovers the others; database 0 only); and ``memory://[name]``, an
+``RedisCluster`` discovers the others; database 0 only), or several seed nodes,
+``redis+cluster://h1:p1,h2:p2`` (the first that answers is asked); and ``memory://[name]``, an
 in-process fakeredis server (clients of one name share one server; it lives as long as this
 process). A URL that cannot be used raises :class:`~sow_redis.errors.BadURLError` (one line,
 password masked) before anything is sent: a bad scheme, host or port, and an option in the
@@ -138,14 +139,42 @@ def is_cluster(r: Client) -> bool:
     return mod is not None and isinstance(r, mod.RedisCluster)
 
 
-def _node_url(url: str) -> str:
-    """The plain URL of the node a cluster URL names (``redis+cluster://h:p`` →
-    ``redis://h:p``).
+def _cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """A cluster URL split into the URL of its first node and the other seed nodes it
+    names: ``redis+cluster://[user:password@]h1:p1,h2:p2,…`` → (``redis+cluster://…h1:p1…``,
+    ``[(h2, p2), …]``; a node without a port: 6379). Any one node that answers is enough to
+    start (redis-py's ``startup_nodes``), so a client starts while a seed node is down.
 
     Raises:
-        BadURLError: a database other than 0 (a cluster has only database 0).
+        BadURLError: a seed node that is not ``host:port``.
     """
-    plain = url.replace("+cluster://", "://", 1)
+    scheme, sep, rest = url.partition("://")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]  # tail: the path, query and fragment
+    user, at, nodes = authority.rpartition("@")
+    first, *others = nodes.split(",")
+    seeds = []
+    for node in others:
+        try:
+            u = urlsplit(f"redis://{node}")
+            if not u.hostname or u.username is not None or u.path or u.query:
+                raise ValueError(node)
+            seeds.append((u.hostname, u.port or 6379))
+        except ValueError:
+            raise BadURLError(redact(url), f"seed node {node!r} is not host:port; {_USAGE}"
+                              ) from None
+    return f"{scheme}{sep}{user}{at}{first}{tail}", seeds
+
+
+def _node_url(url: str) -> str:
+    """The plain URL of the (first) node a cluster URL names (``redis+cluster://h:p`` →
+    ``redis://h:p``; the other seed nodes: :func:`_cluster_seeds`).
+
+    Raises:
+        BadURLError: a database other than 0 (a cluster has only database 0), a seed node
+            that is not ``host:port``.
+    """
+    plain = _cluster_seeds(url)[0].replace("+cluster://", "://", 1)
     u = urlsplit(plain)
     db = dict(parse_qsl(u.query)).get("db", u.path.strip("/") or "0")
     if db != "0":
@@ -154,8 +183,9 @@ def _node_url(url: str) -> str:
 
 
 def _cluster_client(url: str) -> Client:
-    """A ``RedisCluster`` (bytes responses) started from the node ``url`` names: it asks that
-    node for the slot map (so, unlike a single server's client, it connects now).
+    """A ``RedisCluster`` (bytes responses) started from the nodes ``url`` names (one, or
+    several seeds: :func:`_cluster_seeds`): it asks the first that answers for the slot map
+    (so, unlike a single server's client, it connects now).
 
     Raises:
         BadURLError: as for a single server's URL; redis.exceptions.ConnectionError: no node
@@ -164,13 +194,15 @@ def _cluster_client(url: str) -> Client:
     plain = _node_url(url)
     _redis_client(plain)  # the same URL checks as a single server's (nothing is sent)
     # start-up time: redis loads at the first connect (`sow-redis --help`, URL checks)
-    from redis.cluster import RedisCluster
+    from redis.cluster import ClusterNode, RedisCluster
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import RedisClusterException
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     try:
-        return RedisCluster.from_url(plain, **tls_options(url))  # type: ignore[return-value]
+        seeds = [ClusterNode(host, port) for host, port in _cluster_seeds(url)[1]]
+        return RedisCluster.from_url(  # type: ignore[return-value]
+            plain, **({"startup_nodes": seeds} if seeds else {}), **tls_options(url))
     except RedisClusterException as exc:
         # no node answered (redis-py chains the last node's error): an outage, which the
         # long-running processes ride out and the CLI reports in one line, not an error of
