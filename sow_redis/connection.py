@@ -166,6 +166,17 @@ def _cluster_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
     return f"{scheme}{sep}{user}{at}{first}{tail}", seeds
 
 
+def first_seed_url(url: str) -> str:
+    """A cluster URL with its first seed node only (``redis+cluster://h1:p1,h2:p2/0`` →
+    ``redis+cluster://h1:p1/0``); any other URL as it is. For code that reads a URL's host
+    and port (``urllib.parse``, which takes no list of nodes).
+
+    Raises:
+        BadURLError: a seed node that is not ``host:port``.
+    """
+    return _cluster_seeds(url)[0] if is_cluster_url(url) else url
+
+
 def _node_url(url: str) -> str:
     """The plain URL of the (first) node a cluster URL names (``redis+cluster://h:p`` →
     ``redis://h:p``; the other seed nodes: :func:`_cluster_seeds`).

@@ -45,3 +45,15 @@ def test_a_cluster_url_whose_seeds_are_all_down_or_malformed_is_one_clear_error(
         with pytest.raises(BadURLError, match=f"seed node {why} is not host:port") as info:
             connect(bad)
         assert "secret" not in str(info.value)
+
+
+def test_up_and_down_tell_a_cluster_url_by_its_first_seed():
+    """`up` and `down` compare the URL of a running `up` with the one given (its pidfile):
+    a cluster URL with seeds reads as its first node (urllib.parse takes no list of nodes:
+    this raised ValueError before)."""
+    from sow_redis.ops.server import _same_redis
+
+    seeds = "redis+cluster://127.0.0.1:7000,127.0.0.1:7001"
+    assert _same_redis(seeds, "redis+cluster://localhost:7000")
+    assert _same_redis(seeds, seeds + ",127.0.0.1:7002")
+    assert not _same_redis(seeds, "redis+cluster://127.0.0.1:7001,127.0.0.1:7000")

@@ -39,6 +39,7 @@ from ..connection import (
     connect,
     connect_primaries,
     control_url_for,
+    first_seed_url,
     is_cluster_url,
     redact,
     tls_options,
@@ -695,9 +696,10 @@ def start_detached(settings: Settings, workers: int, data_dir: str, apply_config
 
 
 def _same_redis(a: str, b: str) -> bool:
-    """Whether two redis:// URLs name the same server and database (localhost = 127.0.0.1)."""
+    """Whether two URLs name the same server and database (localhost = 127.0.0.1; a cluster
+    URL by its first seed node)."""
     def norm(url: str) -> tuple[str, int, str]:
-        u = urlparse(url)
+        u = urlparse(first_seed_url(url))
         host = "127.0.0.1" if (u.hostname or "") in LOCAL_HOSTS else u.hostname or ""
         return host, u.port or 6379, u.path.strip("/") or "0"
 
