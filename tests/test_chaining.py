@@ -320,3 +320,25 @@ def test_cli_chains_reports_ids_chain_and_would_merge(url, topic_name):
     missing = run_cli(url, "chains", "-t", topic_name, "--id", "nope", check=False)
     assert missing.returncode == 1
     assert missing.stderr.decode().strip() == f"Error: topic '{topic_name}': 'nope' is in no chain"
+
+
+def test_chain_conflict_reports_keep_the_newest_past_their_bound(r, topic_name, monkeypatch):
+    """A feed that keeps sending conflicting messages (validation on) does not grow the
+    reports without bound: past CONFLICTS_MAX (by a tenth) the oldest go, by stream id, and
+    a field of another form first."""
+    from sow_redis import keys
+    from sow_redis.apply import applier
+    from sow_redis.model.topic import TopicConfig
+
+    monkeypatch.setattr(applier, "CONFLICTS_MAX", 10)
+    topic = TopicConfig(name=topic_name, key=["/id"])
+    name = keys.chain_conflicts(topic_name)
+    r.hset(name, mapping={**{f"{n % 4}:{1000 + n}-{n % 3}": "{}" for n in range(30)},
+                          "junk": "x"})
+    seg = applier._Segment("9-0", "9-0", conflicts=[("2:5000-0", b"{}")])
+    applier._write_conflicts(r, topic, seg)
+    kept = sorted(f.decode() for f in r.hkeys(name))
+    assert kept == sorted(["2:5000-0"] + [f"{n % 4}:{1000 + n}-{n % 3}" for n in range(21, 30)])
+    applier._write_conflicts(r, topic, applier._Segment("9-1", "9-1",
+                                                         conflicts=[("0:6000-0", b"{}")]))
+    assert r.hlen(name) == 11  # within the tenth: nothing removed

@@ -638,11 +638,37 @@ def _apply_one_by_one(r: Client, scripts: Scripts, topic: TopicConfig, p: int, f
                   _Segment(sid, sid, rejects=[_reject(sid, fields, exc, p)]))
 
 
+CONFLICTS_MAX = 100_000
+"""Chain-conflict reports kept per topic at most, as the error stream keeps its last 100,000
+entries: a feed that keeps sending conflicting messages does not grow the hash without
+bound. Past it (by a tenth, so one ``HKEYS`` per 10,000 reports), the oldest go."""
+
+
 def _write_conflicts(r: Client, topic: TopicConfig, seg: _Segment) -> None:
     """Keep the segment's chain-conflict reports (validation on): idempotent HSETs keyed by
-    stream id, written before the apply call."""
-    if seg.conflicts:
-        r.hset(keys.chain_conflicts(topic.name), mapping=dict(seg.conflicts))
+    stream id, written before the apply call; at most :data:`CONFLICTS_MAX` per topic."""
+    if not seg.conflicts:
+        return
+    name = keys.chain_conflicts(topic.name)
+    pipe = r.pipeline(transaction=False)
+    pipe.hset(name, mapping=dict(seg.conflicts))
+    pipe.hlen(name)
+    size = int(pipe.execute()[1])
+    if size > CONFLICTS_MAX + CONFLICTS_MAX // 10:
+        r.hdel(name, *_oldest_conflicts(cast("list[bytes]", r.hkeys(name)), CONFLICTS_MAX))
+
+
+def _oldest_conflicts(fields: list[bytes], keep: int) -> list[bytes]:
+    """The fields of :func:`keys.chain_conflicts` (``<partition>:<stream id>``) beyond the
+    newest ``keep`` by stream id; a field of another form (a foreign write) first."""
+    def age(f: bytes) -> tuple[int, int, int]:
+        try:
+            return (1, *streamids.parse(f.split(b":", 1)[1]))
+        except (ValueError, IndexError):
+            return (0, 0, 0)
+
+    ordered = sorted(fields, key=age)
+    return ordered[:max(0, len(ordered) - keep)]
 
 
 def _call(r: Client, scripts: Scripts, topic: TopicConfig, p: int, fence: int,
