@@ -126,7 +126,9 @@ def trusted(topic: str, p: int) -> str:
     scripts appended and left unapplied (``lua/include/apply_appended.lua``): member
     ``<last id>:<first id>``, each id padded to ``<15 digits>-<10 digits>`` so members sort
     as the ids do. ``apply.lua`` (operation ``log``) applies the prepared publishes inside these ranges
-    without the worker reading them; any other entry is verified by the worker first."""
+    without the worker reading them; any other entry is verified by the worker first. A
+    range the applied cursor passed is dropped by the apply that moved it (operations ``log``
+    and ``planned``)."""
     return partition_tag(topic, p) + ":trusted"
 
 

@@ -6,7 +6,8 @@
   cursor lies inside was partly applied by someone else: SOW_CONFLICT, plan again), checks the
   expected record versions (compare-and-set for delta merges done by the worker), writes the
   batch's rejected entries to the partition's error stream, then upserts / deletes records,
-  keeps expiry scores and hash-index members, moves the cursor, counts sow_delete results and
+  keeps expiry scores and hash-index members, moves the cursor (dropping the trusted ranges it
+  passed: include apply_prepared trim_trusted), counts sow_delete results and
   publishes the batch's changes as one change block on the partition's channel and in the
   partition's change feed (include remove_record publish_changes).
 
@@ -122,6 +123,9 @@ local function apply_planned(P)
   end
 
   redis.call("HSET", P.state, "cursor", last_id, "seq", S.seq)
+  -- the trusted ranges the cursor passed (a delta a publisher appended, applied here): only
+  -- apply.lua (log) dropped them before, and a run of deltas never reaches it
+  trim_trusted(P.trusted, last_id)
   publish_changes(P, S)
   return {applied, last_id}
 end
