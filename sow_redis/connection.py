@@ -185,7 +185,7 @@ def _node_url(url: str) -> str:
         BadURLError: a database other than 0 (a cluster has only database 0), a seed node
             that is not ``host:port``.
     """
-    plain = _cluster_seeds(url)[0].replace("+cluster://", "://", 1)
+    plain = first_seed_url(url).replace("+cluster://", "://", 1)
     u = urlsplit(plain)
     db = dict(parse_qsl(u.query)).get("db", u.path.strip("/") or "0")
     if db != "0":
@@ -202,7 +202,7 @@ def _cluster_client(url: str) -> Client:
         BadURLError: as for a single server's URL; redis.exceptions.ConnectionError: no node
             answers; redis.exceptions.RedisClusterException: the node is no cluster node.
     """
-    plain = _node_url(url)
+    plain = _node_url(url)  # its errors name the whole URL
     _redis_client(plain)  # the same URL checks as a single server's (nothing is sent)
     # start-up time: redis loads at the first connect (`sow-redis --help`, URL checks)
     from redis.cluster import ClusterNode, RedisCluster

@@ -123,24 +123,27 @@ def key_partitions(topic: TopicConfig, sow_keys: list[str]) -> list[int] | None:
     return sorted({partition_of_key(k, topic.partitions) for k in sow_keys})
 
 
-def filter_partitions(topic: TopicConfig, pred: Filter) -> list[int] | None:
-    """The partitions that can hold a record ``pred`` matches: those of the SOW keys
-    :func:`key_lookup` gives when the filter pins the topic's key fields (``/id = 5``,
-    ``/id IN (1, 2)``), ascending; None: any. A sow_delete by filter is appended only there
-    (the same plan a sow query of that filter reads by)."""
+def pinned_keys(topic: TopicConfig, pred: Filter) -> list[str] | None:
+    """The SOW keys a filter pins by equality on exactly the topic's key fields (``/id = 5``,
+    ``/id IN (1, 2)``: :func:`key_lookup` of its equality terms); None: it pins none."""
     terms = pred.equality_terms()
-    sow_keys = key_lookup(topic, terms) if terms else None
+    return key_lookup(topic, terms) if terms else None
+
+
+def filter_partitions(topic: TopicConfig, pred: Filter) -> list[int] | None:
+    """The partitions that can hold a record ``pred`` matches: those of its
+    :func:`pinned_keys`, ascending; None: any. A sow_delete by filter is appended only there
+    (the same plan a sow query of that filter reads by)."""
+    sow_keys = pinned_keys(topic, pred)
     return None if sow_keys is None else key_partitions(topic, sow_keys)
 
 
 def partition_candidates(r: Client, topic: TopicConfig, p: int, pred: Filter
                          ) -> Iterator[Record]:
     """The records of partition ``p`` that ``pred`` may match (the caller evaluates it on
-    each): the records of the SOW keys :func:`key_lookup` gives that live in ``p`` when the
-    filter pins the key fields, else every record (:func:`scan_partition`). A worker's plan
-    of a sow_delete by filter reads them."""
-    terms = pred.equality_terms()
-    sow_keys = key_lookup(topic, terms) if terms else None
+    each): the records of its :func:`pinned_keys` that live in ``p``, else every record
+    (:func:`scan_partition`). A worker's plan of a sow_delete by filter reads them."""
+    sow_keys = pinned_keys(topic, pred)
     if sow_keys is None or topic.partition_by:
         return scan_partition(r, topic, p)
     return get_records(r, topic, [k for k in sow_keys
