@@ -45,6 +45,11 @@ def test_a_cluster_url_whose_seeds_are_all_down_or_malformed_is_one_clear_error(
         with pytest.raises(BadURLError, match=f"seed node {why} is not host:port") as info:
             connect(bad)
         assert "secret" not in str(info.value)
+        out = run_cli(bad, "--control-url", "redis://127.0.0.1:1/0", "sow", "-t", "t",
+                      check=False)
+        err = out.stderr.decode().strip().splitlines()
+        assert out.returncode != 0 and len(err) == 1 and f"seed node {why}" in err[0], err
+        assert "secret" not in out.stderr.decode() and "Traceback" not in out.stderr.decode()
 
 
 def test_up_and_down_tell_a_cluster_url_by_its_first_seed():
