@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -119,3 +120,27 @@ def test_test_sh_runs_pytest_on_xdist_workers(scratch: Path, workers, addopts, w
                          env=env, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert _calls(scratch)[2:] == want  # after ruff and mypy: the parallel and serial parts
+
+
+FUNCTION_LINES_MAX = 80
+"""Issue 24 item 4: no function of sow_redis/ over this many lines (docstring included)."""
+
+ANY_LINES_MAX = 100
+"""Issue 24 item 4: lines of sow_redis/ naming ``Any`` (where a value really is any JSON or
+an untyped library's), at most this many."""
+
+
+def test_no_function_is_over_80_lines_and_any_stays_rare():
+    long, any_lines = [], 0
+    for path in sorted((ROOT / "sow_redis").rglob("*.py")):
+        text = path.read_text()
+        any_lines += sum(1 for line in text.splitlines() if re.search(r"\bAny\b", line))
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > FUNCTION_LINES_MAX:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
+    print(f"functions over {FUNCTION_LINES_MAX} lines: {len(long)}; lines naming Any: "
+          f"{any_lines}")
+    assert long == []
+    assert any_lines <= ANY_LINES_MAX

@@ -50,12 +50,10 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
     a problem with one item (including an exception no check foresaw, reported as
     ``bad_message`` with the exception text) never stops the others.
 
-    Definition fence (issue 23.4, :mod:`sow_redis.publish.fence`): when Redis refuses a
-    chunk's entries for a partition because the publisher's definition is not the stored one
-    (a ``config apply``, a shape migration), nothing of them was appended: the publish waits
-    until no migration holds those partitions, reads the definition again, validates the
-    refused messages (and the rest) under it and goes on; :attr:`PublishResult.definition`
-    is then the definition read. Nothing is stored under the old layout, nothing is lost.
+    Definition fence (issue 23.4, :mod:`sow_redis.publish.fence`): entries Redis refuses for
+    a definition that is no longer the stored one were not appended; the publish waits out
+    the migration, reads the definition again (:attr:`PublishResult.definition`) and goes
+    on under it: nothing is stored under the old layout, nothing is lost.
 
     Args:
         items: ``(cmd, message, publisher SOW key or None[, expiration seconds or None])``;
@@ -82,15 +80,13 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             :data:`~sow_redis.publish.commands.DURABLE_WAIT_MS` milliseconds): an
             acknowledged message survives the loss of its primary (replication is
             asynchronous otherwise).
-        registry_check: read the registry version in the first chunk's write, after its
-            entries (:attr:`PublishResult.registry_version`): a caller that keeps ``topic``
-            cached learns in the same round trip whether it was still current (see
-            :meth:`sow_redis.client.Sow.publish`).
+        registry_check: read the registry version in the first chunk's write
+            (:attr:`PublishResult.registry_version`): a caller that caches ``topic`` learns in
+            the same round trip whether it is current (:meth:`sow_redis.client.Sow.publish`).
         inline: instead of ``jobs``, the settings of a client that applies what the publish
-            leaves itself (``Sow(inline=True)``): with ``write_through``, its publishes to a
-            caught-up partition are applied in the write that appends them, as with ``jobs``,
-            and no job marker is set; :attr:`PublishResult.settled` names the partitions
-            where nothing is left to do.
+            leaves itself (``Sow(inline=True)``): written through as with ``jobs``, no job
+            marker set; :attr:`PublishResult.settled` names the partitions left with nothing
+            to do.
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
