@@ -171,10 +171,11 @@ def resolve_prepared(spark: SparkSession, url: str, topic: TopicConfig, prepared
     if not topic.chaining:
         raise ValueError(f"topic {topic.name!r} has no chaining key generator")
     topic_json, name = topic.to_json(), topic.name
+    # checkpointed: chain_rows (each message decoded in Python) runs once, not once per use
     msgs = spark.createDataFrame(
         prepared.mapPartitions(lambda it: chain_rows(topic_json, it)),
-        "p int, o long, ids array<string>")
-    pairs = msgs.select("p", "o", F.posexplode("ids").alias("pos", "id")).localCheckpoint()
+        "p int, o long, ids array<string>").localCheckpoint()
+    pairs = msgs.select("p", "o", F.posexplode("ids").alias("pos", "id"))
     existing = spark.createDataFrame(
         spark.sparkContext.parallelize(range(topic.partitions), topic.partitions).flatMap(
             lambda p: read_table(url, name, p)), "p int, id string, parent string"
