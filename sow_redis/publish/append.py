@@ -84,9 +84,9 @@ def append(r: Client, topic: TopicConfig, items: Iterable[Item], start: int = 1,
             (:attr:`PublishResult.registry_version`): a caller that caches ``topic`` learns in
             the same round trip whether it is current (:meth:`sow_redis.client.Sow.publish`).
         inline: instead of ``jobs``, the settings of a client that applies what the publish
-            leaves itself (``Sow(inline=True)``): written through as with ``jobs``, no job
-            marker set; :attr:`PublishResult.settled` names the partitions left with nothing
-            to do.
+            leaves itself (``Sow(inline=True)``): written through as with ``jobs`` (where
+            ``write_through``), no job marker set; :attr:`PublishResult.settled` names the
+            partitions left with nothing to do.
 
     Returns:
         What was published and what was rejected (nothing rejected reaches the log).
