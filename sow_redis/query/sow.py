@@ -143,8 +143,9 @@ def partition_candidates(r: Client, topic: TopicConfig, p: int, pred: Filter
     """The records of partition ``p`` that ``pred`` may match (the caller evaluates it on
     each): the records of its :func:`pinned_keys` that live in ``p``, else every record
     (:func:`scan_partition`). A worker's plan of a sow_delete by filter reads them."""
-    sow_keys = pinned_keys(topic, pred)
-    if sow_keys is None or topic.partition_by:
+    # with partition_by a key does not name its partition: no keys to read by
+    sow_keys = None if topic.partition_by else pinned_keys(topic, pred)
+    if sow_keys is None:
         return scan_partition(r, topic, p)
     return get_records(r, topic, [k for k in sow_keys
                                   if partition_of_key(k, topic.partitions) == p])
