@@ -174,15 +174,16 @@ def run_apply_bound(url: str, r: Redis, t: TopicConfig, path: Path, workers: int
     from sow_redis.publish.append import append
 
     apply_topics(r, [t])
-    with open(path, "rb") as fh:
-        res = append(r, t, (("publish", line, None) for line in fh))
-    # no sweep before ensure_jobs below: a worker's first sweep (after one interval) found the
-    # appended entries while a busy machine was still registering the workers, and applied
-    # them before the measurement began (0 s of log reads measured)
+    # nothing to apply before ensure_jobs below: the workers sweep once as they start (before
+    # they register) and then every 300 s, so the entries are appended once they are
+    # registered; appended before, a start sweep found them and a worker applied them before
+    # the measurement began (0 s of log reads measured, 2026-11-28)
     ws = Workers(url, workers, tmp, env={"SOW_SWEEP_INTERVAL_S": "300"})
     ws.start()
     try:
         ws.wait_registered(r)
+        with open(path, "rb") as fh:
+            res = append(r, t, (("publish", line, None) for line in fh))
         r.config_resetstat()
         cpu0 = redis_cpu_s(r)
         t0 = time.perf_counter()

@@ -47,6 +47,7 @@ def test_redis_clients_are_typed_with_the_connection_aliases():
 
 STAND_IN = """#!/usr/bin/env bash
 echo "$(basename "$0") $*" >> "{log}"
+echo "$(basename "$0") $* :: $(ps -o cls= -p $$ | tr -d ' ')" >> "{log}.policy"
 [ "$(basename "$0")" != "${{FAIL_TOOL:-none}}" ] || {{ echo "$(basename "$0"): 1 finding"; exit 3; }}
 echo "$(basename "$0"): all good"
 """
@@ -81,13 +82,47 @@ def _calls(scratch: Path) -> list[str]:
 def test_test_sh_runs_ruff_then_mypy_then_pytest_with_its_arguments(scratch: Path):
     res = _run(scratch, "-q", "-k", "delta")
     assert res.returncode == 0, res.stderr
-    # the parallel part, then the tests bound to wall-clock time (marker serial)
-    assert _calls(scratch) == ["ruff check sow_redis", "mypy ",
-                               "python -m pytest -m not serial -q -k delta",
-                               "python -m pytest -m serial -q -k delta"]
+    calls = _calls(scratch)
+    # the tests bound to wall-clock time (marker serial) and the parallel part, side by side
+    assert calls[:2] == ["ruff check sow_redis", "mypy "]
+    assert sorted(calls[2:]) == ["python -m pytest -m not serial -q -k delta",
+                                 "python -m pytest -m serial -q -k delta"]
     lines = res.stdout.splitlines()
     assert lines[:2] == ["check ruff (sow_redis): ruff: all good",
                          "check mypy (sow_redis): mypy: all good"]
+    # the serial part's output comes after the parallel part's, under its own heading
+    assert lines[2:] == ["python: all good",
+                         "==== the serial part (tests bound to wall-clock time), run beside "
+                         "the parallel part ====", "python: all good"]
+
+
+@pytest.mark.skipif(shutil.which("chrt") is None, reason="chrt (util-linux) is not installed")
+def test_the_parallel_part_runs_at_the_idle_policy_beside_the_serial_part(scratch: Path):
+    """The serial tests, bound to wall-clock time, run at the caller's policy (normally TS);
+    the parallel part beside them at SCHED_IDLE (IDL), so it never takes a core a serial test
+    wants."""
+    res = _run(scratch, "-q")
+    assert res.returncode == 0, res.stderr
+    policy = dict(line.split(" :: ") for line in
+                  (scratch / "calls.log.policy").read_text().splitlines())
+    own = subprocess.run(["ps", "-o", "cls=", "-p", str(os.getpid())], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert policy["python -m pytest -m not serial -q"] == "IDL"
+    assert policy["python -m pytest -m serial -q"] == own
+
+
+def test_a_failure_of_either_part_fails_the_run(scratch: Path):
+    """The parallel part's status wins, then the serial part's; both parts always run."""
+    python = scratch / ".venv" / "bin" / "python"
+    python.write_text(f'#!/usr/bin/env bash\necho "$*" >> "{scratch / "calls.log"}"\n'
+                      '[[ "$*" != *"$FAIL_PART"* ]] || exit 1\n')
+    for part, want in (("not serial", 1), ("-m serial", 1), ("nothing", 0)):
+        (scratch / "calls.log").unlink(missing_ok=True)
+        res = subprocess.run(["bash", str(scratch / "scripts" / "test.sh"), "-q"], check=False,
+                             env={**os.environ, "FAIL_PART": part}, capture_output=True,
+                             text=True, timeout=30)
+        assert res.returncode == want, (part, res.stdout, res.stderr)
+        assert len(_calls(scratch)[2:]) == 2, part  # after ruff and mypy, both parts ran
 
 
 @pytest.mark.parametrize("tool, ran", [("ruff", ["ruff check sow_redis"]),
@@ -119,7 +154,8 @@ def test_test_sh_runs_pytest_on_xdist_workers(scratch: Path, workers, addopts, w
     res = subprocess.run(["bash", str(scratch / "scripts" / "test.sh"), "-q"], check=False,
                          env=env, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
-    assert _calls(scratch)[2:] == want  # after ruff and mypy: the parallel and serial parts
+    # after ruff and mypy: the serial and parallel parts, side by side
+    assert sorted(_calls(scratch)[2:]) == sorted(want)
 
 
 FUNCTION_LINES_MAX = 80
