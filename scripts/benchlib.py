@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sow_redis.ops.server import free_port, spawn_redis
+from sow_redis.ops.server import spawn_redis_on_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,9 +37,8 @@ class RedisServer:
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
-        self.port = free_port()
+        self.port, self.proc = spawn_redis_on_free_port(workdir / "redis", persist=False)
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = spawn_redis(self.port, workdir / "redis", persist=False)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

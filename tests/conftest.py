@@ -27,7 +27,11 @@ from redis import Redis
 
 from sow_redis.client import Sow
 from sow_redis.connection import connect, is_cluster_url
-from sow_redis.ops.server import free_port, spawn_cluster, spawn_redis
+from sow_redis.ops.server import (  # free_port: tests import it from here
+    free_port,  # noqa: F401
+    spawn_cluster,
+    spawn_redis_on_free_port,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -61,8 +65,7 @@ FAST = {"SOW_LEASE_MS": "1000", "SOW_MARKER_TTL_MS": "1500", "SOW_SWEEP_INTERVAL
 def _own_redis(folder: Path):
     """Yields ``redis://127.0.0.1:<free port>/0`` of a redis-server without persistence whose
     files go to ``folder``, then terminates it (a fixture's body)."""
-    port = free_port()
-    proc = spawn_redis(port, folder, persist=False)
+    port, proc = spawn_redis_on_free_port(folder, persist=False)
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)
@@ -219,8 +222,7 @@ def _own_cluster(folder: Path, replicas: int):
     """Yields ``(cluster URL, control URL, LocalCluster)`` of a 3-primary cluster with ``replicas`` replicas
     each and a plain control redis-server, without persistence, then stops them."""
     cluster = spawn_cluster(3, replicas, folder / "cluster")
-    port = free_port()
-    control = spawn_redis(port, folder / "control", persist=False)
+    port, control = spawn_redis_on_free_port(folder / "control", persist=False)
     curl = f"redis://127.0.0.1:{port}/0"
     CONTROL[cluster.url] = curl
     try:

@@ -232,10 +232,9 @@ def test_redis_caches_only_the_bundled_scripts_whatever_the_values(tmp_path):
 
     from sow_redis.apply.scripts import expanded_source, script_names
     from sow_redis.expirer import Expirer
-    from sow_redis.ops.server import free_port, spawn_redis
+    from sow_redis.ops.server import spawn_redis_on_free_port
 
-    port = free_port()
-    proc = spawn_redis(port, tmp_path, persist=False)
+    port, proc = spawn_redis_on_free_port(tmp_path, persist=False)
     try:
         url = f"redis://127.0.0.1:{port}/0"
         r = Redis.from_url(url)

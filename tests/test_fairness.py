@@ -16,7 +16,7 @@ from conftest import start_worker, wait_until
 from sow_redis import keys
 from sow_redis.apply.jobs import QUEUE_KEY
 from sow_redis.client import Sow
-from sow_redis.ops.server import free_port, spawn_redis
+from sow_redis.ops.server import spawn_redis_on_free_port
 from sow_redis.settings import Settings
 
 pytestmark = pytest.mark.slow
@@ -24,8 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def own_url(tmp_path: Path):
-    port = free_port()
-    proc = spawn_redis(port, tmp_path, persist=False)
+    port, proc = spawn_redis_on_free_port(tmp_path, persist=False)
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)

@@ -40,7 +40,7 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.feed.live import ShardListener, topic_subscribers
 from sow_redis.model.events import parse_block
-from sow_redis.ops.server import free_port, spawn_redis, stop_processes
+from sow_redis.ops.server import free_port, spawn_redis, spawn_redis_on_free_port, stop_processes
 from sow_redis.publish.append import append, append_delete_all_partitions
 from sow_redis.settings import Settings
 
@@ -193,9 +193,8 @@ def test_kill9_workers_during_500k_mixed_ingest(tmp_path):
     5,000 keys in 8 partitions, published by a thread through ``append`` paced over ~25 s, while
     a random one of 3 worker processes is killed (-9) and replaced 20 times."""
     nkeys, parts, chunk = 5_000, 8, 2_000
-    port = free_port()
+    port, redis_proc = spawn_redis_on_free_port(tmp_path / "redis", persist=False)
     url = f"redis://127.0.0.1:{port}/0"
-    redis_proc = spawn_redis(port, tmp_path / "redis", persist=False)
     workers: list[subprocess.Popen[bytes]] = []
     try:
         with bounded(300, "kill -9 ingest"):
@@ -314,9 +313,8 @@ def test_paused_worker_is_fenced_after_takeover(tmp_path):
     A is continued (SIGCONT): the write it had planned is refused by the fencing token (Redis
     counts a ``SOW_FENCED`` error reply; A logs the lost lease), and no entry is applied twice."""
     n, nkeys = 50_000, 500
-    port = free_port()
+    port, redis_proc = spawn_redis_on_free_port(tmp_path / "redis", persist=False)
     url = f"redis://127.0.0.1:{port}/0"
-    redis_proc = spawn_redis(port, tmp_path / "redis", persist=False)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with bounded(180, "paused worker"):

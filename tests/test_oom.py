@@ -13,7 +13,7 @@ from redis.exceptions import OutOfMemoryError
 
 from sow_redis import keys
 from sow_redis.client import Sow
-from sow_redis.ops.server import free_port, spawn_redis
+from sow_redis.ops.server import spawn_redis_on_free_port
 from sow_redis.publish.result import PublishInterrupted
 from sow_redis.settings import Settings
 
@@ -22,9 +22,8 @@ MAXMEMORY = 8 * 1024 * 1024
 
 @pytest.fixture
 def small_url(tmp_path: Path):
-    port = free_port()
-    proc = spawn_redis(port, tmp_path, persist=False,
-                       extra=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"])
+    port, proc = spawn_redis_on_free_port(tmp_path, persist=False,
+                                          extra=["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"])
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(timeout=10)

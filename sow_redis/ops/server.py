@@ -126,6 +126,8 @@ def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
         "--appendonly", "yes" if persist else "no", "--save", "", "--daemonize", "no",
         "--maxmemory-policy", "noeviction", "--logfile", str((d / "redis.log").resolve()),
     ] + (["--appendfsync", appendfsync] if persist and appendfsync else []) + (extra or [])
+    log = d / "redis.log"
+    logged = log.stat().st_size if log.exists() else 0
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
@@ -135,9 +137,46 @@ def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=10)
-            raise SowError(f"redis-server did not start on port {port}; see {d}/redis.log")
+            with open(log, "rb") if log.exists() else open(os.devnull, "rb") as fh:
+                fh.seek(logged)
+                taken = b"Address already in use" in fh.read()
+            raise (PortTakenError if taken else SowError)(
+                f"redis-server did not start on port {port}; see {d}/redis.log")
         time.sleep(0.02)
     return proc
+
+
+class PortTakenError(SowError):
+    """A redis-server could not listen on its port (or its cluster bus port): another process
+    took it after :func:`free_port` found it free (an outgoing connection's ephemeral port
+    can be any free one)."""
+
+
+PORT_TRIES = 5
+"""Ports :func:`spawn_redis_on_free_port` and :func:`spawn_cluster` try per server."""
+
+
+def spawn_redis_on_free_port(data_dir: str | Path, persist: bool = True,
+                             extra: list[str] | None = None
+                             ) -> tuple[int, subprocess.Popen[bytes]]:
+    """:func:`spawn_redis` on a :func:`free_port`; on another free port when that one was
+    taken meanwhile (up to :data:`PORT_TRIES` ports). ``persist``, ``extra``: as
+    :func:`spawn_redis`.
+
+    Returns:
+        ``(port, process)``.
+
+    Raises:
+        SowError: as :func:`spawn_redis`, or every port tried was taken.
+    """
+    for left in range(PORT_TRIES - 1, -1, -1):
+        port = free_port()
+        try:
+            return port, spawn_redis(port, data_dir, persist=persist, extra=extra)
+        except PortTakenError:
+            if not left:
+                raise
+    raise AssertionError("unreachable")
 
 
 CLUSTER_NODE_TIMEOUT_MS = 2000
@@ -219,12 +258,20 @@ def spawn_cluster(primaries: int, replicas: int, data_dir: str | Path, persist: 
     cluster = LocalCluster(url=f"redis+cluster://127.0.0.1:{ports[0]}", ports=ports, procs={},
                            primaries=primaries)
     try:
-        for port in ports:
-            cluster.procs[port] = spawn_redis(
-                port, Path(data_dir, f"node-{port}"), persist=persist,
-                extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                       "--cluster-node-timeout", str(node_timeout_ms),
-                       "--repl-diskless-sync-delay", "0"])
+        for i in range(len(ports)):
+            for left in range(PORT_TRIES - 1, -1, -1):  # a port taken meanwhile: another one
+                try:
+                    cluster.procs[ports[i]] = spawn_redis(
+                        ports[i], Path(data_dir, f"node-{ports[i]}"), persist=persist,
+                        extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                               "--cluster-node-timeout", str(node_timeout_ms),
+                               "--repl-diskless-sync-delay", "0"])
+                    break
+                except PortTakenError:
+                    if not left:
+                        raise
+                    ports[i] = free_cluster_port(ports)
+        cluster.url = f"redis+cluster://127.0.0.1:{ports[0]}"
         out = subprocess.run(
             [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
              "--cluster-replicas", str(replicas), "--cluster-yes"],
