@@ -469,15 +469,17 @@ class Deriver:
     Args:
         sow: the client the deriver reads and writes through (its mode decides who applies
             the writes: the workers, or this process when inline).
+        stop: the event that stops :meth:`run` (default: a new one); the CLI passes the one
+            its start-up's signal handlers set, so a SIGTERM before :meth:`run` is not lost.
     """
 
-    def __init__(self, sow: Sow) -> None:
+    def __init__(self, sow: Sow, stop: StopEvent | None = None) -> None:
         self.sow = sow
         self.owner = f"derive:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.scripts = Scripts(sow.r)
         self.followers: dict[str, _Follower] = {}
         self._next_renew = 0.0
-        self._stop = StopEvent()
+        self._stop = StopEvent() if stop is None else stop
 
     def loop(self) -> int:
         """One unit of work; returns the messages taken (see :meth:`_Follower.step`)."""

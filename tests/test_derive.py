@@ -154,6 +154,22 @@ def test_a_view_equals_a_recompute_after_10000_random_operations(sow, topic_name
     assert 2 <= len(view) <= 5
 
 
+def test_a_stop_requested_before_run_stops_the_deriver_at_once(sow, topic_name):
+    """The CLI hands its start-up's stop event to the deriver: a SIGTERM between connecting
+    and :meth:`Deriver.run` (a test that saw ``--nice`` applied and stopped it at once) stops
+    it; the deriver's own event lost it, and the process ran on (2026-11-28)."""
+    from sow_redis.stopping import StopEvent
+
+    sow.apply_config(_config(topic_name))
+    stop = StopEvent()
+    deriver = Deriver(sow, stop=stop)
+    stop.request()  # what the signal handler does
+    thread = threading.Thread(target=deriver.run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and deriver.followers == {}
+
+
 def test_a_restarted_deriver_makes_the_view_whole_again(sow, topic_name):
     sow.apply_config(_config(topic_name))
     sow.publish(topic_name, [{"id": i, "sym": "A", "qty": 1, "px": i} for i in range(5)])
