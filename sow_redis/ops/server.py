@@ -137,9 +137,7 @@ def spawn_redis(port: int, data_dir: str | Path, persist: bool = True,
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=10)
-            with open(log, "rb") if log.exists() else open(os.devnull, "rb") as fh:
-                fh.seek(logged)
-                taken = b"Address already in use" in fh.read()
+            taken = log.exists() and b"Address already in use" in log.read_bytes()[logged:]
             raise (PortTakenError if taken else SowError)(
                 f"redis-server did not start on port {port}; see {d}/redis.log")
         time.sleep(0.02)
@@ -169,14 +167,14 @@ def spawn_redis_on_free_port(data_dir: str | Path, persist: bool = True,
     Raises:
         SowError: as :func:`spawn_redis`, or every port tried was taken.
     """
-    for left in range(PORT_TRIES - 1, -1, -1):
+    for _ in range(PORT_TRIES - 1):
         port = free_port()
         try:
             return port, spawn_redis(port, data_dir, persist=persist, extra=extra)
         except PortTakenError:
-            if not left:
-                raise
-    raise AssertionError("unreachable")
+            continue
+    port = free_port()  # the last try: its error is the one raised
+    return port, spawn_redis(port, data_dir, persist=persist, extra=extra)
 
 
 CLUSTER_NODE_TIMEOUT_MS = 2000
@@ -258,17 +256,16 @@ def spawn_cluster(primaries: int, replicas: int, data_dir: str | Path, persist: 
     cluster = LocalCluster(url=f"redis+cluster://127.0.0.1:{ports[0]}", ports=ports, procs={},
                            primaries=primaries)
     try:
+        node = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(node_timeout_ms), "--repl-diskless-sync-delay", "0"]
         for i in range(len(ports)):
-            for left in range(PORT_TRIES - 1, -1, -1):  # a port taken meanwhile: another one
+            for tries_left in range(PORT_TRIES - 1, -1, -1):
                 try:
                     cluster.procs[ports[i]] = spawn_redis(
-                        ports[i], Path(data_dir, f"node-{ports[i]}"), persist=persist,
-                        extra=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                               "--cluster-node-timeout", str(node_timeout_ms),
-                               "--repl-diskless-sync-delay", "0"])
+                        ports[i], Path(data_dir, f"node-{ports[i]}"), persist=persist, extra=node)
                     break
-                except PortTakenError:
-                    if not left:
+                except PortTakenError:  # taken meanwhile: another free one
+                    if not tries_left:
                         raise
                     ports[i] = free_cluster_port(ports)
         cluster.url = f"redis+cluster://127.0.0.1:{ports[0]}"
