@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
@@ -167,14 +167,23 @@ def spawn_redis_on_free_port(data_dir: str | Path, persist: bool = True,
     Raises:
         SowError: as :func:`spawn_redis`, or every port tried was taken.
     """
+    return _spawn_on_a_free_port(free_port, lambda _port: Path(data_dir), persist, extra)
+
+
+def _spawn_on_a_free_port(pick: Callable[[], int], folder: Callable[[int], Path],
+                          persist: bool, extra: list[str] | None
+                          ) -> tuple[int, subprocess.Popen[bytes]]:
+    """:func:`spawn_redis` on the port ``pick()`` gives, in ``folder(port)``; on the next one
+    ``pick()`` gives while one was taken meanwhile (:data:`PORT_TRIES` in all; the last try's
+    error is the one raised)."""
     for _ in range(PORT_TRIES - 1):
-        port = free_port()
+        port = pick()
         try:
-            return port, spawn_redis(port, data_dir, persist=persist, extra=extra)
+            return port, spawn_redis(port, folder(port), persist=persist, extra=extra)
         except PortTakenError:
             continue
-    port = free_port()  # the last try: its error is the one raised
-    return port, spawn_redis(port, data_dir, persist=persist, extra=extra)
+    port = pick()
+    return port, spawn_redis(port, folder(port), persist=persist, extra=extra)
 
 
 CLUSTER_NODE_TIMEOUT_MS = 2000
@@ -250,24 +259,18 @@ def spawn_cluster(primaries: int, replicas: int, data_dir: str | Path, persist: 
     cli = shutil.which("redis-cli")
     if cli is None:
         raise SowError("redis-cli is not installed (apt-get install redis-tools)")
+    node = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(node_timeout_ms), "--repl-diskless-sync-delay", "0"]
     ports: list[int] = []
-    while len(ports) < primaries * (1 + replicas):
-        ports.append(free_cluster_port(ports))
-    cluster = LocalCluster(url=f"redis+cluster://127.0.0.1:{ports[0]}", ports=ports, procs={},
-                           primaries=primaries)
+    cluster = LocalCluster(url="", ports=ports, procs={}, primaries=primaries)
     try:
-        node = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", str(node_timeout_ms), "--repl-diskless-sync-delay", "0"]
-        for i in range(len(ports)):
-            for tries_left in range(PORT_TRIES - 1, -1, -1):
-                try:
-                    cluster.procs[ports[i]] = spawn_redis(
-                        ports[i], Path(data_dir, f"node-{ports[i]}"), persist=persist, extra=node)
-                    break
-                except PortTakenError:  # taken meanwhile: another free one
-                    if not tries_left:
-                        raise
-                    ports[i] = free_cluster_port(ports)
+        while len(ports) < primaries * (1 + replicas):
+            # each node's port and bus port clear of the nodes' started so far
+            port, proc = _spawn_on_a_free_port(lambda: free_cluster_port(ports),
+                                               lambda p: Path(data_dir, f"node-{p}"),
+                                               persist, node)
+            cluster.procs[port] = proc
+            ports.append(port)
         cluster.url = f"redis+cluster://127.0.0.1:{ports[0]}"
         out = subprocess.run(
             [cli, "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
