@@ -92,13 +92,14 @@ def pytest_generate_tests(metafunc):
 
 # -- pytest-xdist (scripts/test.sh runs the suite with -n N --dist loadgroup) ---------------
 SPARK_FIXTURES = frozenset({"spark", "spark_standalone"})
-"""The tests that take one of these fixtures (as a parameter), and the other tests of the
-Spark test files (marked ``spark`` by the module; each starts JVMs of its own: a CLI
-``spark`` command, a standalone cluster), run on one xdist worker, one after the other: the
-standalone Spark cluster and the session start once per run, and those tests do not start
-JVMs side by side (at the start of the run, the JVMs of four Spark tests took a CLI load of 3
-rows from 8 s alone to 493 s). The Spark benchmark's test runs beside them: in the group, the
-group ended 100 s after every other worker."""
+"""The tests that take one of these fixtures (as a parameter) run on one xdist worker, one
+after the other: the standalone Spark cluster and the session start once per run. The other
+tests of the Spark test files (a CLI ``spark`` command in a JVM of its own) are units of their
+own, handed out after the longest tests (:func:`pytest_collection_modifyitems`), not at the
+start of the run, where the JVMs of four Spark tests side by side took a CLI load of 3 rows
+from 8 s alone to 493 s: in the group they were its last 65 s, and the group the run's longest
+path (2026-11-28: it ended 15-23 s after every other worker). The Spark benchmark's test runs
+beside the group too: in it, the group ended 100 s after every other worker."""
 
 WHOLE_FILES = frozenset({"tests/test_fixtures.py"})
 """Files whose tests run on one worker in file order: a later test there checks what an
@@ -113,28 +114,16 @@ LONGEST = ("test_bench_spark_compares", "test_expirer_and_workers_race_for_60s",
 handed out right after the Spark group, so none of them starts last."""
 
 
-def _marks_spark(node: ast.AST) -> bool:
-    """An expression that names ``pytest.mark.spark`` (alone, or in a list of marks): a
-    module's ``pytestmark``."""
-    return any(isinstance(n, ast.Attribute) and n.attr == "spark"
-               and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"
-               for n in ast.walk(node))
-
-
 @functools.cache
 def _spark_tests() -> frozenset[str]:
     """``path::name`` of every test function in tests/ with a :data:`SPARK_FIXTURES`
-    parameter or in a module marked ``spark`` (its ``pytestmark``), from the files' syntax
-    trees: the xdist controller schedules by node id and collects nothing itself."""
+    parameter, from the files' syntax trees: the xdist controller schedules by node id and
+    collects nothing itself."""
     found = set()
     for path in sorted(Path(__file__).parent.glob("test_*.py")):
-        tree = ast.parse(path.read_text())
-        module = any(isinstance(stmt, ast.Assign) and _marks_spark(stmt.value)
-                     and any(isinstance(t, ast.Name) and t.id == "pytestmark"
-                             for t in stmt.targets) for stmt in tree.body)
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and (
-                    module or SPARK_FIXTURES & {a.arg for a in node.args.args}):
+                    SPARK_FIXTURES & {a.arg for a in node.args.args}):
                 found.add(f"tests/{path.name}::{node.name}")
     return frozenset(found)
 

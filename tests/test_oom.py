@@ -147,10 +147,17 @@ def test_sow_delete_frees_memory_while_redis_refuses_appends(small_url, topic_na
     # used_memory also holds the Lua heap (Redis 7.0), freed when Lua collects its garbage:
     # neither is what this test is about
     assert kept < held - 1000 * half // 2
-    sow.r.config_set("maxmemory", MAXMEMORY)
+    # publishing works again once Redis has room: its limit back at MAXMEMORY, or just above
+    # what is used now where that is more. Those delete events take about what the records
+    # gave back (used_memory 7.6 -> 7.7 MiB in a run alone), and the fill may end above the
+    # limit: Redis decides before a script runs whether its writes may go in (the OOM state
+    # of before the call), so the last apply.lua call let in goes past it by up to its chunk (a loaded run, 2026-11-28: 2,000 records in, used_memory
+    # 9.3 MiB against 8)
+    limit = max(MAXMEMORY, after + 512 * 1024)
+    sow.r.config_set("maxmemory", limit)
     try:
         assert sow.publish(topic_name, {"id": -1, "pad": "z"}).published == 1
     except OutOfMemoryError:  # say how far from the limit the server was
         mem = sow.r.info("memory")
         pytest.fail(f"refused again: used_memory {mem['used_memory']} against maxmemory "
-                    f"{MAXMEMORY} (after the deletes: {after}; before them: {before})")
+                    f"{limit} (after the deletes: {after}; before them: {before})")
