@@ -111,7 +111,8 @@ LONGEST = ("test_bench_spark_compares", "test_expirer_and_workers_race_for_60s",
            "test_a_view_equals_a_recompute_after_10000", "test_as_of_equals_a_model_after",
            "test_redis_unreachable_10s", "test_readme_")
 """Tests of 15 s or more (``--durations``) outside the Spark group: under xdist they are
-handed out right after the Spark group, so none of them starts last."""
+handed out right after the Spark group, so none of them starts last (the Spark CLI tests,
+marked ``spark``, follow with those marked ``slow`` and ``faults``)."""
 
 
 @functools.cache
@@ -468,8 +469,10 @@ SPARK_NICE = 4
 """Niceness of this run's Spark JVMs (the standalone daemons and their executors, the
 session's driver, the CLI's ``spark`` commands): the Spark tests check results, not timings,
 while the fault and expiry tests on the other xdist workers measure seconds and lose them
-when JVMs compete with their Redis and workers for the 2 cores. Not more: the Spark tests run
-one after the other on one worker (:data:`SPARK_FIXTURES`), the run's longest path."""
+when JVMs compete with their Redis and workers for the 2 cores. Not more: the tests of the
+Spark session run one after the other on one worker (:data:`SPARK_FIXTURES`), one of the run's
+longest paths. In scripts/test.sh's parallel part it changes nothing: Linux gives every task
+of the idle scheduling policy the same weight, whatever its niceness."""
 
 
 def _renice(pid: int) -> None:
