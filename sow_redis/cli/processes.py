@@ -11,7 +11,10 @@ import time
 import click
 
 from ..connection import connect, control_url_for, redact, tls_options
+from ..ops.priority import lower_priority
+from ..outage import connect_through_outage
 from ..settings import Settings
+from ..stopping import StopEvent, stop_on_signals
 from .common import friendly, settings_of, sow_of
 
 
@@ -84,9 +87,6 @@ def derive(ctx: click.Context, burst: bool, nice: int) -> None:
       sow-redis --redis-url redis://127.0.0.1:6390/0 derive
     """
     from ..derive import Deriver  # start-up time: redis-py, rq
-    from ..ops.priority import lower_priority
-    from ..outage import connect_through_outage
-    from ..stopping import StopEvent, stop_on_signals
 
     if burst:
         deriver = Deriver(sow_of(ctx))
