@@ -302,7 +302,7 @@ def sow(backend_url):
 
 
 def cli_env(url: str, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, SOW_REDIS_URL=url, **FAST, **extra)
+    env = dict(os.environ, SOW_REDIS_URL=url, **{**FAST, **extra})  # extra overrides FAST
     if url in CONTROL:
         env.setdefault("SOW_CONTROL_URL", CONTROL[url])
     else:
