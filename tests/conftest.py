@@ -97,9 +97,9 @@ after the other: the standalone Spark cluster and the session start once per run
 tests of the Spark test files (a CLI ``spark`` command in a JVM of its own) are units of their
 own, handed out after the longest tests (:func:`pytest_collection_modifyitems`), not at the
 start of the run, where the JVMs of four Spark tests side by side took a CLI load of 3 rows
-from 8 s alone to 493 s: in the group they were its last 65 s, and the group the run's longest
-path (2026-11-28: it ended 15-23 s after every other worker). The Spark benchmark's test runs
-beside the group too: in it, the group ended 100 s after every other worker."""
+from 8 s alone to 493 s: in the group they took 67 s of it, and the group was the run's
+longest path (2026-11-28: it ended 15-23 s after every other worker). The Spark benchmark's
+test runs beside the group too: in it, the group ended 100 s after every other worker."""
 
 WHOLE_FILES = frozenset({"tests/test_fixtures.py"})
 """Files whose tests run on one worker in file order: a later test there checks what an

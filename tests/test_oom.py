@@ -151,8 +151,8 @@ def test_sow_delete_frees_memory_while_redis_refuses_appends(small_url, topic_na
     # what is used now where that is more. Those delete events take about what the records
     # gave back (used_memory 7.6 -> 7.7 MiB in a run alone), and the fill may end above the
     # limit: Redis decides before a script runs whether its writes may go in (the OOM state
-    # of before the call), so the last apply.lua call let in goes past it by up to its chunk (a loaded run, 2026-11-28: 2,000 records in, used_memory
-    # 9.3 MiB against 8)
+    # of before the call), so the last apply.lua call let in goes past it by up to its chunk
+    # (a loaded run, 2026-11-28: 2,000 records in, used_memory 9.3 MiB against 8)
     limit = max(MAXMEMORY, after + 512 * 1024)
     sow.r.config_set("maxmemory", limit)
     try:
