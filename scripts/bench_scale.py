@@ -54,7 +54,7 @@ from rich.table import Table
 
 from sow_redis.apply.jobs import QUEUE_KEY, ensure_jobs
 from sow_redis.connection import Client, connect, connect_pair, control_of
-from sow_redis.ops.server import LocalCluster, free_port, spawn_cluster, spawn_redis
+from sow_redis.ops.server import LocalCluster, spawn_cluster, spawn_redis_on_free_port
 from sow_redis.publish.append import append, wait_applied
 from sow_redis.registry import store_fingerprints, store_topics
 from sow_redis.settings import Settings
@@ -87,8 +87,7 @@ class Plane:
 
 
 def start_server(workdir: Path) -> Plane:
-    port = free_port()
-    proc = spawn_redis(port, workdir / "server", persist=False)
+    port, proc = spawn_redis_on_free_port(workdir / "server", persist=False)
     url = f"redis://127.0.0.1:{port}/0"
     r = connect(url)
 
@@ -101,9 +100,8 @@ def start_server(workdir: Path) -> Plane:
 
 def start_cluster(workdir: Path, primaries: int, replicas: int) -> Plane:
     cluster: LocalCluster = spawn_cluster(primaries, replicas, workdir / "cluster")
-    cport = free_port()
     try:
-        control = spawn_redis(cport, workdir / "control", persist=False)
+        cport, control = spawn_redis_on_free_port(workdir / "control", persist=False)
     except BaseException:
         cluster.stop()
         raise

@@ -40,7 +40,7 @@ from sow_redis import keys
 from sow_redis.client import Sow
 from sow_redis.feed.live import ShardListener, topic_subscribers
 from sow_redis.model.events import parse_block
-from sow_redis.ops.server import free_port, spawn_redis, spawn_redis_on_free_port, stop_processes
+from sow_redis.ops.server import spawn_redis, spawn_redis_on_free_port, stop_processes
 from sow_redis.publish.append import append, append_delete_all_partitions
 from sow_redis.settings import Settings
 
@@ -396,10 +396,9 @@ def test_redis_kill9_keeps_every_acknowledged_publish(tmp_path, fsync):
     the SOW (``always``; ``everysec``: any loss lies within the last 2 s before the kill), records
     whose expiry was pending expire, and the chain table of a chaining FIX topic is unchanged and
     still chains new messages to the same records."""
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
     data = tmp_path / "redis"
-    redis_proc = spawn_redis(port, data, persist=True, appendfsync=fsync)
+    port, redis_proc = spawn_redis_on_free_port(data, persist=True, appendfsync=fsync)
+    url = f"redis://127.0.0.1:{port}/0"
     procs: list[subprocess.Popen[bytes]] = []
     stop = threading.Event()
     th: threading.Thread | None = None
@@ -546,10 +545,9 @@ def test_redis_unreachable_10s_each_component_reports_once_and_resumes(tmp_path)
     again (at least once: counted as "resent")."""
     from sow_redis.outage import reporter
 
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
     data = tmp_path / "redis"
-    redis_proc = spawn_redis(port, data, persist=True, appendfsync="always")
+    port, redis_proc = spawn_redis_on_free_port(data, persist=True, appendfsync="always")
+    url = f"redis://127.0.0.1:{port}/0"
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with bounded(150, "10 s outage"):

@@ -23,7 +23,7 @@ from sow_redis import keys
 from sow_redis.apply.jobs import ensure_jobs
 from sow_redis.apply.scripts import Scripts
 from sow_redis.client import Sow
-from sow_redis.ops.server import free_cluster_port, free_port, spawn_redis
+from sow_redis.ops.server import free_cluster_port, free_port, spawn_redis, spawn_redis_on_free_port
 from sow_redis.publish.append import append, wait_applied
 from sow_redis.settings import Settings
 
@@ -90,10 +90,9 @@ def _kill_when_busy(r: Redis, topic: str, n: int) -> int:
 
 
 def test_standalone_worker_survives_redis_kill9_and_restart(tmp_path):
-    port = free_port()
-    url = f"redis://127.0.0.1:{port}/0"
     data = tmp_path / "redis"
-    proc = spawn_redis(port, data, persist=True)
+    port, proc = spawn_redis_on_free_port(data, persist=True)
+    url = f"redis://127.0.0.1:{port}/0"
     w = None
     try:
         r, sow = busy_and_probe(url)

@@ -155,11 +155,11 @@ PORT_TRIES = 5
 
 
 def spawn_redis_on_free_port(data_dir: str | Path, persist: bool = True,
-                             extra: list[str] | None = None
+                             extra: list[str] | None = None, appendfsync: str | None = None
                              ) -> tuple[int, subprocess.Popen[bytes]]:
     """:func:`spawn_redis` on a :func:`free_port`; on another free port when that one was
-    taken meanwhile (up to :data:`PORT_TRIES` ports). ``persist``, ``extra``: as
-    :func:`spawn_redis`.
+    taken meanwhile (up to :data:`PORT_TRIES` ports). ``persist``, ``extra``,
+    ``appendfsync``: as :func:`spawn_redis`.
 
     Returns:
         ``(port, process)``.
@@ -167,23 +167,26 @@ def spawn_redis_on_free_port(data_dir: str | Path, persist: bool = True,
     Raises:
         SowError: as :func:`spawn_redis`, or every port tried was taken.
     """
-    return _spawn_on_a_free_port(free_port, lambda _port: Path(data_dir), persist, extra)
+    return _spawn_on_a_free_port(free_port, lambda _port: Path(data_dir), persist, extra,
+                                 appendfsync)
 
 
 def _spawn_on_a_free_port(pick: Callable[[], int], folder: Callable[[int], Path],
-                          persist: bool, extra: list[str] | None
+                          persist: bool, extra: list[str] | None,
+                          appendfsync: str | None = None
                           ) -> tuple[int, subprocess.Popen[bytes]]:
     """:func:`spawn_redis` on the port ``pick()`` gives, in ``folder(port)``; on the next one
     ``pick()`` gives while one was taken meanwhile (:data:`PORT_TRIES` in all; the last try's
     error is the one raised)."""
-    for _ in range(PORT_TRIES - 1):
+    for attempt in range(PORT_TRIES):
         port = pick()
         try:
-            return port, spawn_redis(port, folder(port), persist=persist, extra=extra)
+            return port, spawn_redis(port, folder(port), persist=persist,
+                                     appendfsync=appendfsync, extra=extra)
         except PortTakenError:
-            continue
-    port = pick()
-    return port, spawn_redis(port, folder(port), persist=persist, extra=extra)
+            if attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 CLUSTER_NODE_TIMEOUT_MS = 2000
