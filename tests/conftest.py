@@ -477,7 +477,8 @@ of the idle scheduling policy the same weight, whatever its niceness."""
 
 def _renice(pid: int) -> None:
     """Run ``pid`` (0: this process) at :data:`SPARK_NICE` more than this process's niceness
-    (scripts/test.sh runs the parallel part niced already), at most 19."""
+    (scripts/test.sh runs the parallel part at nice 19 where ``chrt`` is missing), at most
+    19."""
     try:
         own = os.getpriority(os.PRIO_PROCESS, 0)
         os.setpriority(os.PRIO_PROCESS, pid, min(19, own + SPARK_NICE))
