@@ -20,6 +20,7 @@ from sow_redis.config import parse_topics, to_toml
 from sow_redis.errors import ConfigError
 from sow_redis.expirer import expire_topic
 from sow_redis.model.entries import make_entry
+from sow_redis.publish.through import WriteThrough
 from sow_redis.model.messages import index_members, key_of
 from sow_redis.model.rangeindex import (NUMBER, Bound, lex_ranges, member, member_key,
                                         score_range, stored_members, to_number)
@@ -344,3 +345,38 @@ def test_forged_range_members_are_rejected(url, topic_name):
     assert sorted(rec.obj()["id"] for rec in sow.sow(t.name, "/px >= 50")) == [0, 1, 2]
     assert [e["reason"] for e in sow.errors(t.name)] == ["forged_members"]
     _check_members(sow, t)
+
+
+@pytest.mark.parametrize("indexes", ['["/px"]', '["/px", "/q"]'], ids=["one", "two"])
+def test_a_trusted_write_of_bad_scores_indexes_the_others(url, topic_name, indexes):
+    """apply.lua's bulk path leaves the scores of number members to ZADD to check (it parses
+    them all before adding any): a write-through call whose ``m`` holds scores ZADD refuses
+    (NaN, a word, blanks, none; a trusted caller's entries are not verified) neither fails
+    nor loses the other members: the call is done again score by score, the good numbers
+    indexed, a key with a bad one holding no number (its old one removed)."""
+    sow = Sow(url)
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 1\n'
+                     f'index = {indexes}\n')
+    t = sow.topic(topic_name)
+    two = len(t.index) == 2
+    through = WriteThrough(sow.r)
+
+    def write(scores: dict[int, str]) -> None:
+        entries = []
+        for i, score in scores.items():
+            msg = {"id": i, "px": 1}
+            members = f"#{score},#{i}" if two else f"#{score}"
+            entries.append(make_entry("publish", orjson.dumps(msg), None, None,
+                                      key_of(msg, t), members))
+        reply = sow.r.execute_command("EVALSHA", *through.call(t, 0, entries, 60_000, ""))
+        assert reply[0] == len(scores), reply  # every entry applied there and then
+
+    write({i: str(i * 1.5) for i in range(6)})
+    write({0: "nan", 1: "abc", 2: " 12", 3: "", 4: "7.25", 6: "-inf"})
+    nums = {k.decode(): s for k, s in
+            sow.r.zrange(keys.range_numbers(t.name, 0, 0), 0, -1, withscores=True)}
+    wanted = {"5": 7.5, "4": 7.25, "6": -math.inf}
+    assert nums == {key_of({"id": int(k)}, t): s for k, s in wanted.items()}
+    assert len(sow.sow(t.name)) == 7
+    if two:  # the other index's numbers are all good: every key
+        assert sow.r.zcard(keys.range_numbers(t.name, 0, 1)) == 7

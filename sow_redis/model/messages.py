@@ -26,7 +26,7 @@ import orjson
 
 from ..errors import MessageError
 from .chains import chain_values
-from .rangeindex import member as range_member
+from .rangeindex import member_at as range_member_at
 from .sowkey import generate, index_hash, is_valid_user_key, partition_of, partition_of_key
 from .topic import TopicConfig
 from .values import JSON, JSONObject, canonical, get_path
@@ -337,12 +337,16 @@ def index_members(obj: JSONObject, topic: TopicConfig, sow_key: str) -> str:
     """
     if not topic.n_indexes:
         return ""
+    if not topic.index_parts:  # range indexes alone, the common case: no list to build
+        if len(topic.range_parts) == 1:
+            return range_member_at(obj, topic.range_parts[0], sow_key)
+        return ",".join([range_member_at(obj, path, sow_key) for path in topic.range_parts])
     members = []
     for parts in topic.index_parts:
         vals = [canonical(get_path(obj, p)) for p in parts]
         members.append("" if None in vals else f"{index_hash(vals)}:{sow_key}")  # type: ignore[arg-type]
     for path in topic.range_parts:
-        members.append(range_member(get_path(obj, path), sow_key))
+        members.append(range_member_at(obj, path, sow_key))
     return ",".join(members)
 
 

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 
-from .values import JSON
+from .values import JSON, JSONObject, get_path
 
 __all__ = ["MAX_TEXT_BYTES", "NUMBER", "Bound", "lex_ranges", "member", "member_key",
            "score_range", "stored_members", "to_number"]
@@ -64,6 +65,9 @@ def to_number(text: str) -> int | float | None:
 NUMBER = "#"
 """Tag of a number's member as the write path passes it (``#<score>``) and as the hash of
 index members keeps it (``#``)."""
+
+_FLOAT_MAX = sys.float_info.max
+"""The largest double: an integer beyond it has no score (:func:`member`)."""
 
 
 def _score(x: int | float) -> str | None:
@@ -98,6 +102,19 @@ def member(value: JSON, sow_key: str) -> str:
     else:
         score = None
     return f"z{SEP}{sow_key}" if score is None else NUMBER + score
+
+
+def member_at(record: JSONObject, path: tuple[str, ...], sow_key: str) -> str:
+    """:func:`member` of the value at ``path`` (split) in ``record``, a number's without the
+    calls (a publisher computes one per message and range index; half the time)."""
+    value = record.get(path[0]) if len(path) == 1 else get_path(record, path)
+    t = type(value)
+    if t is float:
+        if value == value:  # not NaN
+            return NUMBER + repr(value + 0.0)  # type: ignore[operator]
+    elif t is int and -_FLOAT_MAX < value < _FLOAT_MAX:  # type: ignore[operator]
+        return NUMBER + repr(float(value))  # type: ignore[arg-type]
+    return member(value, sow_key)
 
 
 def stored_members(members: str) -> str:

@@ -48,39 +48,60 @@ end
 
 -- The moves of a batch, empty: per index j the lex members to remove (rems[j]) and the
 -- score-and-member pairs to add (adds[j]); per range index the SOW keys to remove from its
--- numbers (nrems[j]) and the score-and-key pairs to add (nadds[j]). No member is both
--- removed and added: every member names its key, and a key's moves are collected once.
+-- numbers (nrems[j]) and the score-and-key pairs to add (nadds[j], nn[j] entries: counted,
+-- not measured with #, a binary search in Lua 5.1, per message). No member is both removed
+-- and added: every member names its key, and a key's moves are collected once. n: the
+-- number of indexes.
 local function new_moves(P)
-  local m = {rems = {}, adds = {}, nrems = {}, nadds = {}}
-  for j = 1, #P.idx do m.rems[j], m.adds[j], m.nrems[j], m.nadds[j] = {}, {}, {}, {} end
+  local n = #P.idx
+  local m = {n = n, rems = {}, adds = {}, nrems = {}, nadds = {}, nn = {}}
+  for j = 1, n do m.rems[j], m.adds[j], m.nrems[j], m.nadds[j], m.nn[j] = {}, {}, {}, {}, 0 end
   return m
+end
+
+-- A score as ZADD takes it: a number, not NaN, no blank (Lua's tonumber skips blanks, ZADD
+-- refuses them; an error there would fail the whole script, its writes so far made).
+local function valid_score(text)
+  local x = tonumber(text)
+  return x ~= nil and x == x and not string.find(text, "%s")
 end
 
 local HASH_SIGN = 35  -- "#"
 
--- The common case of collect_moves, in one pass and without tables: key has no P.ixm entry
--- (old is nil) and each of its members is a number, "#<score>", in a range index (as on a
--- topic whose range indexes hold numbers: a ZADD each, which replaces the key's old score;
--- nothing to remove, no entry to keep). Returns false, having collected nothing, when that
--- is not so (a hash index, a text, an invalid score): collect_moves then does it all.
+-- The common case of collect_moves, in one pass: key has no P.ixm entry (old is nil) and
+-- each of its members is a number, "#<score>", in a range index (as on a topic whose range
+-- indexes hold numbers: a ZADD each, which replaces the key's old score; nothing to remove,
+-- no entry to keep). The score texts are not checked here but by the ZADD (add_numbers).
+-- Returns false, having collected nothing, when that is not so (a hash index, a text):
+-- collect_moves then does it all. One range index, the most common, takes no table.
+local byte, find, sub = string.byte, string.find, string.sub
+
+-- collect_numbers on a topic with one index, a range index (m.n == 1 and P.num[1]).
+local function collect_number(key, members, m)
+  if byte(members, 1) ~= HASH_SIGN or find(members, ",", 2, true) then return false end
+  local a, c = m.nadds[1], m.nn[1]
+  a[c + 1], a[c + 2] = sub(members, 2), key
+  m.nn[1] = c + 2
+  return true
+end
+
 local function collect_numbers(P, key, members, m)
-  local n, num = #P.idx, P.num
+  local n, num = m.n, P.num
+  if n == 1 and num[1] then return collect_number(key, members, m) end
+  if string.byte(members, 1) ~= HASH_SIGN then return false end
   local scores, start = {}, 1
   for j = 1, n do
     if not num[j] or string.byte(members, start) ~= HASH_SIGN then return false end
     local stop = string.find(members, ",", start, true)
     if (stop == nil) ~= (j == n) then return false end  -- not one member per index
-    local score = string.sub(members, start + 1, (stop or 0) - 1)
-    local x = tonumber(score)
-    if not x or x ~= x then return false end  -- not a number, or NaN
-    scores[j] = score
+    scores[j] = string.sub(members, start + 1, (stop or 0) - 1)
     if stop then start = stop + 1 end
   end
-  local nadds = m.nadds
+  local nadds, nn = m.nadds, m.nn
   for j = 1, n do
-    local a = nadds[j]
-    a[#a + 1] = scores[j]
-    a[#a + 1] = key
+    local a, c = nadds[j], nn[j]
+    a[c + 1], a[c + 2] = scores[j], key
+    nn[j] = c + 2
   end
   return true
 end
@@ -100,11 +121,10 @@ local function collect_moves(P, key, old, members, m)
     if num and string.byte(new, 1) == HASH_SIGN then
       lex_new = ""
       local score = string.sub(new, 2)
-      local x = tonumber(score)
-      if x and x == x then  -- a number, not NaN (ZADD would fail the whole script)
-        local a = m.nadds[j]
-        a[#a + 1] = score
-        a[#a + 1] = key
+      if valid_score(score) then
+        local a, c = m.nadds[j], m.nn[j]
+        a[c + 1], a[c + 2] = score, key
+        m.nn[j] = c + 2
         kept[j] = "#"
       else
         kept[j] = ""
@@ -132,12 +152,38 @@ local function collect_moves(P, key, old, members, m)
   return nil
 end
 
+-- ZADD the score-and-key pairs a[1..n] to the numbers of a range index (key), at most
+-- DEFERRED_MAX arguments a call. ZADD parses every score of a call before it adds any, so a
+-- call refused for a score (not a number, NaN: never one of sow_redis's publisher, whose
+-- members the worker checks, but the scores of collect_numbers are not checked before)
+-- added nothing; it is then done again with each score checked (valid_score), as
+-- collect_moves does: a key whose score is none holds no number there (ZREM).
+local function add_numbers(key, a, n)
+  for i = 1, n, DEFERRED_MAX do
+    local last = math.min(i + DEFERRED_MAX - 1, n)
+    local rep = redis.pcall("ZADD", key, unpack(a, i, last))
+    if type(rep) == "table" and rep.err then
+      local ok, bad = {}, {}
+      for k = i, last, 2 do
+        if valid_score(a[k]) then
+          ok[#ok + 1] = a[k]
+          ok[#ok + 1] = a[k + 1]
+        else
+          bad[#bad + 1] = a[k + 1]
+        end
+      end
+      if #ok > 0 then redis.call("ZADD", key, unpack(ok)) end
+      if #bad > 0 then redis.call("ZREM", key, unpack(bad)) end
+    end
+  end
+end
+
 local function write_moves(P, m)
-  for j = 1, #P.idx do
+  for j = 1, m.n do
     if #m.rems[j] > 0 then chunked("ZREM", P.idx[j], m.rems[j], #m.rems[j]) end
     if #m.adds[j] > 0 then chunked("ZADD", P.idx[j], m.adds[j], #m.adds[j]) end
     if #m.nrems[j] > 0 then chunked("ZREM", P.num[j], m.nrems[j], #m.nrems[j]) end
-    if #m.nadds[j] > 0 then chunked("ZADD", P.num[j], m.nadds[j], #m.nadds[j]) end
+    if m.nn[j] > 0 then add_numbers(P.num[j], m.nadds[j], m.nn[j]) end
   end
 end
 
@@ -166,19 +212,58 @@ end
 -- its previous state after the batch's loop, from the stored records, which bulk mode leaves
 -- as they were until write_deferred: one HMGET per DEFERRED_MAX such changes instead of one
 -- HGET per message. S.pending holds their field indexes in S.changes (the previous field, a
--- placeholder until then), S.pending_keys the SOW key of each.
+-- placeholder until then), S.pending_keys the SOW key of each, S.npending how many (kept, not
+-- counted with #: a length is a binary search in Lua 5.1, and these are per message).
 local function resolve_previous(P, S)
-  local pend = S.pending
-  if not pend or #pend == 0 then return end
-  local _, stored = chunked("HMGET", P.rec, S.pending_keys, #pend)
-  local changes = S.changes
-  for i = 1, #pend do
-    local old, previous = stored[i], "null"
-    if old then previous = stored_previous(P, old) end
-    if P.reverse then previous = reverse_delta(previous, changes[pend[i] - 1]) end
-    changes[pend[i]] = previous
+  local pend, n = S.pending, S.npending
+  if not pend or n == 0 then return end
+  local stored
+  if n <= DEFERRED_MAX then  -- one call: its reply as it is, not copied
+    stored = redis.call("HMGET", P.rec, unpack(S.pending_keys, 1, n))
+  else
+    stored = select(2, chunked("HMGET", P.rec, S.pending_keys, n))
   end
-  S.pending, S.pending_keys = nil, nil
+  local changes, reverse = S.changes, P.reverse
+  for i = 1, n do
+    local old, at = stored[i], pend[i]
+    if reverse then
+      local previous = "null"
+      if old then previous = stored_previous(P, old) end
+      changes[at] = reverse_delta(previous, changes[at - 1])
+    else
+      changes[at] = old or "null"  -- the stored text as it is (stored_previous)
+    end
+  end
+  S.pending, S.pending_keys, S.npending = nil, nil, 0
+end
+
+-- The index moves of write_deferred: keys ks[1..nk] to their last members (SOW key → members),
+-- each key once, with the hash of index members.
+local function write_deferred_members(P, ks, nk, members)
+  local old = {}  -- no entry at all (a topic whose members are numbers): no HMGET
+  if redis.call("EXISTS", P.ixm) == 1 then old = select(2, chunked("HMGET", P.ixm, ks, nk)) end
+  local changed, nc, dropped = {}, 0, {}
+  local m = new_moves(P)  -- each key is written once here: its moves once
+  local one = m.n == 1 and P.num[1]  -- one range index: collect_number first, no more calls
+  for i = 1, nk do
+    local k = ks[i]
+    local om, mem = old[i] or nil, members[k]
+    if not (one and not om and collect_number(k, mem, m)) then
+      local kept = collect_moves(P, k, om, mem, m)
+      if kept ~= om then
+        if kept then
+          changed[nc + 1] = k
+          changed[nc + 2] = kept
+          nc = nc + 2
+        else
+          dropped[#dropped + 1] = k
+        end
+      end
+    end
+  end
+  write_moves(P, m)
+  if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
+  if #dropped > 0 then chunked("HDEL", P.ixm, dropped, #dropped) end
 end
 
 -- Write the deferred last writes of the batch (see new_deferred): records, expiry scores, index
@@ -198,29 +283,7 @@ local function write_deferred(P, S)
   -- written twice in the batch counts once as an insert, once as an update)
   S.inserts = S.inserts + chunked("HSET", P.rec, args, 2 * nk)
   if S.has_expiry then chunked("ZREM", P.exp, ks, nk) end
-  if #P.idx > 0 then
-    local old = {}  -- no entry at all (a topic whose members are numbers): no HMGET
-    if redis.call("EXISTS", P.ixm) == 1 then old = select(2, chunked("HMGET", P.ixm, ks, nk)) end
-    local changed, nc, dropped = {}, 0, {}
-    local m = new_moves(P)  -- each key is written once here: its moves once
-    for i = 1, nk do
-      local k = ks[i]
-      local om = old[i] or nil
-      local kept = collect_moves(P, k, om, d.members[k], m)
-      if kept ~= om then
-        if kept then
-          changed[nc + 1] = k
-          changed[nc + 2] = kept
-          nc = nc + 2
-        else
-          dropped[#dropped + 1] = k
-        end
-      end
-    end
-    write_moves(P, m)
-    if nc > 0 then chunked("HSET", P.ixm, changed, nc) end
-    if #dropped > 0 then chunked("HDEL", P.ixm, dropped, #dropped) end
-  end
+  if #P.idx > 0 then write_deferred_members(P, ks, nk, d.members) end
   S.deferred = new_deferred()
 end
 
@@ -275,12 +338,18 @@ local function upsert(P, S, op, id, key, data, ex, members)
       if P.reverse then previous = reverse_delta(previous, data) end
     end
   end
-  local before = #S.changes
-  emit(S, op, key, id, exp_ms, data, nil, previous)
-  if pending and #S.changes > before then
-    if not S.pending then S.pending, S.pending_keys = {}, {} end
-    S.pending[#S.pending + 1] = #S.changes
-    S.pending_keys[#S.pending_keys + 1] = key
+  if pending then
+    local changes = S.changes
+    local before = #changes
+    emit(S, op, key, id, exp_ms, data, nil, previous)
+    local at = before + EVENT_WIDTH  -- the previous field of the change emit added
+    if changes[at] then  -- not a change a rebuild replays quietly
+      if not S.pending then S.pending, S.pending_keys, S.npending = {}, {}, 0 end
+      local np = S.npending + 1
+      S.pending[np], S.pending_keys[np], S.npending = at, key, np
+    end
+  else
+    emit(S, op, key, id, exp_ms, data, nil, previous)
   end
   if d and ex ~= "" then
     -- an expiry in bulk mode (not on a topic without expiration): write the batch so far,
