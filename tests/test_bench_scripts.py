@@ -195,6 +195,22 @@ def test_bench_query_compares_the_range_index_with_a_scan(tmp_path: Path) -> Non
     assert res["memory"]["index_bytes_per_record"] > 0
 
 
+def test_bench_view_inapply_measures_each_variant(tmp_path: Path) -> None:
+    """The in-apply prototype runs on every variant; the script checked each run's records
+    and the groups' counts itself (issue 26.4: the deriver against a view in the apply)."""
+    res, stdout = _results("bench_view_inapply.py", tmp_path / "inapply.json", "--n", "4000",
+                           "--keys", "1000", "--runs", "1")
+    medians = res["medians"]
+    assert list(medians) == ["publish alone", "in apply: COUNT, SUM, AVG",
+                             "in apply: and MIN, MAX"]
+    assert medians["publish alone"]["redis_cpu_vs_alone"] == 1
+    # the prototype's work shows in Redis: more CPU per message than the publish alone
+    assert all(m["redis_us_per_msg"] > medians["publish alone"]["redis_us_per_msg"]
+               for name, m in medians.items() if name != "publish alone")
+    assert all(len(rs) == 1 for rs in res["runs"].values())
+    assert "in apply: and MIN, MAX" in stdout
+
+
 def _results(script: str, out: Path, *args: str) -> tuple[dict, str]:
     """Run a benchmark script that must succeed; its JSON (written to ``out``) and stdout."""
     proc = _run(script, *args, "--json", str(out))

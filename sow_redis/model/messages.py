@@ -335,12 +335,11 @@ def index_members(obj: JSONObject, topic: TopicConfig, sow_key: str) -> str:
 
     A record lacking a field of an index gets no member in that index (an empty slot).
     """
-    if not topic.n_indexes:
-        return ""
+    ranges = topic.range_parts
     if not topic.index_parts:  # range indexes alone, the common case: no list to build
-        if len(topic.range_parts) == 1:
-            return range_member_at(obj, topic.range_parts[0], sow_key)
-        return ",".join([range_member_at(obj, path, sow_key) for path in topic.range_parts])
+        if len(ranges) == 1:
+            return range_member_at(obj, ranges[0], sow_key)
+        return ",".join([range_member_at(obj, path, sow_key) for path in ranges])
     members = []
     for parts in topic.index_parts:
         vals = [canonical(get_path(obj, p)) for p in parts]
