@@ -12,8 +12,9 @@ for a partition whatever the count). Without it a partition's slot is a hash of 
 partitions fell 16–26 on the busiest of 3 primaries, which bounds a cluster's throughput;
 with it, 16–18 (docs/benchmarks.md, scale-out). The salt is found, not stored: CRC16 (XMODEM,
 Redis's key hash) is linear, so ``CRC16(prefix + salt) = CRC16(prefix + 4 zero bytes) XOR
-CRC16(salt)``, and a table of the 4-character salts by their CRC16's low 14 bits gives the
-salt for any wanted slot. Any client can compute it the same way (or ask ``sow-redis keys``).
+CRC16(salt)``, and the first 4-character salt whose CRC16 has the wanted low 14 bits gives
+the slot (found from the salts' two halves, by the same linearity). Any client can compute it
+the same way (or ask ``sow-redis keys``).
 """
 
 from __future__ import annotations
@@ -50,16 +51,34 @@ _GOLDEN = 0.6180339887498949
 
 
 @functools.lru_cache(maxsize=1)
-def _salts() -> dict[int, str]:
-    """CRC16 of a salt, low 14 bits → the first salt (in alphabet order) with it (all 16,384
-    are reached; built in ~25 ms, once per process)."""
-    table: dict[int, str] = {}
-    for combo in itertools.product(_SALT_ALPHABET, repeat=_SALT_LEN):
-        salt = bytes(combo)
-        table.setdefault(binascii.crc_hqx(salt, 0) & (SLOTS - 1), salt.decode())
-        if len(table) == SLOTS:
-            break
-    return table
+def _salt_halves() -> tuple[list[tuple[int, str]], dict[int, str]]:
+    """The salts' two halves: each first half in alphabet order with the low 14 bits of the
+    CRC16 of it followed by zero bytes, and per such value of a second half (zero bytes then
+    it) the first second half with it. CRC16 is linear, so a salt's is the XOR of its
+    halves'."""
+    half = _SALT_LEN // 2
+    pairs = [bytes(combo) for combo in itertools.product(_SALT_ALPHABET, repeat=half)]
+    zeros = b"\0" * half
+    heads = [(binascii.crc_hqx(p + zeros, 0) & (SLOTS - 1), p.decode()) for p in pairs]
+    tails: dict[int, str] = {}
+    for p in pairs:
+        tails.setdefault(binascii.crc_hqx(zeros + p, 0) & (SLOTS - 1), p.decode())
+    return heads, tails
+
+
+@functools.lru_cache(maxsize=SLOTS)
+def _salt(low: int) -> str:
+    """The first salt (in alphabet order) whose CRC16 has the low 14 bits ``low``: the first
+    half in order for which some second half completes it, with the first such second half
+    (every value has one; ``tests/test_keys.py`` compares all 16,384 with a search of every
+    salt in order). About 16 lookups, where a table of all took 40 ms to build, once per
+    process: every command line and worker pays it."""
+    heads, tails = _salt_halves()
+    for head, first in heads:
+        second = tails.get(low ^ head)
+        if second is not None:
+            return first + second
+    raise AssertionError(f"no salt has the CRC16 low bits {low}")  # pragma: no cover
 
 
 def partition_slot(topic: str, p: int) -> int:
@@ -73,7 +92,7 @@ def partition_tag(topic: str, p: int) -> str:
     in slot :func:`partition_slot`."""
     prefix = "sow:%s:%d:" % (topic, p)
     zeros = binascii.crc_hqx(prefix.encode() + b"\0" * _SALT_LEN, 0)
-    return "{" + prefix + _salts()[(zeros ^ partition_slot(topic, p)) & (SLOTS - 1)] + "}"
+    return "{" + prefix + _salt((zeros ^ partition_slot(topic, p)) & (SLOTS - 1)) + "}"
 
 
 def log(topic: str, p: int) -> str:

@@ -112,6 +112,28 @@ def test_partitions_are_spread_evenly_over_the_hash_slots():
     assert worst == {4: 2, 12: 5, 48: 18}
 
 
+def test_each_slot_has_the_first_salt_in_order_with_its_crc():
+    """A partition's salt (the 4 characters of its hash tag) is, for every one of the 16,384
+    values of the CRC16's low 14 bits, the first salt in alphabet order with that value: the
+    salts' halves find the same as a search of every salt in order (the keys of every stored
+    topic depend on it)."""
+    import binascii
+    import itertools
+
+    first: dict[int, str] = {}
+    for combo in itertools.product(keys._SALT_ALPHABET, repeat=keys._SALT_LEN):
+        salt = bytes(combo)
+        first.setdefault(binascii.crc_hqx(salt, 0) & (keys.SLOTS - 1), salt.decode())
+        if len(first) == keys.SLOTS:
+            break
+    assert len(first) == keys.SLOTS
+    assert [keys._salt(low) for low in range(keys.SLOTS)] == [first[low] for low in range(
+        keys.SLOTS)]
+    assert keys.partition_tag("orders", 3) == "{sow:orders:3:%s}" % keys._salt(
+        (binascii.crc_hqx(b"sow:orders:3:\0\0\0\0", 0) ^ keys.partition_slot("orders", 3))
+        & (keys.SLOTS - 1))
+
+
 @pytest.mark.parametrize("name", script_names())
 def test_lua_headers_match_keys_and_argv_used(name):
     src = script_source(name)
