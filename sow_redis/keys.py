@@ -70,7 +70,7 @@ def _salt_halves() -> tuple[list[tuple[int, str]], dict[int, str]]:
 def _salt(low: int) -> str:
     """The first salt (in alphabet order) whose CRC16 has the low 14 bits ``low``: the first
     half in order for which some second half completes it, with the first such second half
-    (every value has one; ``tests/test_keys.py`` compares all 16,384 with a search of every
+    (every value has one; ``tests/test_config_keys.py`` compares all 16,384 with a search of every
     salt in order). About 16 lookups, where a table of all took 40 ms to build, once per
     process: every command line and worker pays it."""
     heads, tails = _salt_halves()

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 from .values import JSON, JSONObject, get_path
 
-__all__ = ["MAX_TEXT_BYTES", "NUMBER", "Bound", "lex_ranges", "member", "member_key",
-           "score_range", "stored_members", "to_number"]
+__all__ = ["MAX_TEXT_BYTES", "NUMBER", "Bound", "lex_ranges", "member", "member_at",
+           "member_key", "score_range", "stored_members", "to_number"]
 
 MAX_TEXT_BYTES = 64
 """Longest text prefix (UTF-8 bytes) a ``s`` member holds; longer texts are cut (monotone)."""

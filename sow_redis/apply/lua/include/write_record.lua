@@ -68,12 +68,6 @@ end
 
 local HASH_SIGN = 35  -- "#"
 
--- The common case of collect_moves, in one pass: key has no P.ixm entry (old is nil) and
--- each of its members is a number, "#<score>", in a range index (as on a topic whose range
--- indexes hold numbers: a ZADD each, which replaces the key's old score; nothing to remove,
--- no entry to keep). The score texts are not checked here but by the ZADD (add_numbers).
--- Returns false, having collected nothing, when that is not so (a hash index, a text):
--- collect_moves then does it all. One range index, the most common, takes no table.
 local byte, find, sub = string.byte, string.find, string.sub
 
 -- collect_numbers on a topic with one index, a range index (m.n == 1 and P.num[1]).
@@ -85,6 +79,12 @@ local function collect_number(key, members, m)
   return true
 end
 
+-- The common case of collect_moves, in one pass: key has no P.ixm entry (old is nil) and
+-- each of its members is a number, "#<score>", in a range index (as on a topic whose range
+-- indexes hold numbers: a ZADD each, which replaces the key's old score; nothing to remove,
+-- no entry to keep). The score texts are not checked here but by the ZADD (add_numbers).
+-- Returns false, having collected nothing, when that is not so (a hash index, a text):
+-- collect_moves then does it all. One range index, the most common, takes no table.
 local function collect_numbers(P, key, members, m)
   local n, num = m.n, P.num
   if n == 1 and num[1] then return collect_number(key, members, m) end
