@@ -20,12 +20,12 @@ from sow_redis.config import parse_topics, to_toml
 from sow_redis.errors import ConfigError
 from sow_redis.expirer import expire_topic
 from sow_redis.model.entries import make_entry
-from sow_redis.publish.through import WriteThrough
 from sow_redis.model.messages import index_members, key_of
 from sow_redis.model.rangeindex import (NUMBER, Bound, lex_ranges, member, member_key,
                                         score_range, stored_members, to_number)
 from sow_redis.model.topic import SHAPE_FIELDS
 from sow_redis.model.values import get_path, split_path
+from sow_redis.publish.through import WriteThrough
 from sow_redis.query import sow as sow_module
 from sow_redis.query.filter import compile_filter
 from sow_redis.query.sow import range_candidates, scan_partition
