@@ -344,7 +344,7 @@ def index_members(obj: JSONObject, topic: TopicConfig, sow_key: str) -> str:
     for parts in topic.index_parts:
         vals = [canonical(get_path(obj, p)) for p in parts]
         members.append("" if None in vals else f"{index_hash(vals)}:{sow_key}")  # type: ignore[arg-type]
-    for path in topic.range_parts:
+    for path in ranges:
         members.append(range_member_at(obj, path, sow_key))
     return ",".join(members)
 

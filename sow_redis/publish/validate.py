@@ -81,7 +81,7 @@ def prepare(topic: TopicConfig, item: Item, fix_separator: bytes | None = None,
     expiration = check_expiration(expiration)
     parsed = parse(data, topic, sow_key, obj)
     members = index_members(parsed.obj, topic, parsed.sow_key) if (
-        cmd == "publish" and (topic.range_parts or topic.index_parts) and parsed.sow_key) else ""
+        cmd == "publish" and topic.n_indexes and parsed.sow_key) else ""
     return parsed.partition, make_entry(cmd, data, sow_key, expiration, parsed.sow_key, members)
 
 

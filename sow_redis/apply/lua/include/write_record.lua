@@ -22,9 +22,14 @@ local function new_deferred()
   return {keys = {}, seq = {}, exp = {}, id = {}, data = {}, members = {}}
 end
 
--- run cmd on key followed by args[from..to], at most DEFERRED_MAX arguments a call; the
--- replies summed (numbers) or concatenated (arrays)
+-- run cmd on key followed by args[1..n], at most DEFERRED_MAX arguments a call; the replies
+-- summed (numbers) or concatenated (arrays): a single call's array reply as it is, not copied
 local function chunked(cmd, key, args, n)
+  if n > 0 and n <= DEFERRED_MAX then
+    local rep = redis.call(cmd, key, unpack(args, 1, n))
+    if type(rep) == "table" then return 0, rep end
+    return rep, {}
+  end
   local total, out = 0, {}
   for i = 1, n, DEFERRED_MAX do
     local last = math.min(i + DEFERRED_MAX - 1, n)
@@ -217,12 +222,7 @@ end
 local function resolve_previous(P, S)
   local pend, n = S.pending, S.npending
   if not pend or n == 0 then return end
-  local stored
-  if n <= DEFERRED_MAX then  -- one call: its reply as it is, not copied
-    stored = redis.call("HMGET", P.rec, unpack(S.pending_keys, 1, n))
-  else
-    stored = select(2, chunked("HMGET", P.rec, S.pending_keys, n))
-  end
+  local _, stored = chunked("HMGET", P.rec, S.pending_keys, n)
   local changes, reverse = S.changes, P.reverse
   for i = 1, n do
     local old, at = stored[i], pend[i]
