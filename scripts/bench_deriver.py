@@ -78,7 +78,9 @@ try:
     batches = getattr(sub, "_batches", False)
     if batches:
         from sow_redis.model.events import plain_changes
-        decode = lambda raw: plain_changes(raw) or parse_block(raw)
+        fields = getattr(sub, "_decode", None)  # a tree whose view decodes only its fields
+        decode = ((lambda raw: plain_changes(raw) or parse_block(raw)) if fields is None else
+                  (lambda raw: plain_changes(raw, fields) or parse_block(raw)))
     else:
         decode = parse_block
     for _ in range(passes):

@@ -18,7 +18,7 @@ project machine: two cores for four busy processes).
    other way round, …) so drift cancels. Per variant: messages per second of the publish
    (the figure of the goal), and of the publish until every view reflects the last message
    (``caught up``), CPU seconds of redis-server, the deriver and the worker per 1,000
-   messages. Views: by ``/g`` (COUNT, SUM, AVG, MIN, MAX), by ``/sym`` (COUNT, SUM) and by
+   messages, and the view rows written (and removed) per 1,000 messages. Views: by ``/g`` (COUNT, SUM, AVG, MIN, MAX), by ``/sym`` (COUNT, SUM) and by
    ``/g`` of the records with ``/side = 'B'`` (COUNT, SUM); 1 view is the first.
 2. **View lag**: a publisher process publishes at a paced rate (``--lag-rates``, in batches
    of rate/1000 per millisecond, for ``--lag-seconds``) into a topic with one view (by
@@ -255,9 +255,11 @@ def run_throughput(server: RedisServer, ws: Workers, msgs: list[bytes], nviews: 
         if sum(row["count"] for row in rows) != want:
             raise BenchError(f"VERIFY FAILED: {v} counts {sum(row['count'] for row in rows)} "
                              f"records, not {want}")
+    rows = sum(applied_counts(r, sow.topic(v))[1] for v in views)  # written, removals too
     remove_topics(r, [name, *views])
     k = len(msgs) / 1000
     return {"msgs_per_s": len(msgs) / wall, "caught_up_msgs_per_s": len(msgs) / caught,
+            "view_rows_per_1k": rows / k,
             "catch_up_s": caught - wall, "redis_cpu_s_per_1k": cpu[0] / k,
             "deriver_cpu_s_per_1k": cpu[1] / k, "worker_cpu_s_per_1k": cpu[2] / k}
 
@@ -535,11 +537,12 @@ def print_table(m: dict[str, Any], g: dict[str, Any], args: argparse.Namespace,
         print(f"\n1. apply throughput, {args.n} messages over {args.keys} keys, "
               f"{args.partitions} partitions")
         print(f"{'variant':9} {'msgs/s':>9} {'vs 0':>6} {'caught up/s':>12} "
-              f"{'catch-up s':>11} {'redis s/1k':>11} {'deriver s/1k':>13}")
+              f"{'catch-up s':>11} {'redis s/1k':>11} {'deriver s/1k':>13} {'rows/1k':>8}")
         for v, x in m["throughput"].items():
             print(f"{v:9} {x['msgs_per_s']:9.0f} {x['vs_baseline']:6.2f} "
                   f"{x['caught_up_msgs_per_s']:12.0f} {x['catch_up_s']:11.2f} "
-                  f"{x['redis_cpu_s_per_1k']:11.3f} {x['deriver_cpu_s_per_1k']:13.3f}")
+                  f"{x['redis_cpu_s_per_1k']:11.3f} {x['deriver_cpu_s_per_1k']:13.3f} "
+                  f"{x.get('view_rows_per_1k', 0):8.0f}")
     if "lag" in m:
         print(f"\n2. lag (publish → event), a view of {args.groups} groups and, the baseline, "
               "the topic itself")

@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -183,6 +184,10 @@ class _Follower:
     agg: Aggregation | None = None
     """A view's aggregation (its rows)."""
 
+    decode: Callable[[str | bytes], Any] | None = None
+    """What decodes the records of the subscription's ``changes`` messages (None: whole, by
+    orjson)."""
+
     writer: _Writer | None = None
     """Writes the rows of each flush (started by the first)."""
 
@@ -190,7 +195,7 @@ class _Follower:
         self.sow, self.target = sow, target
         self.sub = Subscriber(sow.r, sow.topic(target.underlying),
                               filter=target.filter or None, oof=True, sow=True,
-                              bookmarks=False, batches=True)
+                              bookmarks=False, batches=True, decode=self.decode)
         self.ready = False  # the initial records are in
         self._initial: JSONObject = {}
         self.rows: dict[str, JSONObject] = {}  # SOW key → what the next flush writes
@@ -263,8 +268,10 @@ class _Follower:
 
     def write(self, upserts: dict[str, JSONObject], removals: set[str]) -> None:
         """Publish ``upserts`` (SOW key → record) and remove ``removals`` from the target."""
+        # each row as a dict: the publish encodes it, and a row of JSON scalars (a view's
+        # without nested paths) is not decoded again from its text
         items: list[tuple[str, JSON, str | None]] = [
-            ("publish", orjson.dumps(rec), key) for key, rec in upserts.items()]
+            ("publish", rec, key) for key, rec in upserts.items()]
         items += [("sow_delete", _EMPTY, key) for key in removals - set(upserts)]
         if not items:
             return
@@ -309,14 +316,16 @@ class _ViewFollower(_Follower):
     def __init__(self, sow: Sow, target: TopicConfig) -> None:
         self.agg = Aggregation(list(target.projection), list(target.grouping),
                                domain=target.name)
+        # the fields the projection reads, not the whole record (none: it reads a nested path)
+        self.decode = self.agg.decode_inputs
+        self._take = self.agg.take_inputs or self.agg.take_changes
         super().__init__(sow, target)
 
     def take(self, msg: Message) -> None:
         kind = msg["kind"]
         if kind == "changes":  # first: nearly every change comes in one (Subscriber batches)
             # as a publish / oof message each: an update within a group is marked directly
-            self.agg.take_changes(msg["changes"], self.dirty if self.ready else set(),
-                                  self.changed)
+            self._take(msg["changes"], self.dirty if self.ready else set(), self.changed)
         elif kind == "publish":
             self.changed(self.agg.upsert_keys(msg["sow_key"], msg["data"]))
         elif kind == "oof":

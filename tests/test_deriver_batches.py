@@ -6,7 +6,9 @@ what the general path gives (``parse_block``, one message per change, ``upsert_k
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import time
 
 import msgpack
@@ -36,7 +38,7 @@ def test_plain_changes_agree_with_parse_block():
     good_keys = ["k1", "k2", "x" * 40]
     good_datas = ['{"a":1,"b":[1,2]}', '{"k":"v"}', "{}"]
     bad_ops, bad_keys = ["nope", ""], ["é", "k\udcff"]
-    bad_datas = ["[1]", "7", "NaN", "{bad", "[" * 600, '{"a":"\udcff"}', "", '{"a":1e400}']
+    bad_datas = ["[1]", "7", "NaN", "{bad", "[" * 600, '{"a":"\udcff"}', "", OVERFLOW]
     previous = ["", "null", '{"a":0}', "[1]", '~[{"b":0},["a"]]', "~junk", "junk"]
     plain = 0
     for trial in range(600):
@@ -62,6 +64,16 @@ def test_plain_changes_agree_with_parse_block():
         for raw in (packed, orjson.dumps(arr)) if utf8 else (packed,):
             block = parse_block(raw)
             got = plain_changes(raw)
+            # the view's decoder: the same block or None, each record's fields as orjson's
+            fields = plain_changes(raw, DECODE)
+            if got is None and fields is not None:  # its one other text: a field not read
+                assert OVERFLOW in arr, (trial, arr)  # out of a double's range
+            assert got is None or fields is not None, (trial, arr)
+            if got is not None and fields is not None:
+                assert fields[:3] == got[:3]
+                assert [(k, None if r is None else _fields(r)) for k, r in fields[3]] == [
+                    (k, None if r is None else [r.get(n) for n in FIELDS])
+                    for k, r in got[3]]
             if clean:
                 assert got is not None, (trial, arr)
             if got is None:
@@ -79,6 +91,89 @@ def test_plain_changes_agree_with_parse_block():
         assert plain_changes(junk) is None
 
 
+# -- decoding the fields a view reads ------------------------------------------------------
+AGG = Aggregation(VIEW, ["/g"], "x")
+DECODE, FIELDS = AGG.decode_inputs, AGG.fields
+
+
+def _fields(inputs) -> list:
+    return [getattr(inputs, f"f{i}") for i in range(len(FIELDS))]
+
+
+OVERFLOW = '{"a":1e400}'
+"""A record orjson refuses (a number beyond a double's range) whose fields the view's
+decoder takes: msgspec does not check the range of a number it skips."""
+
+_BEYOND = re.compile(r"-?\d+(?:\.\d+)?[eE]\+?[1-9]\d{2,}")
+
+
+def _orjson_fields(data) -> object:
+    """The view's fields of ``data`` as orjson gives them, or ValueError (no JSON object); a
+    number beyond a double's range in a field the view does not read counts as 0."""
+    try:
+        record = orjson.loads(data)
+    except (ValueError, RecursionError):
+        try:  # 0 or 1 for those numbers: a field the view reads would differ
+            text = data.decode() if isinstance(data, bytes) else data
+            zero, one = (orjson.loads(_BEYOND.sub(n, text)) for n in ("0", "1"))
+        except (ValueError, RecursionError):
+            return ValueError
+        if not (type(zero) is type(one) is dict and text != _BEYOND.sub("0", text)) or [
+                zero.get(n) for n in FIELDS] != [one.get(n) for n in FIELDS]:
+            return ValueError
+        record = zero
+    return [record.get(n) for n in FIELDS] if type(record) is dict else ValueError
+
+
+EDGE_TEXTS = [
+    '{"g":1,"g":2}', '{"px":1,"px":[1]}', '{"g":123456789012345678901234567890}',
+    '{"n":18446744073709551615}', '{"n":18446744073709551616}', '{"n":-9223372036854775808}',
+    '{"n":-9223372036854775809}', '{"g":1e400}', '{"g":1.5e-400}', '{"g":NaN}', '{"g":1} x',
+    ' {"g":1} ', "[1]", "7", '"g"', "null", "{}", "", '{"g":"\\ud800"}', '{"x":"\\ud800"}',
+    '{"x":"\\q","g":1}', '{"x":"a\\u0001b","g":1}', '{"x":01,"g":1}', '{"x":1.,"g":1}',
+    '{"x":' + "[" * 5000 + "]" * 5000 + ',"g":1}', '{"g":' + "[" * 5000 + "]" * 5000 + "}",
+    '{"G":1,"gg":2,"g ":3}', '{"x":"\udcff","g":2}', b'{"g":1,"x":"\xff"}',
+    b'{"g":1,"x":"\xed\xa0\x80"}', b'{"g":"\xc3\xa9"}', '{"g":"\u00e9","id":[1,{"a":2}]}',
+    '{"px":{"a":18446744073709551616}}', '{"qty":[1,18446744073709551616]}', OVERFLOW,
+    '{"g":1,"x":[1e400]}', '{"px":1e400}', '{"g":2,"px":-1.5E+999}']
+
+
+def test_decode_inputs_decodes_the_fields_as_orjson_does():
+    """``decode_inputs`` (msgspec, only the fields the view reads) gives each of them as
+    ``orjson.loads`` does, of the same type, and refuses (ValueError, RecursionError)
+    exactly the texts orjson refuses or that are no object: random records of every value
+    type (as text and as bytes) and edge texts (duplicate fields, integers beyond 64 bits at
+    the top and nested, arrays and objects, invalid UTF-8 as bytes and as surrogates, bad
+    escapes, trailing text, deep nesting, numbers out of range, names near a field's). The
+    one difference: a number beyond a double's range in a field the view does not read
+    (:data:`OVERFLOW`) leaves the record to the view, which orjson refuses whole."""
+    assert FIELDS == ["g", "id", "qty", "px", "n"]
+    rnd = random.Random(5)
+
+    def value():
+        return rnd.choice([rnd.randrange(-2**70, 2**70), 2**64 - 1, 2**64, -2**63,
+                           -2**63 - 1, round(rnd.uniform(-1e6, 1e6), 4),
+                           rnd.uniform(-1e300, 1e300), 5e-324, -0.0, True, False, None, "x",
+                           "é\u2028\"\\", "", [1, 2**65], {"a": [1, {"b": None}]},
+                           rnd.random()])
+
+    texts: list = list(EDGE_TEXTS)
+    for i in range(3000):
+        rec = random_record(rnd, rnd.choice([i, str(i), None, 2**66]), value)
+        text = json.dumps(rec, ensure_ascii=i % 2 == 0, separators=(",", ":"))
+        texts += [text, text.encode()]
+    refused = 0
+    for data in texts:
+        want = _orjson_fields(data)
+        try:
+            got: object = _fields(DECODE(data))
+        except (ValueError, RecursionError):
+            got = ValueError
+            refused += 1
+        assert got == want and repr(got) == repr(want), data[:80]
+    assert refused >= 15
+
+
 # -- aggregation ---------------------------------------------------------------------------
 @pytest.mark.parametrize(("projection", "grouping"), [
     (VIEW, ["/g"]),  # bench_views' view
@@ -90,10 +185,16 @@ def test_take_changes_equals_upsert_keys_one_by_one(projection, grouping):
     """``take_changes`` on random batches of inserts, updates (numbers of each type and
     magnitude, non-numbers, nulls, missing fields, moves between groups) and removals (of
     records held and not) leaves the rows, and the rows a follower marks for its next write,
-    as ``upsert_keys`` / ``remove_keys`` one change at a time do."""
+    as ``upsert_keys`` / ``remove_keys`` one change at a time do; so does ``take_inputs``
+    of the fields ``decode_inputs`` decodes of the same records."""
     rnd = random.Random(" ".join(projection))
-    one, many = (Aggregation(projection, grouping, "x") for _ in range(2))
-    marks = {name: (set(), set()) for name in ("one", "many")}  # (dirty, gone)
+    one, many, fields = (Aggregation(projection, grouping, "x") for _ in range(3))
+    # take_inputs: as take_changes, of the records' fields the projection reads (decoded by
+    # decode_inputs); none for a projection of nested paths
+    nested = any(len(path) > 1 for path in [*fields.spec.grouping,
+                                            *(agg.path for agg in fields.spec.aggregates)])
+    assert (fields.take_inputs is None) == nested
+    marks = {name: (set(), set()) for name in ("one", "many", "fields")}  # (dirty, gone)
 
     def changed(name):
         dirty, gone = marks[name]
@@ -136,6 +237,13 @@ def test_take_changes_equals_upsert_keys_one_by_one(projection, grouping):
         assert marks["one"] == marks["many"], step
         assert sorted(map(repr, one.rows())) == sorted(map(repr, many.rows())), step
         assert one._of == many._of
+        if not nested:
+            assert fields.decode_inputs is not None and fields.take_inputs is not None
+            fields.take_inputs([(key, None if rec is None else fields.decode_inputs(
+                orjson.dumps(rec).decode())) for key, rec in batch], marks["fields"][0],
+                changed("fields"))
+            assert marks["one"] == marks["fields"], step
+            assert sorted(map(repr, one.rows())) == sorted(map(repr, fields.rows())), step
         if step % 5 == 4:  # a write: the marks are taken
             for dirty, gone in marks.values():
                 dirty.clear()

@@ -65,7 +65,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -158,6 +158,11 @@ class Subscriber(MessageReader):
             block decodes the common way and it follows the partition's position
             (:func:`~sow_redis.model.events.plain_changes`); other blocks as before. For the
             deriver: no dict per change. Ignored for any other subscription.
+        decode: with ``batches``, what decodes the records of a ``changes`` message in place
+            of ``orjson.loads`` (a view's deriver: only the fields its projection reads,
+            :attr:`~sow_redis.model.aggregate.Aggregation.decode_inputs`); it raises
+            ValueError for a record that is no JSON object (that block then comes as
+            ``publish`` and ``oof`` messages, whose records are dicts).
 
     Raises:
         ConfigError: ``delta`` on a topic without ``change_previous``.
@@ -173,7 +178,8 @@ class Subscriber(MessageReader):
                  report: Callable[[Message], None] | None = None,
                  auto_processed: bool = True, resync: bool = False,
                  delta: bool = False, keys: list[str] | None = None,
-                 bookmarks: bool = True, batches: bool = False) -> None:
+                 bookmarks: bool = True, batches: bool = False,
+                 decode: Callable[[str | bytes], Any] | None = None) -> None:
         # start-up time: the filter grammar (lark, re2: ~0.13 s) loads only for a filter
         from ..query.filter import compile_filter
 
@@ -191,6 +197,7 @@ class Subscriber(MessageReader):
         every = self.pred is None and self._keys is None and not delta
         self._render = self._message_of_all if every else self._message
         self._batches = batches and every and not bookmarks and tracker is None
+        self._decode = decode
         self._order = parse_order_by(order_by) if order_by else None
         self._top_n = top_n
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
@@ -654,7 +661,7 @@ class Subscriber(MessageReader):
         when its changes are accounted for; False when it is no block of plain changes, or
         when it does not follow its partition's position (a gap: the general path recovers
         it)."""
-        got = plain_changes(data)
+        got = plain_changes(data, self._decode)
         if got is None:
             return False
         p, first, last, changes = got

@@ -60,9 +60,9 @@ published to the topic's ``dead_letter`` topic as :func:`dead_letter`.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import count, repeat
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import msgpack
 import orjson
@@ -298,7 +298,8 @@ PlainBlock = tuple[int, int, int, list[tuple[str, JSONObject | None]]]
 """What :func:`plain_changes` gives: ``(partition, first, last, changes)``."""
 
 
-def plain_changes(raw: bytes) -> PlainBlock | None:
+def plain_changes(raw: bytes, decode: Callable[[str | bytes], Any] | None = None
+                  ) -> PlainBlock | None:
     """The changes of a change block as ``(partition, first, last, [(sow_key, record), …])``
     (``record`` None for a removal: a ``sow_delete``, deleted or expired), when
     :func:`parse_block` decodes every change of it the common way (no ``error``) and their
@@ -306,7 +307,12 @@ def plain_changes(raw: bytes) -> PlainBlock | None:
     with :func:`parse_block`, which says what is wrong). Cheaper than :func:`parse_block`:
     no dict per change, and the ids, expiries, reasons and previous records are not kept
     (a removal's record is decoded, as :func:`parse_block` does, only to be checked): for
-    a reader of every change that needs none of those, the deriver."""
+    a reader of every change that needs none of those, the deriver.
+
+    ``decode`` (default: ``orjson.loads`` and a test that it gave a dict) decodes each
+    record; it raises ValueError (or RecursionError) for one that is no JSON object, and the
+    block is then None (a view's deriver decodes only the fields its projection reads:
+    :attr:`sow_redis.model.aggregate.Aggregation.decode_inputs`)."""
     try:
         arr = _unpack(raw)
     except Exception:
@@ -319,7 +325,8 @@ def plain_changes(raw: bytes) -> PlainBlock | None:
         return None
     _shown(_text(topic))  # raises where parse_block raises (a surrogate no decoder made)
     out: list[tuple[str, JSONObject | None]] = []
-    append, loads, ops, max_expiry = out.append, orjson.loads, _OPS, MAX_EXPIRY_MS
+    append, ops, max_expiry = out.append, _OPS, MAX_EXPIRY_MS
+    loads = orjson.loads if decode is None else decode
     for op, key, seq, expiry, data, at in zip(arr[5::width], arr[6::width], arr[7::width],
                                               arr[10::width], arr[11::width], count(first)):
         if seq != at or type(expiry) is not int or not 0 <= expiry <= max_expiry:
@@ -328,9 +335,9 @@ def plain_changes(raw: bytes) -> PlainBlock | None:
             if op not in ops or not key.isascii():
                 return None
             obj = loads(data)
-        except (ValueError, AttributeError, TypeError):  # JSONDecodeError is a ValueError
-            return None
-        if type(obj) is not dict:
+        except (ValueError, AttributeError, TypeError, RecursionError):  # JSONDecodeError,
+            return None  # msgspec's errors, UnicodeError: ValueErrors
+        if decode is None and type(obj) is not dict:
             return None
         append((key, None if op == "sow_delete" else obj))
     return partition, first, last, out
