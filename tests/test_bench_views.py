@@ -29,6 +29,9 @@ def test_bench_views_quick_measures_every_part(tmp_path: Path) -> None:
         assert v["msgs_per_s"] > 100 and v["caught_up_msgs_per_s"] > 10
     assert m["throughput"]["0 views"]["deriver_cpu_s_per_1k"] < \
         m["throughput"]["3 views"]["deriver_cpu_s_per_1k"]
+    # the views' rows written: none without a view, some with one
+    assert m["throughput"]["0 views"]["view_rows_per_1k"] == 0
+    assert m["throughput"]["1 view"]["view_rows_per_1k"] > 0
     # 2. lag: the view and the topic itself, every change after the warm-up counted
     for part in ("lag", "lag_topic"):
         lag = m[part]["1000"]
