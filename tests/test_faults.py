@@ -197,7 +197,7 @@ def test_kill9_workers_during_500k_mixed_ingest(tmp_path):
     url = f"redis://127.0.0.1:{port}/0"
     workers: list[subprocess.Popen[bytes]] = []
     try:
-        with bounded(300, "kill -9 ingest"):
+        with bounded(420, "kill -9 ingest"):
             r = Redis.from_url(url)
             sow = Sow(url)
             name = "mixed"
@@ -261,7 +261,9 @@ def test_kill9_workers_during_500k_mixed_ingest(tmp_path):
                 workers[victim] = spawn(url, logs, "worker")
                 kills += 1
                 kills_while_publishing += not done.is_set()
-            th.join(timeout=120)
+            # paced to 25 s; 2-core CI beside the parallel suite's other tests took over 140
+            # s (2026-11-28, a slow machine), so the bound is the test's, not the pace's
+            th.join(timeout=240)
             assert not failure, failure
             assert done.is_set(), "the publisher did not finish"
             ingest_s = time.monotonic() - started
