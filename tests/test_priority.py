@@ -49,25 +49,44 @@ def test_lower_priority_zero_changes_nothing_and_bad_values_raise():
             lower_priority(bad)
 
 
-def test_cli_derive_nice_runs_the_deriver_at_that_priority(url):
-    """``sow-redis derive --nice 4``: the running process's nice value (field 19 of
-    /proc/PID/stat) is 4 above this test's; out of range is a usage error."""
-    proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "derive", "--nice", "4"],
-                            env=cli_env(url), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+def _derive_nice(url: str, args: list[str], log: Path, **env: str) -> int:
+    """The nice value (field 19 of /proc/PID/stat) of ``sow-redis derive ARGS`` once it
+    says it runs (it lowers its priority before: ``sow_redis.cli.processes.derive``)."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "derive", *args],
+                                env=cli_env(url, **env), stdout=subprocess.DEVNULL,
+                                stderr=out, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        nice = None
-        while time.monotonic() < deadline:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            nice = int(fields[16])  # field 19 of the whole line
-            if nice != os.nice(0):
-                break
+        while b"deriver on" not in log.read_bytes():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the deriver did not start in 60 s"
             time.sleep(0.05)
-        assert nice == min(19, os.nice(0) + 4)
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[16])  # field 19 of the whole line
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("args,env,increment", [
+    ([], {}, 10),  # the default: DERIVE_NICE
+    (["--nice", "4"], {}, 4),
+    ([], {"SOW_DERIVE_NICE": "0"}, 0),
+])
+def test_cli_derive_runs_the_deriver_at_its_priority(url, tmp_path, args, env, increment):
+    """``sow-redis derive`` runs 10 below this test's priority by default (the write path
+    keeps a saturated machine: DERIVE_NICE), ``--nice N`` N below, ``SOW_DERIVE_NICE=0``
+    as started."""
+    from sow_redis.ops.priority import DERIVE_NICE
+
+    assert DERIVE_NICE == 10
+    nice = _derive_nice(url, args, tmp_path / "derive.log", **env)
+    print(f"derive {args} {env}: nice {nice}, this test's {os.nice(0)}")
+    assert nice == min(19, os.nice(0) + increment)
+
+
+def test_cli_derive_nice_out_of_range_is_a_usage_error(url):
     bad = subprocess.run([sys.executable, "-m", "sow_redis.cli", "derive", "--nice", "25"],
                          env=cli_env(url), capture_output=True, timeout=60)
     assert bad.returncode == 2 and b"--nice" in bad.stderr and b"Traceback" not in bad.stderr

@@ -11,7 +11,7 @@ import time
 import click
 
 from ..connection import connect, control_url_for, redact, tls_options
-from ..ops.priority import lower_priority
+from ..ops.priority import DERIVE_NICE, lower_priority
 from ..outage import connect_through_outage
 from ..settings import Settings
 from ..stopping import StopEvent, stop_on_signals
@@ -70,7 +70,7 @@ def _pending_entries(settings: Settings) -> int:
 @click.command()
 @click.option("--burst", is_flag=True, help="Make every view and conflated topic whole now, "
               "then exit.")
-@click.option("--nice", type=click.IntRange(0, 19), default=0, show_default=True,
+@click.option("--nice", type=click.IntRange(0, 19), default=DERIVE_NICE, show_default=True,
               envvar="SOW_DERIVE_NICE",
               help="Run at this much lower CPU priority (0: as started), so the write path "
               "keeps the CPU when both compete; not with --burst (env SOW_DERIVE_NICE).")
@@ -79,8 +79,9 @@ def _pending_entries(settings: Settings) -> int:
 def derive(ctx: click.Context, burst: bool, nice: int) -> None:
     """Run the deriver: keeps every view ([[view]]) and conflated topic ([[conflated_topic]])
     from its underlying topic. Any number may run (each derived topic is served by one, under
-    a lease); `up` starts one. With --nice N it runs at a lower CPU priority: views then lag
-    while publishers keep the machine busy, and catch up when it has room.
+    a lease); `up` starts one. It runs at a lower CPU priority (--nice, default 10): views
+    then lag while publishers keep the machine busy, and catch up when it has room; --nice 0
+    for the views' lowest latency where the write path has cores to spare.
 
     \b
     Example:
