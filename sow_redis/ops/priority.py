@@ -24,10 +24,11 @@ __all__ = ["DERIVE_NICE", "lower_priority"]
 
 DERIVE_NICE = 10
 """The deriver's default nice increment (``sow-redis derive --nice``, ``SOW_DERIVE_NICE``).
-On the 2-core project machine (``scripts/bench_views.py``, 2026-11-28, three runs of three
-rounds each) the publish rate with one view was 0.94, 0.87 and 0.80 of the rate without it
-at 10, against 0.69, 0.64 and 0.60 at 0; the view's lag p99 at 10,000 changes/s 16.6, 15.1
-and 13.8 ms at 10, against 9.8, 9.4 and 8.0 ms at 0."""
+On the 2-core project machine (``scripts/bench_views.py``, 2026-11-28, runs of three rounds)
+the publish rate with one view was 0.80–0.94 of the rate without it at 10 (four runs),
+against 0.60–0.69 at 0 (three); the view's lag p99 at 10,000 changes/s 13.8–37.9 ms at 10
+(median of six runs 19.1 ms), against 8.0–10.4 ms at 0 (five): the write path's rate, paid
+for with the view's latency tail (``docs/views.md``, Priority)."""
 
 AUTOGROUP = Path("/proc/self/autogroup")
 """Linux: the session group of this process (``/autogroup-N nice K``; writing a number sets
