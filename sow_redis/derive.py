@@ -27,6 +27,7 @@ One deriver at a time serves a derived topic: it holds the topic's lease
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -84,6 +85,25 @@ _EMPTY = b"{}"
 
 WRITER_CLOSE_S = 30.0
 """Seconds a follower's close waits at most for its writer to finish what it was handed."""
+
+
+def settle_heap() -> None:
+    """Collect all garbage now, then keep every object alive now out of the collections to
+    come (:func:`gc.freeze`; the ones frozen before are freed first if they became garbage).
+
+    A follower's initial records leave tens of thousands of long-lived objects (about 44,000
+    for a view over 20,000 records), which the first full collection after them walks: 15–40
+    ms, measured with ``gc.callbacks`` in the deriver of ``scripts/bench_views.py``, which held
+    up every change the view was to take in that time. The view's lag p99 at 10,000
+    changes/s (5 s rounds, the deriver at its default priority, runs alternating,
+    2026-11-28): 6.5, 16.5 and 11.2 ms with, 26.1, 20.4 and 8.9 ms without; after it a
+    young or middle collection took at most 0.9 ms. Settled when a follower's
+    initial records are in, and when one is dropped: the pause then falls where following a
+    topic anew already costs its query, and a dropped follower's reference cycles (its
+    aggregation's and its subscription's) are freed instead of staying frozen for good."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class _Writer:
@@ -480,10 +500,15 @@ class Deriver:
             the writes: the workers, or this process when inline).
         stop: the event that stops :meth:`run` (default: a new one); the CLI passes the one
             its start-up's signal handlers set, so a SIGTERM before :meth:`run` is not lost.
+        settle: call :func:`settle_heap` when a follower's initial records are in and when
+            one is dropped (the CLI's deriver, a process of its own: the freeze is the whole
+            process's, so a deriver inside another program leaves it off, the default).
     """
 
-    def __init__(self, sow: Sow, stop: StopEvent | None = None) -> None:
+    def __init__(self, sow: Sow, stop: StopEvent | None = None, settle: bool = False) -> None:
         self.sow = sow
+        self.settle = settle
+        self._unsettled = False  # a follower became ready or was dropped: settle_heap
         self.owner = f"derive:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.scripts = Scripts(sow.r)
         self.followers: dict[str, _Follower] = {}
@@ -498,6 +523,7 @@ class Deriver:
         taken = 0
         wait = STEP_S / max(1, len(self.followers))
         for name, follower in list(self.followers.items()):
+            ready = follower.ready
             try:
                 taken += follower.step(wait)
             except Exception as exc:  # one topic's trouble never stops the others
@@ -505,6 +531,12 @@ class Deriver:
                 follower.close()
                 del self.followers[name]
                 self._next_renew = 0.0
+                self._unsettled = True
+            else:
+                self._unsettled |= follower.ready and not ready
+        if self._unsettled and self.settle:
+            settle_heap()
+        self._unsettled = False
         if not self.followers:
             self._stop.wait(STEP_S * 10)
         return taken
@@ -517,6 +549,7 @@ class Deriver:
             if target != follower.target or not self._lease(name):
                 follower.close()
                 del self.followers[name]
+                self._unsettled = True
         for name, target in derived.items():
             if name not in self.followers and self._lease(name):
                 follow = _JoinFollower if target.joined else _FOLLOWERS[target.kind]

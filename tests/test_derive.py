@@ -170,6 +170,62 @@ def test_a_stop_requested_before_run_stops_the_deriver_at_once(sow, topic_name):
     assert not thread.is_alive() and deriver.followers == {}
 
 
+def test_a_settling_deriver_freezes_its_state_and_frees_a_dropped_follower(sow, topic_name):
+    """``Deriver(settle=True)`` (the CLI's): once a view's initial records are in, the objects
+    alive (its follower among them) are frozen out of later collections (gc.freeze); when
+    the follower is dropped (its definition changed), the next settle frees it with its
+    aggregation and subscription, whose reference cycles a frozen heap would keep for good
+    (without the unfreeze in settle_heap both stay alive: checked)."""
+    import gc
+    import weakref
+
+    from sow_redis.derive import settle_heap
+
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": i, "sym": "AB"[i % 2], "qty": 1, "px": i}
+                             for i in range(200)])
+    view = f"{topic_name}_by_sym"
+    deriver = Deriver(sow, settle=True)
+    try:
+        def ready() -> bool:
+            deriver.loop()
+            f = deriver.followers.get(view)
+            return f is not None and f.ready
+
+        wait_until(ready, 60, "the view's initial records")
+        first = deriver.followers[view]
+        assert not any(o is first for o in gc.get_objects())  # frozen, not in a generation
+        assert gc.get_freeze_count() > 0
+        sow.publish(topic_name, [{"id": 0, "sym": "C", "qty": 1, "px": 0}])
+
+        def written() -> bool:
+            deriver.loop()
+            return deriver.followers[view].writer is not None  # still the first follower
+
+        wait_until(written, 60, "the first row written by the follower's writer")
+        gone = weakref.ref(first)
+        gone_agg, gone_sub = weakref.ref(first.agg), weakref.ref(first.sub)
+        del first
+        # the view's definition changes: the deriver drops its follower and follows anew
+        sow.apply_config(_config(topic_name).replace('filter = "/qty > 0"',
+                                                     'filter = "/qty >= 1"'))
+        deriver._next_renew = 0.0
+        wait_until(lambda: ready() and gone() is gone_agg() is gone_sub() is None, 30,
+                   "the dropped follower, its aggregation and subscription freed, the new one "
+                   "ready")
+        wait_until(lambda: _rows(sow, view) == _recomputed(sow, topic_name), 30,
+                   "the view equal to the recompute")
+        print(f"\nfrozen after the second settle: {gc.get_freeze_count()} objects")
+    finally:
+        for follower in deriver.followers.values():
+            follower.close()
+        gc.unfreeze()
+    settle_heap()  # the helper alone: freezes, and unfreezes what it froze before
+    assert gc.get_freeze_count() > 0
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_restarted_deriver_makes_the_view_whole_again(sow, topic_name):
     sow.apply_config(_config(topic_name))
     sow.publish(topic_name, [{"id": i, "sym": "A", "qty": 1, "px": i} for i in range(5)])

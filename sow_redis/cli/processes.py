@@ -100,7 +100,7 @@ def derive(ctx: click.Context, burst: bool, nice: int) -> None:
     if sow is None:
         click.echo("deriver stopped", err=True)
         return
-    deriver = Deriver(sow, stop=starting)  # a SIGTERM from here on stops it
+    deriver = Deriver(sow, stop=starting, settle=True)  # a SIGTERM from here on stops it
     lower_priority(nice)
     click.echo(f"deriver on {redact(settings_of(ctx).redis_url)}: every view and conflated "
                "topic; Ctrl-C stops it", err=True)
