@@ -27,7 +27,7 @@ DERIVE_NICE = 10
 On the 2-core project machine (``scripts/bench_views.py``, 2026-11-28, runs of three rounds)
 the publish rate with one view was 0.80–0.94 of the rate without it at 10 (four runs),
 against 0.60–0.69 at 0 (three); the view's lag p99 at 10,000 changes/s 13.8–37.9 ms at 10
-(median of six runs 19.1 ms), against 8.0–10.4 ms at 0 (five), and 6.5–16.5 ms at 10 (six
+(median of six runs 19.1 ms), against 8.0–10.4 ms at 0 (five), and 6.5–16.5 ms at 10 (eight
 runs) once the deriver settled its heap (:func:`sow_redis.derive.settle_heap`; ``docs/views.md``,
 Priority)."""
 
