@@ -52,9 +52,12 @@ def test_lower_priority_zero_changes_nothing_and_bad_values_raise():
 def _derive_nice(url: str, args: list[str], log: Path, **env: str) -> int:
     """The nice value (field 19 of /proc/PID/stat) of ``sow-redis derive ARGS`` once it
     says it runs (it lowers its priority before: ``sow_redis.cli.processes.derive``)."""
+    environ = cli_env(url, **env)
+    if "SOW_DERIVE_NICE" not in env:
+        environ.pop("SOW_DERIVE_NICE", None)  # the default, whatever the caller's shell sets
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "derive", *args],
-                                env=cli_env(url, **env), stdout=subprocess.DEVNULL,
+                                env=environ, stdout=subprocess.DEVNULL,
                                 stderr=out, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
