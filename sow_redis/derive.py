@@ -87,9 +87,12 @@ WRITER_CLOSE_S = 30.0
 """Seconds a follower's close waits at most for its writer to finish what it was handed."""
 
 
-def settle_heap() -> None:
-    """Collect all garbage now, then keep every object alive now out of the collections to
-    come (:func:`gc.freeze`; the ones frozen before are freed first if they became garbage).
+def settle_heap(full: bool = True) -> None:
+    """Collect the garbage now, then keep every object alive now out of the collections to
+    come (:func:`gc.freeze`). ``full``: the objects frozen before are collected too (and
+    frozen again if alive), which walks the whole heap; else only those since the last
+    freeze are, so a deriver whose many followers become ready one after the other walks
+    each one's objects once.
 
     A follower's initial records leave tens of thousands of long-lived objects (about 44,000
     for a view over 20,000 records), which the first full collection after them walks: 15–40
@@ -100,8 +103,10 @@ def settle_heap() -> None:
     young or middle collection took at most 0.9 ms. Settled when a follower's
     initial records are in, and when one is dropped: the pause then falls where following a
     topic anew already costs its query, and a dropped follower's reference cycles (its
-    aggregation's and its subscription's) are freed instead of staying frozen for good."""
-    gc.unfreeze()
+    aggregation's and its subscription's) are freed instead of staying frozen for good
+    (``full``, which a follower becoming ready does not need)."""
+    if full:
+        gc.unfreeze()
     gc.collect()
     gc.freeze()
 
@@ -500,15 +505,17 @@ class Deriver:
             the writes: the workers, or this process when inline).
         stop: the event that stops :meth:`run` (default: a new one); the CLI passes the one
             its start-up's signal handlers set, so a SIGTERM before :meth:`run` is not lost.
-        settle: call :func:`settle_heap` when a follower's initial records are in and when
-            one is dropped (the CLI's deriver, a process of its own: the freeze is the whole
-            process's, so a deriver inside another program leaves it off, the default).
+        settle: call :func:`settle_heap` when a follower's initial records are in (the
+            objects since the last settle) and when one is dropped (the whole heap): the
+            CLI's deriver, a process of its own; the freeze is the whole process's, so a
+            deriver inside another program leaves it off (the default).
     """
 
     def __init__(self, sow: Sow, stop: StopEvent | None = None, settle: bool = False) -> None:
         self.sow = sow
         self.settle = settle
-        self._unsettled = False  # a follower became ready or was dropped: settle_heap
+        self._unsettled: bool | None = None  # settle_heap(full) due: True a follower was
+        # dropped, False one became ready
         self.owner = f"derive:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.scripts = Scripts(sow.r)
         self.followers: dict[str, _Follower] = {}
@@ -533,10 +540,11 @@ class Deriver:
                 self._next_renew = 0.0
                 self._unsettled = True
             else:
-                self._unsettled |= follower.ready and not ready
-        if self._unsettled and self.settle:
-            settle_heap()
-        self._unsettled = False
+                if follower.ready and not ready and not self._unsettled:
+                    self._unsettled = False
+        if self._unsettled is not None and self.settle:
+            settle_heap(full=self._unsettled)
+        self._unsettled = None
         if not self.followers:
             self._stop.wait(STEP_S * 10)
         return taken

@@ -170,16 +170,23 @@ def test_a_stop_requested_before_run_stops_the_deriver_at_once(sow, topic_name):
     assert not thread.is_alive() and deriver.followers == {}
 
 
-def test_a_settling_deriver_freezes_its_state_and_frees_a_dropped_follower(sow, topic_name):
+def test_a_settling_deriver_freezes_its_state_and_frees_a_dropped_follower(sow, topic_name,
+                                                                          monkeypatch):
     """``Deriver(settle=True)`` (the CLI's): once a view's initial records are in, the objects
     alive (its follower among them) are frozen out of later collections (gc.freeze); when
     the follower is dropped (its definition changed), the next settle frees it with its
     aggregation and subscription, whose reference cycles a frozen heap would keep for good
-    (without the unfreeze in settle_heap both stay alive: checked)."""
+    (without the unfreeze in settle_heap both stay alive: checked). Only a drop walks the
+    whole heap (unfreezes it first); a follower that becomes ready walks what is new."""
     import gc
     import weakref
 
+    import sow_redis.derive as derive
     from sow_redis.derive import settle_heap
+
+    unfreezes = []
+    real_unfreeze = gc.unfreeze
+    monkeypatch.setattr(derive.gc, "unfreeze", lambda: (unfreezes.append(1), real_unfreeze()))
 
     sow.apply_config(_config(topic_name))
     sow.publish(topic_name, [{"id": i, "sym": "AB"[i % 2], "qty": 1, "px": i}
@@ -195,7 +202,7 @@ def test_a_settling_deriver_freezes_its_state_and_frees_a_dropped_follower(sow, 
         wait_until(ready, 60, "the view's initial records")
         first = deriver.followers[view]
         assert not any(o is first for o in gc.get_objects())  # frozen, not in a generation
-        assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0 and unfreezes == []  # became ready: not a drop
         sow.publish(topic_name, [{"id": 0, "sym": "C", "qty": 1, "px": 0}])
 
         def written() -> bool:
@@ -213,16 +220,17 @@ def test_a_settling_deriver_freezes_its_state_and_frees_a_dropped_follower(sow, 
         wait_until(lambda: ready() and gone() is gone_agg() is gone_sub() is None, 30,
                    "the dropped follower, its aggregation and subscription freed, the new one "
                    "ready")
+        assert unfreezes == [1]  # the drop's settle, and the new follower's did not unfreeze
         wait_until(lambda: _rows(sow, view) == _recomputed(sow, topic_name), 30,
                    "the view equal to the recompute")
         print(f"\nfrozen after the second settle: {gc.get_freeze_count()} objects")
     finally:
         for follower in deriver.followers.values():
             follower.close()
-        gc.unfreeze()
+        real_unfreeze()
     settle_heap()  # the helper alone: freezes, and unfreezes what it froze before
     assert gc.get_freeze_count() > 0
-    gc.unfreeze()
+    real_unfreeze()
     assert gc.get_freeze_count() == 0
 
 
