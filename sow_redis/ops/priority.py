@@ -26,10 +26,10 @@ DERIVE_NICE = 10
 """The deriver's default nice increment (``sow-redis derive --nice``, ``SOW_DERIVE_NICE``).
 On the 2-core project machine (``scripts/bench_views.py``, 2026-11-28, runs of three rounds)
 the publish rate with one view was 0.80–0.94 of the rate without it at 10 (four runs),
-against 0.60–0.69 at 0 (three); the view's lag p99 at 10,000 changes/s 13.8–37.9 ms at 10
-(median of six runs 19.1 ms), against 8.0–10.4 ms at 0 (five), and 6.5–16.5 ms at 10 (eight
-runs) once the deriver settled its heap (:func:`sow_redis.derive.settle_heap`; ``docs/views.md``,
-Priority)."""
+against 0.60–0.69 at 0 (three); the view's lag p99 at 10,000 changes/s 8.9–37.9 ms at 10
+(median of nine runs 20.4 ms), against 8.0–10.4 ms at 0 (five), and 6.5–16.5 ms at 10
+(eight runs) once the deriver settled its heap (:func:`sow_redis.derive.settle_heap`;
+``docs/views.md``, Priority)."""
 
 AUTOGROUP = Path("/proc/self/autogroup")
 """Linux: the session group of this process (``/autogroup-N nice K``; writing a number sets
