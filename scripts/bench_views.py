@@ -18,8 +18,9 @@ project machine: two cores for four busy processes).
    other way round, …) so drift cancels. Per variant: messages per second of the publish
    (the figure of the goal), and of the publish until every view reflects the last message
    (``caught up``), CPU seconds of redis-server, the deriver and the worker per 1,000
-   messages, and the view rows written (and removed) per 1,000 messages. Views: by ``/g`` (COUNT, SUM, AVG, MIN, MAX), by ``/sym`` (COUNT, SUM) and by
-   ``/g`` of the records with ``/side = 'B'`` (COUNT, SUM); 1 view is the first.
+   messages, and the view rows written (and removed) per 1,000 messages. Views: by ``/g``
+   (COUNT, SUM, AVG, MIN, MAX), by ``/sym`` (COUNT, SUM) and by ``/g`` of the records with
+   ``/side = 'B'`` (COUNT, SUM); 1 view is the first.
 2. **View lag**: a publisher process publishes at a paced rate (``--lag-rates``, in batches
    of rate/1000 per millisecond, for ``--lag-seconds``) into a topic with one view (by
    ``/g``, ``--groups`` groups, with ``MAX(/n) AS /n``); this process subscribes to the view.
