@@ -4,7 +4,7 @@ ingest, and paging (``--top-n N --skip-n M``), in one run on the same data.
 
 Starts its own redis-server on a free port (no persistence; the machine's 6379 is never
 used) and generates N JSON records once (``id`` 0..N-1, ``px`` uniform in [0, 1000),
-``time`` an increasing ms timestamp, some padding). Three parts:
+``time`` an increasing ms timestamp, some padding). Its parts:
 
 * ``ingest``: for each of ``--runs`` rounds, the N messages published (write-through: each
   1,000-message chunk appended and applied by one apply.lua call, as bench_previous.py) to a
@@ -14,6 +14,11 @@ used) and generates N JSON records once (``id`` 0..N-1, ``px`` uniform in [0, 10
   variants' apply.lua calls, captured as the publisher sent them, replayed one at a time on
   the emptied topic: redis-server's CPU per message with no publisher sharing the cores
   (``ingest_redis_alone``).
+* ``updates``: for each round, the N records published to a fresh topic without index and
+  to one with ``index = ["/px"]`` (not timed), then an update of each (timed, as ``ingest``):
+  ``px kept`` (the padding changed, the indexed value not: as most updates of an order) and,
+  on fresh topics again, ``px moved`` (a new uniform value: as a quote's price), each
+  against the topic without index (``ingest_updates``).
 * ``query``: the records loaded once into a topic with ``index = ["/px"]`` and into its twin
   without; ``/px < X`` at a few selectivities (0.1 %, 1 %, 10 %, 50 %, 90 %) run ``--runs``
   times on each: the indexed one reads the index (forced above the planner's
@@ -84,6 +89,21 @@ def make_messages(n: int, size: int) -> list[bytes]:
     return out
 
 
+def updated_messages(msgs: list[bytes], moved: bool) -> list[bytes]:
+    """An update of each of ``msgs`` (same ``id``): ``px`` kept and the padding changed (a
+    record whose indexed value stays, as most of an order's updates), or ``moved`` to a new
+    uniform value (as a quote's price)."""
+    rnd = random.Random(2525)
+    out = []
+    for m in msgs:
+        obj = orjson.loads(m)
+        if moved:
+            obj["px"] = round(rnd.uniform(0, 1000), 4)
+        obj["pad"] = "y" * len(obj["pad"])
+        out.append(orjson.dumps(obj))
+    return out
+
+
 def topic(prefix: str, partitions: int, extra: str) -> TopicConfig:
     return parse_topics(f'[[topic]]\nname = "{prefix}_{uuid.uuid4().hex[:8]}"\nkey = ["/id"]\n'
                         f"partitions = {partitions}\n{extra}\n")[0]
@@ -129,6 +149,52 @@ def ingest(r: Redis, msgs: list[bytes], args: argparse.Namespace) -> dict[str, A
         print(f"{v:14} {m['msgs_per_s']:10.0f} {m['throughput_vs_none']:8.2f} "
               f"{m['redis_us_per_msg']:13.2f} {m['redis_cpu_vs_none']:8.2f}")
     return {"runs": runs, "medians": medians}
+
+
+UPDATE_VARIANTS = ("none", "1 index")
+"""The variants of :func:`updates`: without index and with the range index on ``/px``."""
+
+
+def updates(r: Redis, msgs: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest of updates: per round and variant, the N records published to a fresh topic
+    (not timed), then an update of each (write-through, timed): ``px`` kept, then on another
+    fresh topic ``px`` moved (:func:`updated_messages`). A range index's cost on an update
+    is a ``ZADD`` that finds the key's score unchanged, or one that moves it."""
+    kinds = {"px kept": updated_messages(msgs, False), "px moved": updated_messages(msgs, True)}
+    runs: dict[str, dict[str, list[dict[str, float]]]] = {
+        k: {v: [] for v in UPDATE_VARIANTS} for k in kinds}
+    n = len(msgs)
+    for i in range(args.runs):
+        for kind, ups in kinds.items():
+            for name in (UPDATE_VARIANTS if i % 2 == 0 else UPDATE_VARIANTS[::-1]):
+                t = topic("update", args.partitions, INDEXES[name])
+                load(r, t, msgs)
+                cpu0, t0 = redis_cpu_s(r), time.perf_counter()
+                append(r, t, (("publish", m, None) for m in ups), jobs=SETTINGS)
+                wall, cpu = time.perf_counter() - t0, redis_cpu_s(r) - cpu0
+                records, seq, errors = applied_counts(r, t)
+                if (records, seq, errors) != (n, 2 * n, 0):
+                    raise SystemExit(f"update check failed: records {records}, seq sum {seq},"
+                                     f" errors {errors}")
+                runs[kind][name].append({"msgs_per_s": n / wall,
+                                         "redis_us_per_msg": cpu / n * 1e6})
+                drop(r, t)
+    print(f"\ningest of updates: an update of each of the {n} records, write-through, "
+          f"median of {args.runs} runs")
+    print(f"{'update':9} {'indexes':9} {'msgs/s':>10} {'vs none':>8} {'redis µs/msg':>13} "
+          f"{'vs none':>8}")
+    out: dict[str, Any] = {}
+    for kind, by in runs.items():
+        medians = {v: {k: statistics.median(x[k] for x in rs) for k in rs[0]}
+                   for v, rs in by.items()}
+        base = medians["none"]
+        for v, m in medians.items():
+            m["throughput_vs_none"] = m["msgs_per_s"] / base["msgs_per_s"]
+            m["redis_cpu_vs_none"] = m["redis_us_per_msg"] / base["redis_us_per_msg"]
+            print(f"{kind:9} {v:9} {m['msgs_per_s']:10.0f} {m['throughput_vs_none']:8.2f} "
+                  f"{m['redis_us_per_msg']:13.2f} {m['redis_cpu_vs_none']:8.2f}")
+        out[kind] = {"runs": by, "medians": medians}
+    return out
 
 
 def captured_calls(r: Redis, t: TopicConfig, msgs: list[bytes]) -> list[bytes]:
@@ -268,7 +334,7 @@ def paging(r: Redis, t: TopicConfig, n: int, runs: int) -> list[dict[str, Any]]:
 
 
 def main() -> int:
-    """Run the three parts, print their tables and write the JSON."""
+    """Run the parts, print their tables and write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=100_000, help="records")
     ap.add_argument("--size", type=int, default=150, help="approximate message bytes")
@@ -284,6 +350,7 @@ def main() -> int:
         machine = machine_info(r)
         ing = ingest(r, msgs, args)
         alone = ingest_redis_alone(r, msgs, args)
+        upd = updates(r, msgs, args)
         indexed = topic("idx", args.partitions, INDEXES["1 index"])
         plain = topic("scan", args.partitions, "")
         load(r, indexed, msgs)
@@ -295,7 +362,8 @@ def main() -> int:
     print(f"load average at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     out = write_json(args.json, {"args": vars(args), "machine": machine,
                                  "loadavg_start": load_start, "loadavg_end": load_end,
-                                 "ingest": ing, "ingest_redis_alone": alone, "query": q,
+                                 "ingest": ing, "ingest_redis_alone": alone,
+                                 "ingest_updates": upd, "query": q,
                                  "paging": pg, "memory": mem})
     print(f"results: {out}")
     return 0

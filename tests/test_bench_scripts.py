@@ -186,6 +186,12 @@ def test_bench_query_compares_the_range_index_with_a_scan(tmp_path: Path) -> Non
     alone = res["ingest_redis_alone"]  # the replay checked records, seqs and errors itself
     assert set(alone) == set(res["ingest"]["medians"]) and alone["none"]["redis_cpu_vs_none"] == 1
     assert all(len(v["runs"]) == 1 and v["redis_us_per_msg"] > 0 for v in alone.values())
+    updates = res["ingest_updates"]  # the script checked records, 2N seqs and no error
+    assert set(updates) == {"px kept", "px moved"}
+    for kind in updates.values():
+        assert set(kind["medians"]) == {"none", "1 index"}
+        assert kind["medians"]["none"]["redis_cpu_vs_none"] == 1
+        assert all(len(rs) == 1 and rs[0]["redis_us_per_msg"] > 0 for rs in kind["runs"].values())
     assert [row["selectivity"] for row in res["query"]] == [0.001, 0.01, 0.1, 0.5, 0.9]
     planner = [row["planner"] for row in res["query"]]
     assert planner == ["range_index"] * 4 + ["scan"]
