@@ -428,15 +428,17 @@ class Sow:
 
     # reading -------------------------------------------------------------------------
     def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
-            top_n: int | None = None, order_by: str | None = None, skip_n: int = 0,
-            select: list[str] | None = None, as_of: str | None = None) -> list[Record]:
+            top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
+            select: str | list[str] | None = None, as_of: str | None = None) -> list[Record]:
         """SOW query (seeds/004 "Queries"): records matching an AMPS content filter.
 
         Args:
             top_n / skip_n: a page: at most ``top_n`` records after leaving out the first
-                ``skip_n`` matches (after ``order_by``).
+                ``skip_n`` matches, in ``order_by``'s order, else in the SOW keys' (a stable
+                order: :func:`sow_redis.query.sow.query`). ``top_n`` alone (``skip_n``
+                None) takes the first matches read, in no particular order.
             select: the field paths each record keeps (a select list), e.g.
-                ``["/id", "/px"]``; None: whole records.
+                ``["/id", "/px"]`` or ``"/id,/px"``; None: whole records.
             as_of: the SOW as it was at this point (an ISO-8601 time, a bookmark string or
                 ``EPOCH``) on a topic with ``history`` (:mod:`sow_redis.feed.history`):
                 records deleted or expired since included.
@@ -476,11 +478,11 @@ class Sow:
 
     def sow_batches(self, topic: str, batch_size: int, filter: str | None = None,
                     keys: list[str] | None = None, top_n: int | None = None,
-                    order_by: str | None = None, skip_n: int = 0,
-                    select: list[str] | None = None) -> Iterator[list[Record]]:
+                    order_by: str | None = None, skip_n: int | None = None,
+                    select: str | list[str] | None = None) -> Iterator[list[Record]]:
         """:meth:`sow` in batches of at most ``batch_size`` records (AMPS ``batch_size``):
-        without ``order_by`` a result of any size is read and handed over one batch at a
-        time (:func:`sow_redis.query.sow.query_batches`).
+        without ``order_by`` and ``skip_n`` a result of any size is read and handed over one
+        batch at a time (:func:`sow_redis.query.sow.query_batches`).
 
         Raises:
             as :meth:`sow`; ValueError: ``batch_size`` below 1.

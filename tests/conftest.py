@@ -74,7 +74,8 @@ def _own_redis(folder: Path):
 CORE = {"test_publish", "test_query", "test_range_index", "test_expiration", "test_chaining",
         "test_subscribe", "test_workers", "test_write_through", "test_apply_load", "test_integrity",
         "test_migrate_live", "test_change_previous", "test_delta_subscribe", "test_aggregate",
-        "test_derive", "test_history", "test_subscribe_keys", "test_transient"}
+        "test_derive", "test_history", "test_subscribe_keys", "test_transient",
+        "test_query_paging"}
 """Test modules whose data-plane tests run on one server and on the cluster."""
 
 PLANE_FIXTURES = {"url", "r", "sow", "backend_url", "lonely_url"}

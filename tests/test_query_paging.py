@@ -3,6 +3,10 @@ select)."""
 
 from __future__ import annotations
 
+import random
+import threading
+import time
+
 import orjson
 import pytest
 
@@ -24,10 +28,49 @@ def test_pages_cover_every_match_once_in_order(sow, topic_name):
         pages += [r.obj()["id"] for r in sow.sow(topic_name, "/px > 3", order_by="/px, /id",
                                                   skip_n=start, top_n=7)]
     assert pages == every and len(every) == 41
-    assert len(sow.sow(topic_name, skip_n=45)) == 5  # unordered: any 5 of the 50
+    by_key = sorted(r.sow_key for r in sow.sow(topic_name))  # a page without order-by
+    assert [r.sow_key for r in sow.sow(topic_name, skip_n=45)] == by_key[45:]
+    assert [r.sow_key for r in sow.sow(topic_name, skip_n=0, top_n=3)] == by_key[:3]
+    assert len(sow.sow(topic_name, top_n=3)) == 3  # no page: the first 3 read
     assert sow.sow(topic_name, skip_n=50) == []
     with pytest.raises(ValueError, match="skip_n must be 0 or more"):
         sow.sow(topic_name, skip_n=-1)
+
+
+def test_pages_visit_every_record_once_while_records_change(sow, topic_name):
+    """Pages without order-by come in SOW-key order, so pages taken one after the other
+    while every record is being updated (a publisher thread) visit each record once."""
+    sow.apply_config(_config(topic_name))
+    n, size = 240, 17
+    sow.publish(topic_name, [{"id": i, "px": 0} for i in range(n)], wait=True)
+    stop, updates = threading.Event(), [0]
+
+    def update() -> None:
+        rnd = random.Random(7)
+        while not stop.is_set() and updates[0] < 20_000:
+            batch = [{"id": rnd.randrange(n), "px": rnd.randrange(1000)} for _ in range(20)]
+            sow.publish(topic_name, batch, wait=True)
+            updates[0] += len(batch)
+
+    writer = threading.Thread(target=update, daemon=True)
+    writer.start()
+    try:
+        pages, skip, deadline = [], 0, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            page = sow.sow(topic_name, "/px >= 0", skip_n=skip, top_n=size)
+            pages.append([r.sow_key for r in page])
+            if len(page) < size:
+                break
+            skip += size
+            time.sleep(0.02)  # let updates land between the pages
+    finally:
+        stop.set()
+        writer.join(timeout=30)
+    seen = [k for page in pages for k in page]
+    print(f"{len(pages)} pages, {len(seen)} records, {updates[0]} updates meanwhile")
+    assert updates[0] > 0 and len(pages) == n // size + 1
+    assert seen == sorted(seen) and len(seen) == len(set(seen)) == n
+    assert sorted(seen) == sorted(r.sow_key for r in sow.sow(topic_name))
 
 
 def test_select_lists_keep_only_the_named_fields(sow, topic_name):
@@ -37,6 +80,13 @@ def test_select_lists_keep_only_the_named_fields(sow, topic_name):
     assert rec.obj() == {"id": 1, "o": {"b": 2}, "n": None}
     with pytest.raises(ValueError, match="field path"):
         sow.sow(topic_name, select=["id"])
+    # a select list as AMPS writes it: comma-separated, alone or among others
+    want = {"id": 1, "o": {"b": 2}}
+    assert [r.obj() for r in sow.sow(topic_name, select="/id, /o/b")] == [want]
+    assert [r.obj() for r in sow.sow(topic_name, select=["/id,/o/b", "/n"])] == [{**want,
+                                                                                "n": None}]
+    with pytest.raises(ValueError, match="field path"):
+        sow.sow(topic_name, select="/id,")
 
 
 def test_cli_paging_and_select(url, topic_name):
@@ -47,6 +97,15 @@ def test_cli_paging_and_select(url, topic_name):
                   "--top-n", "3", "--select", "/id")
     assert [orjson.loads(x) for x in out.stdout.splitlines()] == [{"id": 7}, {"id": 6},
                                                                    {"id": 5}]
+    out = run_cli(url, "sow", "-t", topic_name, "--order-by", "/px", "--top-n", "2",
+                  "--select", "/id,/x")
+    assert [orjson.loads(x) for x in out.stdout.splitlines()] == [{"id": 0, "x": "y"},
+                                                                   {"id": 1, "x": "y"}]
+    out = run_cli(url, "sow", "-t", topic_name, "--skip-n", "8")  # a page: by SOW key
+    keys = sorted(r.sow_key for r in Sow(url).sow(topic_name))
+    got = [r.obj() for r in Sow(url).sow(topic_name, keys=keys[8:])]
+    assert sorted(orjson.loads(x)["id"] for x in out.stdout.splitlines()) == sorted(
+        o["id"] for o in got) and len(got) == 2
     bad = run_cli(url, "sow", "-t", topic_name, "--select", "id", check=False)
     err = bad.stderr.decode().strip().splitlines()
     assert bad.returncode == 1 and len(err) == 1 and "--select" in err[0], err
@@ -65,3 +124,14 @@ def test_batches_hand_over_every_match_once(sow, topic_name):
     assert sum(len(b) for b in sow.sow_batches(topic_name, 7, skip_n=90, top_n=20)) == 10
     with pytest.raises(ValueError, match="batch_size"):
         next(sow.sow_batches(topic_name, 0))
+
+
+def test_cli_batches_of_a_topic_pattern_name_their_topic(url, topic_name):
+    Sow(url).apply_config(_config(topic_name + "_a") + _config(topic_name + "_b"))
+    for suffix, ids in (("_a", range(5)), ("_b", range(5, 8))):
+        Sow(url).publish(topic_name + suffix, [{"id": i} for i in ids], wait=True)
+    out = run_cli(url, "sow", "-t", f"^{topic_name}_[ab]$", "--batch-size", "2",
+                  "--select", "/id")
+    lines = [orjson.loads(x) for x in out.stdout.splitlines()]
+    assert sorted((x["topic"], x["data"]["id"]) for x in lines) == [
+        (topic_name + "_a", i) for i in range(5)] + [(topic_name + "_b", i) for i in range(5, 8)]

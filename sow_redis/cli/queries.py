@@ -24,10 +24,12 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
               "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("-f", "--filter", "filter_", help="AMPS content filter, e.g. \"/price > 100\".")
 @click.option("--top-n", type=click.IntRange(min=0), help="Return at most N records.")
-@click.option("--skip-n", type=click.IntRange(min=0), default=0,
-              help="Leave out the first N matches (after --order-by): with --top-n, a page.")
-@click.option("--select", "select", multiple=True, help="Return only this field path of each "
-              "record (a select list); repeat the option.")
+@click.option("--skip-n", type=click.IntRange(min=0),
+              help="Leave out the first N matches: with --top-n, a page. Pages come in "
+              "--order-by's order, else in SOW-key order (stable while records change).")
+@click.option("--select", "select", multiple=True, help="Return only these field paths of "
+              "each record (a select list): comma-separated (\"/id,/o/px\") or the option "
+              "repeated.")
 @click.option("--as-of", "as_of", help="The SOW as it was at this point: an ISO-8601 time, a "
               "bookmark or EPOCH (a topic with history).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Read and print N records at a "
@@ -46,7 +48,7 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
 @click.pass_context
 @friendly
 def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
-        top_n: int | None, skip_n: int, select: tuple[str, ...], as_of: str | None,
+        top_n: int | None, skip_n: int | None, select: tuple[str, ...], as_of: str | None,
         batch_size: int | None, order_by: str | None, keys: str | None, with_key: bool,
         fmt: str, separator: str | None, explain: bool) -> None:
     """Query the SOW of a topic: one JSON record per line.
@@ -54,7 +56,7 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
     \b
     Example:
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights -f "/carrier = 'UA' AND /dep_delay > 60" --top-n 5
-      sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights --order-by /tailnum --skip-n 20 --top-n 10 --select /tailnum --select /carrier
+      sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights --order-by /tailnum --skip-n 20 --top-n 10 --select /tailnum,/carrier
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights -f "/dep_delay > 60" --explain
     """
     client = sow_of(ctx)
@@ -68,11 +70,19 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
         if fmt != "jsonl" or as_of is not None or with_key:
             raise click.UsageError("--batch-size prints JSON Lines of the current records: "
                                    "no --format, --as-of or --with-key")
+        names = client.resolve_topics(topic, topic_regex)
         out = sys.stdout.buffer
-        for batch in client.sow_batches(topic, batch_size, filter_, split_keys(keys), top_n,
-                                        order_by, skip_n, list(select) if select else None):
-            out.write(b"".join(rec.data + b"\n" for rec in batch))
-            out.flush()
+        for name in names:  # a pattern: every line names its topic, as below
+            label = b'{"topic":%s,"data":' % orjson.dumps(name) if names != [topic] else b""
+            try:
+                for batch in client.sow_batches(name, batch_size, filter_, split_keys(keys),
+                                                top_n, order_by, skip_n,
+                                                list(select) if select else None):
+                    out.write(b"".join(label + rec.data + (b"}\n" if label else b"\n")
+                                       for rec in batch))
+                    out.flush()
+            except ValueError as exc:  # a --select path that is no field path
+                raise click.ClickException(f"--select: {exc}") from None
         return
     names = client.resolve_topics(topic, topic_regex)
     if names != [topic]:  # a pattern: each topic's records, every line naming its topic
@@ -85,7 +95,7 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
 
 
 def _print_records(sow: Sow, topic: str, filter_: str | None, keys: str | None,
-                   top_n: int | None, order_by: str | None, skip_n: int,
+                   top_n: int | None, order_by: str | None, skip_n: int | None,
                    select: tuple[str, ...], as_of: str | None, with_key: bool, fmt: str,
                    separator: str | None, labelled: bool) -> None:
     """Print one topic's query result (``labelled``: JSON lines carry ``topic``)."""

@@ -324,10 +324,28 @@ def explain(r: Client, topic: TopicConfig, filter: str | None = None,
     return plan_query(topic, compile_filter(filter) if filter else None, sow_keys, r)
 
 
+def select_paths(select: str | list[str] | None) -> list[tuple[str, ...]] | None:
+    """The field paths of a select list (AMPS ``select``): a list of paths, each item may
+    itself list several separated by commas (``"/a,/b/c"``, as AMPS writes a select list);
+    a string is one such item. None: no select list (whole records).
+
+    Raises:
+        ValueError: an item is empty or no field path (one line naming it).
+    """
+    if select is None:
+        return None
+    items = [select] if isinstance(select, str) else select
+    paths = []
+    for item in items:
+        for part in str(item).split(","):
+            paths.append(split_path(part.strip()))
+    return paths
+
+
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
           sow_keys: list[str] | None = None,
-          top_n: int | None = None, order_by: str | None = None, skip_n: int = 0,
-          select: list[str] | None = None,
+          top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
+          select: str | list[str] | None = None,
           source: Iterable[Record] | None = None) -> list[Record]:
     """Run a SOW query.
 
@@ -338,10 +356,15 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
             none (the filter and order-by are still checked), ``None`` every match.
         order_by: ``"/f DESC, /g"``.
         skip_n: leave out the first ``skip_n`` matches (after ordering): with ``top_n``, a
-            page (AMPS ``skip_n``).
+            page (AMPS ``skip_n``). A page is in a stable order: ``order_by``'s, else that of
+            the SOW keys (every match is then read and sorted, as with an order-by), so pages
+            taken one after the other while records are updated visit each record once.
+            ``None`` (no page): without ``order_by`` the records come in the order they
+            are read, and ``top_n`` stops reading once it has them.
         select: the field paths each record is returned with (a select list; AMPS
-            ``select``): every other field is left out, nested paths keep their objects;
-            ``None`` the whole record.
+            ``select``), as a list or comma-separated (``"/id,/o/b"``; see
+            :func:`select_paths`): every other field is left out, nested paths keep their
+            objects; ``None`` the whole record.
         source: the records to query instead of the topic's current ones (e.g. the SOW as
             of a point in time, :func:`sow_redis.feed.history.records_as_of`); they are
             taken as they are (no record is left out as due).
@@ -364,9 +387,9 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
 
     if top_n is not None and top_n < 0:
         raise ValueError(f"top_n must be 0 or more, got {top_n}")
-    if skip_n < 0:
+    if skip_n is not None and skip_n < 0:
         raise ValueError(f"skip_n must be 0 or more, got {skip_n}")
-    selected = [split_path(p) for p in select] if select is not None else None
+    selected = select_paths(select)
     try:
         r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
     except OutOfMemoryError:  # a query reads: it never fails for want of memory to count it
@@ -383,12 +406,19 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
         if obj is not None:
             objs[rec.sow_key] = obj
         out.append(rec)
-        if top_n is not None and order is None and len(out) >= skip_n + top_n:
+        if top_n is not None and order is None and skip_n is None and len(out) >= top_n:
             break
     if order is not None:
         out = sort_records(out, order, data=lambda rec: objs[rec.sow_key])
-    out = out[skip_n:] if top_n is None else out[skip_n:skip_n + top_n]
+    elif skip_n is not None:  # a page: in the order of the SOW keys
+        out.sort(key=_sow_key)
+    skip = skip_n or 0
+    out = out[skip:] if top_n is None else out[skip:skip + top_n]
     return out if selected is None else [_selected(rec, selected) for rec in out]
+
+
+def _sow_key(rec: Record) -> str:
+    return rec.sow_key
 
 
 def _matching(topic: TopicConfig, records: Iterable[Record], pred: Filter | None,
@@ -416,19 +446,20 @@ def _matching(topic: TopicConfig, records: Iterable[Record], pred: Filter | None
 
 def query_batches(r: Client, topic: TopicConfig, batch_size: int, filter: str | None = None,
                   sow_keys: list[str] | None = None, top_n: int | None = None,
-                  order_by: str | None = None, skip_n: int = 0,
-                  select: list[str] | None = None) -> Iterator[list[Record]]:
+                  order_by: str | None = None, skip_n: int | None = None,
+                  select: str | list[str] | None = None) -> Iterator[list[Record]]:
     """:func:`query` in batches of at most ``batch_size`` records (AMPS ``batch_size``):
-    without ``order_by`` the records are read, filtered and handed over as they come, so a
-    result of any size takes the memory of one batch (and of Redis's HSCAN pages); with
-    ``order_by`` the matches are sorted first, then handed over in batches.
+    without ``order_by`` and ``skip_n`` the records are read, filtered and handed over as they
+    come, so a result of any size takes the memory of one batch (and of Redis's HSCAN
+    pages); with either the matches are sorted first (a page's stable order, see
+    :func:`query`), then handed over in batches.
 
     Raises:
         ValueError: ``batch_size`` below 1; as :func:`query` otherwise.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
-    if order_by is not None:
+    if order_by is not None or skip_n is not None:
         rows = query(r, topic, filter, sow_keys, top_n, order_by, skip_n, select)
         for i in range(0, len(rows), batch_size):
             yield rows[i:i + batch_size]
@@ -439,10 +470,10 @@ def query_batches(r: Client, topic: TopicConfig, batch_size: int, filter: str | 
     from .filter import compile_filter
 
     pred = compile_filter(filter) if filter else None
-    selected = [split_path(p) for p in select] if select is not None else None
+    selected = select_paths(select)
     now_ms = server_ms(r) if topic.expiration_enabled else 0
     matches = _matching(topic, _source(r, topic, pred, sow_keys), pred, False, now_ms)
-    picked = itertools.islice(matches, skip_n, None if top_n is None else skip_n + top_n)
+    picked = itertools.islice(matches, top_n)
     batch: list[Record] = []
     for rec, _obj in picked:
         batch.append(rec if selected is None else _selected(rec, selected))
