@@ -576,7 +576,8 @@ class Sow:
                   sub_id: str | None = None, persist_every: int = 10,
                   auto_processed: bool = True, resync: bool = False, delta: bool = False,
                   report: Callable[[Message], None] | None = None,
-                  keys: list[str] | None = None) -> Subscriber:
+                  keys: list[str] | None = None,
+                  select: str | list[str] | None = None) -> Subscriber:
         """Subscribe to a topic's changes (AMPS ``subscribe``): the records published to it
         that match ``filter`` (the merged record of a delta_publish) and, with ``oof``, an
         out-of-focus notice for each matching record that is removed (``deleted``,
@@ -604,25 +605,32 @@ class Sow:
             keys: only the changes of these SOW keys (AMPS ``SowKeys`` on a subscribe
                 command); with ``filter`` both must hold; out-of-focus notices only for
                 these keys. None: every key.
+            select: a select list (AMPS ``select``; ``["/id", "/px"]`` or ``"/id,/px"``):
+                each message's ``data`` keeps only these fields (the filter still reads the
+                whole record); not with ``delta``.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, BookmarkError (malformed, ahead of the
             topic, or older than the change feed without ``resync``), ConfigError
             (``delta`` on a topic without ``change_previous``), KeyListError (more than
-            :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have).
+            :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have),
+            ValueError (a ``select`` path that is no field path, or ``select`` with
+            ``delta``).
         """
         if keys is not None:
             check_key_list(keys)
         return self._subscriber(topic, filter=filter, oof=oof, bookmark=bookmark,
                                 client_name=client_name, sub_id=sub_id,
                                 persist_every=persist_every, auto_processed=auto_processed,
-                                resync=resync, report=report, delta=delta, keys=keys)
+                                resync=resync, report=report, delta=delta, keys=keys,
+                                select=select)
 
     def sow_and_subscribe(self, topic: str, filter: str | None = None, *, oof: bool = False,
                           top_n: int | None = None, order_by: str | None = None,
                           report: Callable[[Message], None] | None = None,
                           delta: bool = False, as_of: str | None = None,
-                          keys: list[str] | None = None) -> Subscriber:
+                          keys: list[str] | None = None, skip_n: int | None = None,
+                          select: str | list[str] | None = None) -> Subscriber:
         """AMPS ``sow_and_subscribe``: the query result (``sow`` messages, with ``top_n`` and
         ``order_by``), a ``group_end`` message (also when the result is empty), then the live
         changes as :meth:`subscribe` gives them, as if query and subscription were placed at
@@ -639,25 +647,31 @@ class Sow:
         With ``keys`` (AMPS ``SowKeys``): the query returns only the records of these SOW
         keys and the subscription delivers only their changes (see :meth:`subscribe`).
 
+        ``skip_n`` pages the query part as :meth:`sow` does (in ``order_by``'s order, else
+        the SOW keys'); ``select`` keeps only those fields in every message's ``data`` (see
+        :meth:`subscribe`).
+
         Raises:
             UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without
             ``change_previous``), BookmarkError (``as_of``: see :meth:`sow`), KeyListError
-            (``keys``: see :meth:`subscribe`).
+            (``keys``: see :meth:`subscribe`), ValueError (``select`` or ``skip_n``: see
+            :meth:`sow`; ``select`` with ``delta``).
         """
         if keys is not None:
             check_key_list(keys)
         if as_of is None:
             return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
-                                    order_by=order_by, report=report, delta=delta, keys=keys)
+                                    order_by=order_by, report=report, delta=delta, keys=keys,
+                                    skip_n=skip_n, select=select)
         t = self.topic(topic)
         position, records = self._as_of(t, as_of)
         if keys is not None:
             wanted = set(keys)
             records = [rec for rec in records if rec.sow_key in wanted]
-        rows = query(self.r, t, filter, None, top_n, order_by, source=records)
+        rows = query(self.r, t, filter, None, top_n, order_by, skip_n=skip_n, source=records)
         mark = str(Bookmark(tuple(position)))  # the query's position: the replay starts there
         sub = self._subscriber(topic, filter=filter, oof=oof, report=report, delta=delta,
-                               bookmark=mark, keys=keys)
+                               bookmark=mark, keys=keys, select=select)
         sub.prepend([*({"kind": "sow", "topic": t.name, "sow_key": rec.sow_key,
                         "seq": rec.seq, "bookmark": mark, "data": rec.obj()} for rec in rows),
                      {"kind": "group_end", "topic": t.name, "count": len(rows),

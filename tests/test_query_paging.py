@@ -135,3 +135,43 @@ def test_cli_batches_of_a_topic_pattern_name_their_topic(url, topic_name):
     lines = [orjson.loads(x) for x in out.stdout.splitlines()]
     assert sorted((x["topic"], x["data"]["id"]) for x in lines) == [
         (topic_name + "_a", i) for i in range(5)] + [(topic_name + "_b", i) for i in range(5, 8)]
+
+
+def test_sow_and_subscribe_pages_and_selects(sow, topic_name):
+    """The query part of a sow_and_subscribe pages as a sow query does (SOW-key order
+    without order-by), and a select list trims the data of every message, live ones too."""
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": i, "px": i, "o": {"a": i, "b": -i}} for i in range(10)],
+                wait=True)
+    by_key = sorted(r.sow_key for r in sow.sow(topic_name))
+    with pytest.raises(ValueError, match="select list does not go with a delta"):
+        sow.sow_and_subscribe(topic_name, delta=True, select="/id")
+    sub = sow.sow_and_subscribe(topic_name, "/px >= 0", oof=True, skip_n=3, top_n=4,
+                                select="/id,/o/b")
+    try:
+        first = [sub.get(timeout=10) for _ in range(5)]
+        assert [m["kind"] for m in first] == ["sow"] * 4 + ["group_end"]
+        assert [m["sow_key"] for m in first[:4]] == by_key[3:7]
+        assert all(m["data"] == {"id": m["data"]["id"], "o": {"b": -m["data"]["id"]}}
+                   for m in first[:4])
+        sow.publish(topic_name, [{"id": 2, "px": 50, "o": {"a": 1, "b": 7}}], wait=True)
+        sow.publish(topic_name, [{"id": 3, "px": -1, "o": {"a": 1, "b": 8}}], wait=True)
+        live = [sub.get(timeout=10) for _ in range(2)]
+    finally:
+        sub.close()
+    assert [(m["kind"], m["data"]) for m in live] == [("publish", {"id": 2, "o": {"b": 7}}),
+                                                     ("oof", {"id": 3, "o": {"b": 8}})]
+
+
+def test_cli_sow_and_subscribe_pages_and_selects(url, topic_name):
+    Sow(url).apply_config(_config(topic_name))
+    Sow(url).publish(topic_name, [{"id": i, "px": i} for i in range(6)], wait=True)
+    out = run_cli(url, "sow-and-subscribe", "-t", topic_name, "--order-by", "/px DESC",
+                  "--skip-n", "1", "--top-n", "2", "--select", "/id", "--count", "3")
+    lines = [orjson.loads(x) for x in out.stdout.splitlines()]
+    assert [(m["kind"], m.get("data")) for m in lines] == [
+        ("sow", {"id": 4}), ("sow", {"id": 3}), ("group_end", None)]
+    bad = run_cli(url, "sow-and-subscribe", "-t", topic_name, "--select", "/id", "--delta",
+                  check=False)
+    err = bad.stderr.decode().strip().splitlines()
+    assert bad.returncode == 2 and "--select does not go with --delta" in err[-1], err

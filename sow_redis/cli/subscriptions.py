@@ -57,6 +57,30 @@ def _run_subscription(sub: Subscriber | AggregatedSubscriber | MultiSubscriber,
         signal.signal(signal.SIGTERM, previous)
 
 
+def _select_option(fn: F) -> F:
+    """The --select option of the subscription commands (AMPS select lists)."""
+    return click.option("--select", "select", multiple=True,
+                        help="Keep only these field paths in each message's data (a select "
+                        "list): comma-separated (\"/id,/px\") or the option repeated; not "
+                        "with --delta.")(fn)
+
+
+def _select_list(select: tuple[str, ...], delta: bool) -> list[str] | None:
+    """The --select values as the API takes them, checked (one usage line when not)."""
+    if not select:
+        return None
+    from ..model.values import select_paths
+
+    if delta:
+        raise click.UsageError("--select does not go with --delta (an update carries only "
+                               "the fields that changed)")
+    try:
+        select_paths(list(select))
+    except ValueError as exc:
+        raise click.UsageError(f"--select: {exc}") from None
+    return list(select)
+
+
 def _message_limits(fn: F) -> F:
     """The --count and --timeout options of the subscription commands."""
     fn = click.option("--timeout", type=float,
@@ -103,13 +127,14 @@ def _report_recovery(msg: Message) -> None:
               "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("--delta", is_flag=True, help="Delta subscription (AMPS delta_subscribe): an "
               "update carries only the fields that changed; the topic needs change_previous.")
+@_select_option
 @_message_limits
 @click.pass_context
 @friendly
 def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | None, oof: bool,
               bookmark: str | None, client_name: str | None, sub_id: str | None,
               persist_every: int, resync: bool, topic_regex: bool, delta: bool,
-              count: int | None, timeout: float | None) -> None:
+              select: tuple[str, ...], count: int | None, timeout: float | None) -> None:
     """Print the changes of a topic as JSON Lines (one message per line, with a "kind":
     publish, oof, completed, recovery), AMPS subscribe semantics: records published to the
     topic; removals only as out-of-focus notices (--oof). Gaps are recovered from the change
@@ -130,6 +155,7 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
     if client_name is None and bookmark is not None and bookmark.strip().upper() == "RECENT":
         raise click.UsageError("--bookmark RECENT needs the bookmark store: give --client-name "
                                "and --sub-id")
+    selected = _select_list(select, delta)
     client = sow_of(ctx)
     names = client.resolve_topics(topic, topic_regex)
     if client_name is not None and names != [topic]:
@@ -140,7 +166,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
         return client.subscribe(name, filter_, oof=oof, bookmark=bookmark,
                                 client_name=client_name, sub_id=sub_id,
                                 persist_every=persist_every, resync=resync, delta=delta,
-                                report=_report_recovery, keys=split_keys(keys))
+                                report=_report_recovery, keys=split_keys(keys),
+                                select=selected)
 
     _run_subscription(one(topic) if names == [topic] else _many(one, names), count, timeout)
 
@@ -152,6 +179,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
               "--filter both must hold.")
 @click.option("--oof", is_flag=True, help="Out-of-focus notices (see subscribe).")
 @click.option("--top-n", type=click.IntRange(min=0), help="The query returns at most N records.")
+@click.option("--skip-n", type=click.IntRange(min=0), help="The query leaves out its first N "
+              "matches (a page: in --order-by's order, else in SOW-key order).")
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
 @click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
               "names (it is one anyway when it is no defined topic and no valid name).")
@@ -163,14 +192,15 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
               "or FUNC(/path) AS /name (COUNT, SUM, AVG, MIN, MAX); repeat the option.")
 @click.option("--grouping", multiple=True, help="Aggregated subscription: a field path to "
               "group by; repeat the option.")
+@_select_option
 @_message_limits
 @click.pass_context
 @friendly
 def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | None,
-                      oof: bool,
-                      top_n: int | None, order_by: str | None, topic_regex: bool,
+                      oof: bool, top_n: int | None, skip_n: int | None,
+                      order_by: str | None, topic_regex: bool,
                       delta: bool, as_of: str | None, projection: tuple[str, ...],
-                      grouping: tuple[str, ...], count: int | None,
+                      grouping: tuple[str, ...], select: tuple[str, ...], count: int | None,
                       timeout: float | None) -> None:
     """Print the query result ("kind": "sow"), a group_end line (also when the result is
     empty), then the live changes as subscribe does, as if query and subscription happened at
@@ -190,20 +220,23 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys:
         if not (projection and grouping):
             raise click.UsageError("--projection and --grouping go together")
         if (delta or top_n is not None or order_by is not None or as_of is not None
-                or keys is not None):
+                or keys is not None or skip_n is not None or select):
             raise click.UsageError("an aggregated subscription (--projection) takes no "
-                                   "--delta, --top-n, --order-by, --as-of or --keys")
+                                   "--delta, --top-n, --skip-n, --order-by, --as-of, --keys "
+                                   "or --select")
         _run_subscription(sow_of(ctx).aggregate(topic, list(projection), list(grouping),
                                                 filter_, report=_report_recovery),
                           count, timeout)
         return
+    selected = _select_list(select, delta)
     client = sow_of(ctx)
     names = client.resolve_topics(topic, topic_regex)
 
     def one(name: str) -> Subscriber:
         return client.sow_and_subscribe(name, filter_, oof=oof, top_n=top_n,
                                         order_by=order_by, report=_report_recovery,
-                                        delta=delta, as_of=as_of, keys=split_keys(keys))
+                                        delta=delta, as_of=as_of, keys=split_keys(keys),
+                                        skip_n=skip_n, select=selected)
 
     _run_subscription(one(topic) if names == [topic] else _many(one, names), count, timeout)
 

@@ -89,7 +89,7 @@ from ..model.events import (
 from ..model.expiry import is_due
 from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
-from ..model.values import JSON, JSONObject
+from ..model.values import JSON, JSONObject, select_fields, select_paths
 from ..query.orderby import parse_order_by, sort_records
 from ..registry import await_migration, get_topic, migration_holds
 from .bookmark import Bookmark, position_text
@@ -131,7 +131,13 @@ class Subscriber(MessageReader):
         filter: AMPS content filter applied to each record (None: all).
         oof: deliver out-of-focus notices.
         sow: ``sow_and_subscribe``: first the query result, then ``group_end``, then live.
-        top_n / order_by: of the query part.
+        top_n / order_by / skip_n: of the query part: at most ``top_n`` records after
+            leaving out the first ``skip_n``, in ``order_by``'s order, else (with
+            ``skip_n``) the SOW keys' (as :func:`sow_redis.query.sow.query` pages).
+        select: a select list (AMPS ``select``; ``["/id", "/px"]`` or ``"/id,/px"``,
+            :func:`~sow_redis.model.values.select_paths`): the ``data`` of every ``sow``,
+            ``publish`` and ``oof`` message keeps only these fields; the filter still
+            reads the whole record. Not with ``delta``.
         bookmark: replay the change feed after this point (a bookmark string, ``EPOCH``,
             ``NOW`` or an ISO-8601 time), then ``completed``, then live.
         resync: a bookmark older than the change feed retains is accepted: the partitions the
@@ -166,6 +172,8 @@ class Subscriber(MessageReader):
 
     Raises:
         ConfigError: ``delta`` on a topic without ``change_previous``.
+        ValueError: a ``select`` path is no field path, ``select`` with ``delta``, or a
+            negative ``skip_n``.
         FilterSyntaxError: the filter or order-by does not parse.
         BookmarkError: the bookmark is malformed, ahead of the topic, or (without
             ``resync``) older than the change feed retains.
@@ -179,14 +187,21 @@ class Subscriber(MessageReader):
                  auto_processed: bool = True, resync: bool = False,
                  delta: bool = False, keys: list[str] | None = None,
                  bookmarks: bool = True, batches: bool = False,
-                 decode: Callable[[str | bytes], Any] | None = None) -> None:
+                 decode: Callable[[str | bytes], Any] | None = None,
+                 skip_n: int | None = None, select: str | list[str] | None = None) -> None:
         # start-up time: the filter grammar (lark, re2: ~0.13 s) loads only for a filter
         from ..query.filter import compile_filter
 
+        if select is not None and delta:
+            raise ValueError("a select list does not go with a delta subscription (its "
+                             "updates carry only the fields that changed)")
         if delta and not topic.change_previous:
             raise ConfigError([f"topic '{topic.name}' does not record the previous state of "
                                "its records: a delta subscription needs change_previous = "
                                "true in its definition (sow-redis config apply)"])
+        if skip_n is not None and skip_n < 0:
+            raise ValueError(f"skip_n must be 0 or more, got {skip_n}")
+        self._select = select_paths(select)
         if migration_holds(r, topic.name, range(topic.partitions)):
             topic = _after_migration(r, topic)  # started during a migration: its new layout
         self.r, self.topic, self.oof, self.delta = r, topic, oof, delta
@@ -199,7 +214,7 @@ class Subscriber(MessageReader):
         self._batches = batches and every and not bookmarks and tracker is None
         self._decode = decode
         self._order = parse_order_by(order_by) if order_by else None
-        self._top_n = top_n
+        self._top_n, self._skip_n = top_n, skip_n
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
         self.resync, self.bookmarks = resync, bookmarks
         self._ready: deque[Message] = deque()
@@ -316,8 +331,11 @@ class Subscriber(MessageReader):
             ordered = sort_records([rec for _p, rec, _o in rows], self._order,
                                    data=lambda rec: by_key[rec.sow_key][2])
             rows = [by_key[rec.sow_key] for rec in ordered]
-        if self._top_n is not None:
-            rows = rows[:self._top_n]
+        elif self._skip_n is not None:  # a page: in the order of the SOW keys
+            rows.sort(key=lambda row: row[1].sow_key)
+        skip = self._skip_n or 0
+        if skip or self._top_n is not None:
+            rows = rows[skip:] if self._top_n is None else rows[skip:skip + self._top_n]
         bm = str(Bookmark(tuple(seqs)))
         for p, rec, obj in rows:
             self._ready.append({"kind": "sow", "topic": self.topic.name, "sow_key": rec.sow_key,
@@ -619,7 +637,7 @@ class Subscriber(MessageReader):
             self._settle_last()
         if self._ready:  # the deriver's common case: taken one after the other
             out = self._last = self._ready.popleft()
-            return out
+            return out if self._select is None else self._selected(out)
         deadline = time.monotonic() + timeout
         while not self._ready:
             left = deadline - time.monotonic()
@@ -636,7 +654,16 @@ class Subscriber(MessageReader):
                 self._live_message(data)
         out = self._ready.popleft()
         self._last = out
-        return out
+        return out if self._select is None else self._selected(out)
+
+    def _selected(self, msg: Message) -> Message:
+        """``msg`` with only the select list's fields in its ``data`` (a ``sow``, ``publish``
+        or ``oof`` message whose data is a JSON object); any other message as it is."""
+        data = msg.get("data")
+        if self._select is None or msg["kind"] not in ("sow", "publish", "oof") \
+                or not isinstance(data, dict):
+            return msg
+        return {**msg, "data": select_fields(data, self._select)}
 
     def _live_message(self, data: bytes) -> None:
         """Account for one message of the topic's channels: a change block (as one

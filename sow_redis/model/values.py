@@ -36,6 +36,44 @@ def split_path(path: str) -> tuple[str, ...]:
     return parts
 
 
+def select_paths(select: str | list[str] | tuple[str, ...] | None
+                 ) -> list[tuple[str, ...]] | None:
+    """The field paths of a select list (AMPS ``select``): a list of paths, each item may
+    itself list several separated by commas (``"/a,/b/c"``, as AMPS writes a select list);
+    a string is one such item. None: no select list (whole records).
+
+    Raises:
+        ValueError: an item is empty or no field path (the message names it).
+    """
+    if select is None:
+        return None
+    items = [select] if isinstance(select, str) else select
+    return [split_path(part.strip()) for item in items for part in str(item).split(",")]
+
+
+def select_fields(obj: JSONObject, paths: list[tuple[str, ...]]) -> JSONObject:
+    """``obj`` with only the fields at ``paths`` (a select list, :func:`select_paths`):
+    nested paths keep their enclosing objects; a path ``obj`` does not have is left out (a
+    null field is kept)."""
+    out: JSONObject = {}
+    for path in paths:
+        value: JSON = obj
+        for step in path:
+            if not isinstance(value, dict) or step not in value:
+                break
+            value = value[step]
+        else:
+            target = out
+            for step in path[:-1]:
+                nested = target.setdefault(step, {})
+                if not isinstance(nested, dict):
+                    break
+                target = nested
+            else:
+                target[path[-1]] = value
+    return out
+
+
 def get_path(record: JSON, parts: tuple[str, ...]) -> JSON:
     """Value at ``parts`` in a decoded JSON object, or None when any step is missing."""
     value = record

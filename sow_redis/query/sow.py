@@ -38,7 +38,7 @@ from ..model.records import Record
 from ..model.records import decode as decode_record
 from ..model.sowkey import generate, index_hash, partition_of_key
 from ..model.topic import TopicConfig
-from ..model.values import JSON, JSONObject, split_path
+from ..model.values import JSONObject, select_fields, select_paths
 from .orderby import parse_order_by, sort_records
 
 if TYPE_CHECKING:
@@ -324,24 +324,6 @@ def explain(r: Client, topic: TopicConfig, filter: str | None = None,
     return plan_query(topic, compile_filter(filter) if filter else None, sow_keys, r)
 
 
-def select_paths(select: str | list[str] | None) -> list[tuple[str, ...]] | None:
-    """The field paths of a select list (AMPS ``select``): a list of paths, each item may
-    itself list several separated by commas (``"/a,/b/c"``, as AMPS writes a select list);
-    a string is one such item. None: no select list (whole records).
-
-    Raises:
-        ValueError: an item is empty or no field path (one line naming it).
-    """
-    if select is None:
-        return None
-    items = [select] if isinstance(select, str) else select
-    paths = []
-    for item in items:
-        for part in str(item).split(","):
-            paths.append(split_path(part.strip()))
-    return paths
-
-
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
           sow_keys: list[str] | None = None,
           top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
@@ -363,7 +345,7 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
             are read, and ``top_n`` stops reading once it has them.
         select: the field paths each record is returned with (a select list; AMPS
             ``select``), as a list or comma-separated (``"/id,/o/b"``; see
-            :func:`select_paths`): every other field is left out, nested paths keep their
+            :func:`~sow_redis.model.values.select_paths`): every other field is left out, nested paths keep their
             objects; ``None`` the whole record.
         source: the records to query instead of the topic's current ones (e.g. the SOW as
             of a point in time, :func:`sow_redis.feed.history.records_as_of`); they are
@@ -493,26 +475,4 @@ def _selected(rec: Record, paths: list[tuple[str, ...]]) -> Record:
         return rec
     if not isinstance(obj, dict):
         return rec
-    out: JSONObject = {}
-    for path in paths:
-        value, found = _lookup(obj, path)
-        if found:
-            target = out
-            for step in path[:-1]:
-                nested = target.setdefault(step, {})
-                if not isinstance(nested, dict):
-                    break
-                target = nested
-            else:
-                target[path[-1]] = value
-    return dataclasses.replace(rec, data=orjson.dumps(out))
-
-
-def _lookup(obj: JSONObject, path: tuple[str, ...]) -> tuple[JSON, bool]:
-    """The value at ``path`` and whether it is there (a null field is there)."""
-    value: JSON = obj
-    for step in path:
-        if not isinstance(value, dict) or step not in value:
-            return None, False
-        value = value[step]
-    return value, True
+    return dataclasses.replace(rec, data=orjson.dumps(select_fields(obj, paths)))
