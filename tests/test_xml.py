@@ -18,7 +18,9 @@ def test_xml_to_object_and_back():
     assert obj == {"alert": {"@id": "a1", "sym": "IBM", "level": "3",
                              "tags": {"tag": ["x", "y"]}, "note": ""}}
     assert to_message(encode(obj))[1] == obj
-    for bad in (b"<a><b></a>", b'<!DOCTYPE x [<!ENTITY e "x">]><a>&e;</a>', b"plain"):
+    utf16 = '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE x [<!ENTITY e "x">]><a>&e;</a>'
+    for bad in (b"<a><b></a>", b'<!DOCTYPE x [<!ENTITY e "x">]><a>&e;</a>', b"plain",
+                utf16.encode("utf-16"), b'<!doctype a SYSTEM "file:///etc/passwd"><a/>'):
         with pytest.raises(MessageError) as info:
             to_message(bad)
         assert info.value.reason == "bad_xml"

@@ -15,8 +15,11 @@ so field paths read like XPath from the document root (``<order><id>7</id></orde
   paths are word characters, so a filter reads elements, not attributes;
 * text beside child elements (mixed content) is kept under ``#text``.
 
-A DOCTYPE or ENTITY declaration is refused (``bad_xml``: no entity expansion), as is text that
-is not well-formed XML. :func:`encode` writes an object back as XML (``sow --format xml``).
+A document type declaration (DTD), and with it any entity declaration or external
+reference, is refused (``bad_xml``: no entity expansion), in whatever encoding the document
+declares; so is text that is not well-formed XML. The parsing is defusedxml's
+(``defusedxml.ElementTree``, over the standard library's expat parser). :func:`encode` writes
+an object back as XML (``sow --format xml``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import xml.etree.ElementTree as ET
 from xml.sax.saxutils import escape, quoteattr
 
 import orjson
+from defusedxml import DefusedXmlException
+from defusedxml.ElementTree import fromstring
 
 from ..errors import MessageError
 from .values import JSON, JSONObject
@@ -34,14 +39,14 @@ def to_message(data: bytes) -> tuple[bytes, JSONObject]:
     """``(JSON text, object)`` of one XML message.
 
     Raises:
-        MessageError: ``bad_xml`` (not well-formed, a DOCTYPE/ENTITY declaration, or a
-            document without a root element).
+        MessageError: ``bad_xml`` (not well-formed, a DOCTYPE, ENTITY or external
+            reference, or a document without a root element).
     """
-    if b"<!DOCTYPE" in data.upper() or b"<!ENTITY" in data.upper():
-        raise MessageError("bad_xml", "the message declares a DOCTYPE or ENTITY: refused "
-                           "(entity expansion)")
     try:
-        root = ET.fromstring(data)
+        root = fromstring(data, forbid_dtd=True)
+    except DefusedXmlException as exc:
+        raise MessageError("bad_xml", f"the message declares a DOCTYPE or ENTITY: refused "
+                           f"(entity expansion; {exc})") from None
     except ET.ParseError as exc:
         raise MessageError("bad_xml", f"not well-formed XML ({exc})") from None
     obj: JSONObject = {root.tag: _value(root)}
