@@ -249,6 +249,36 @@ def test_a_restarted_deriver_makes_the_view_whole_again(sow, topic_name):
     assert [r["sym"] for r in _rows(sow, f"{topic_name}_by_sym").values()] == ["B"]
 
 
+def test_a_view_subscriber_gets_an_oof_when_a_group_disappears(sow, topic_name):
+    """A view is subscribable like any topic: a group emptied by a sow_delete, or by its
+    last record leaving the view's filter, reaches an --oof subscriber as an oof message of
+    the group's row (issue 26.4)."""
+    sow.apply_config(_config(topic_name))
+    view = f"{topic_name}_by_sym"
+    sow.publish(topic_name, [{"id": 1, "sym": "A", "qty": 5, "px": 1},
+                             {"id": 2, "sym": "B", "qty": 5, "px": 2},
+                             {"id": 3, "sym": "C", "qty": 5, "px": 3}], wait=True)
+    with _Running(sow):
+        wait_until(lambda: _rows(sow, view) == _recomputed(sow, topic_name), 60,
+                   "the view built")
+        sub = sow.sow_and_subscribe(view, oof=True)
+        try:
+            first = [sub.get(timeout=10) for _ in range(4)]
+            assert [m["kind"] for m in first] == ["sow"] * 3 + ["group_end"]
+            row_key = {m["data"]["sym"]: m["sow_key"] for m in first[:3]}
+            assert sow.sow_delete(topic_name, "/id = 2") == 1
+            gone = sub.get(timeout=30)
+            assert gone is not None and (gone["kind"], gone["reason"], gone["sow_key"]) == (
+                "oof", "deleted", row_key["B"]) and gone["data"]["sym"] == "B", gone
+            sow.publish(topic_name, {"id": 3, "sym": "C", "qty": 0, "px": 3}, wait=True)
+            left = sub.get(timeout=30)  # qty 0: out of the view's filter, group C empty
+            assert left is not None and (left["kind"], left["sow_key"]) == (
+                "oof", row_key["C"]) and left["data"]["sym"] == "C", left
+        finally:
+            sub.close()
+    assert [r["sym"] for r in _rows(sow, view).values()] == ["A"]
+
+
 def test_a_conflated_topic_gets_at_most_one_update_per_key_per_interval(sow, topic_name):
     sow.apply_config(_config(topic_name, interval="300ms"))
     conflated = f"{topic_name}_c"
