@@ -82,3 +82,35 @@ def test_cli_subscribe_over_a_pattern(url, topic_name):
             proc.kill()
     got = sorted((m["topic"], m["data"]["id"]) for m in map(orjson.loads, out.splitlines()))
     assert got == [(f"{topic_name}_ord_a", 1), (f"{topic_name}_ord_b", 2)]
+
+
+def test_cli_sow_and_subscribe_over_a_pattern(url, topic_name):
+    """Each matching topic's query part (its own group_end), then the live changes of all,
+    every line naming its topic; an aggregated subscription takes one topic only."""
+    sow = _define(url, topic_name)
+    for s in ("ord_a", "ord_b", "fills"):
+        sow.publish(f"{topic_name}_{s}", {"id": 1, "s": s}, wait=True)
+    proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "sow-and-subscribe", "-t",
+                             f"^{topic_name}_ord", "--select", "/s", "--count", "5",
+                             "--timeout", "30"],
+                            env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stderr.readline()  # the live line: every topic is subscribed
+        sow.publish(f"{topic_name}_fills", {"id": 2, "s": "no"})  # not matched
+        sow.publish(f"{topic_name}_ord_b", {"id": 2, "s": "new"}, wait=True)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got = sorted(((m["topic"], m["kind"], m.get("data")) for m in map(orjson.loads,
+                                                                      out.splitlines())),
+                 key=str)
+    assert got == sorted([(f"{topic_name}_ord_a", "sow", {"s": "ord_a"}),
+                          (f"{topic_name}_ord_a", "group_end", None),
+                          (f"{topic_name}_ord_b", "sow", {"s": "ord_b"}),
+                          (f"{topic_name}_ord_b", "group_end", None),
+                          (f"{topic_name}_ord_b", "publish", {"s": "new"})], key=str), got
+    bad = run_cli(url, "sow-and-subscribe", "-t", f"^{topic_name}_ord", "--grouping", "/s",
+                  "--projection", "/s", check=False)
+    err = bad.stderr.decode().strip().splitlines()
+    assert bad.returncode == 2 and "not a pattern" in err[-1], err

@@ -224,8 +224,12 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys:
             raise click.UsageError("an aggregated subscription (--projection) takes no "
                                    "--delta, --top-n, --skip-n, --order-by, --as-of, --keys "
                                    "or --select")
-        _run_subscription(sow_of(ctx).aggregate(topic, list(projection), list(grouping),
-                                                filter_, report=_report_recovery),
+        client = sow_of(ctx)
+        if client.resolve_topics(topic, topic_regex) != [topic]:
+            raise click.UsageError("an aggregated subscription (--projection) reads one "
+                                   "topic: give its name, not a pattern")
+        _run_subscription(client.aggregate(topic, list(projection), list(grouping), filter_,
+                                           report=_report_recovery),
                           count, timeout)
         return
     selected = _select_list(select, delta)
