@@ -4,7 +4,9 @@ no server."""
 
 from __future__ import annotations
 
+import re
 import time
+from pathlib import Path
 
 import pytest
 from conftest import wait_until
@@ -45,6 +47,11 @@ EXAMPLES = [
     ("GREATEST(/bid, /ask) = 11 AND LEAST(/bid, /ask) = 10", {"bid": 10, "ask": 11}),
     ("NOW() - /ts < 60", {"ts": time.time()}),
     ("UNIX_TIMESTAMP() > 1700000000", {}),
+    # as docs/queries.md's table writes them (test_every_example_of_the_docs_is_checked)
+    ("INSTR(/levels, 'critical') != 0", {"levels": "warn,critical"}),
+    ("STREQUAL_I(/code, 'QED') == 1", {"code": "qed"}),
+    ("ABS(/px - /ref) < 0.5", {"px": 9.8, "ref": 10}),
+    ("GREATEST(/bid, /ask) = 11", {"bid": 10, "ask": 11}),
 ]
 
 
@@ -53,6 +60,27 @@ def test_documented_example(text, record):
     if "ts" in record:  # "a minute ago" from when the test runs, not from its collection
         record = {**record, "ts": time.time()}
     assert compile_filter(text).evaluate(record) is True
+
+
+def _doc_examples() -> list[str]:
+    """The examples of the function table of docs/queries.md ("example (true)" column)."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "queries.md").read_text()
+    start = text.index("| function | example (true) | notes |")
+    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    return [ex for row in rows for ex in re.findall(r"`([^`]+)`", row.split(" | ")[1])]
+
+
+def test_every_example_of_the_docs_is_checked():
+    """docs/queries.md says each example of its table is true and checked here: one that reads
+    a field is in EXAMPLES as written, with its record; the others are true on any record."""
+    examples = _doc_examples()
+    assert len(examples) >= 20
+    with_record = {text for text, _record in EXAMPLES}
+    for text in examples:
+        if re.search(r"/[A-Za-z_@]", re.sub(r"'[^']*'", "", text)):
+            assert text in with_record, f"{text!r} is not in EXAMPLES"
+        else:
+            assert compile_filter(text).evaluate({}) is True, text
 
 
 # -- strings ---------------------------------------------------------------------------------
