@@ -5,6 +5,8 @@ fields as JSON Pointers; a subscriber that applies the deltas ends with exactly 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import threading
 
 import orjson
@@ -13,7 +15,7 @@ import pytest
 from sow_redis.client import Sow
 from sow_redis.errors import ConfigError
 from sow_redis.model.delta import apply_delta, delta_of
-from conftest import run_cli
+from conftest import cli_env, run_cli
 
 
 def _config(name: str, previous: bool = True, partitions: int = 4) -> str:
@@ -128,3 +130,26 @@ def test_delta_needs_the_previous_state(sow, topic_name, url, plane):
     out = run_cli(url, "subscribe", "-t", topic_name, "--delta", "--count", "1", check=False)
     err = out.stderr.decode().strip().splitlines()
     assert out.returncode != 0 and len(err) == 1 and "change_previous = true" in err[0], err
+
+
+def test_cli_sow_and_delta_subscribe_prints_only_what_changed(topic_name, url):
+    sow = Sow(url)
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, {"k": 1, "px": 10, "o": {"a": 1, "b": 2}, "gone": True},
+                wait=True)
+    proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "sow-and-subscribe", "-t",
+                             topic_name, "--delta", "--count", "3", "--timeout", "30"],
+                            env=cli_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stderr.readline()  # live: the query part is read and the channels subscribed
+        sow.publish(topic_name, {"k": 1, "px": 11, "o": {"a": 1, "b": 2}}, wait=True)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first, end, update = map(orjson.loads, out.splitlines())
+    assert (first["kind"], first["data"]) == ("sow", {"k": 1, "px": 10, "o": {"a": 1, "b": 2},
+                                                      "gone": True})
+    assert end["kind"] == "group_end" and end["count"] == 1
+    assert (update["kind"], update["delta"], update["data"], update["removed"]) == (
+        "publish", True, {"px": 11}, ["/gone"])
