@@ -407,3 +407,19 @@ def test_a_name_defined_for_two_message_types_is_refused_in_one_line():
         "this one message_type xml): sow_redis scopes topics by name alone, not by name and "
         "message type as AMPS does: rename one",
         "sow.toml: topic #3 'alerts': topic defined twice (also topic #1, message_type json)"]
+
+
+def test_the_configuration_guide_has_one_row_per_topic_field():
+    """docs/configuration.md's topic table shows every [[topic]] field the parser takes,
+    each once, and no other (issue 25: the configuration guide shows each option once)."""
+    import re
+    from pathlib import Path
+
+    from sow_redis.config import _SHAPES
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    start = text.index("| field | meaning | default |")
+    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    fields = [m.group(1) for row in rows if (m := re.match(r"\| `([a-z_]+)` \|", row))]
+    assert len(fields) == len(rows)
+    assert sorted(fields) == sorted(_SHAPES), set(fields) ^ set(_SHAPES)
