@@ -162,6 +162,22 @@ def test_index_elements_become_range_indexes():
     assert skipped == []
 
 
+def test_history_becomes_a_history_table():
+    """AMPS ``<History>`` with ``Window`` and ``Granularity`` → ``history`` (issue 25.1);
+    one without a Window, or with a value that is no duration, is listed, not guessed."""
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/id</Key><History><Window>1w</Window>"
+                         "<Granularity>1s</Granularity></History></Topic>")
+    assert (t.history_window, t.history_granularity) == ("7d", "1s") and skipped == []
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/id</Key><History><Granularity>1s"
+                         "</Granularity></History></Topic>")
+    assert t.history_window == ""
+    assert skipped == ["SOW/Topic[T]/History: not translated: no Window"]
+    (t,), skipped = _one("<Topic><Name>T</Name><Key>/id</Key><History><Window>enabled"
+                         "</Window></History></Topic>")
+    assert skipped == ["SOW/Topic[T]/History: not translated: Window and Granularity are "
+                       "durations"]
+
+
 def test_chaining_key_generator_primary_key_secondary_validation():
     (t,), skipped = _one("""<Topic><Name>Chains</Name><MessageType>fix</MessageType>
         <KeyGenerator><Module>chain</Module><Options><Key>/11</Key><Key>/41</Key>

@@ -19,6 +19,9 @@ chaining key generator of seeds/003; expiration of seeds/000 and 004):
   translated (seeds/004, "Durability");
 * ``Index`` (a field path: a memo index AMPS is asked to create ahead of queries) → one
   ``index`` entry each (a range index; sow_redis keeps only the indexes configured);
+* ``History`` with ``Window`` (and ``Granularity``), AMPS interval units as for
+  ``Expiration`` → ``history = { window, granularity }`` (seeds/004, "historical
+  snapshots"); a ``History`` without a ``Window`` is listed as not translated;
 * ``KeyGenerator`` whose module is the chaining key generator (a ``Modules/Module`` with
   ``libamps_id_chaining_key_generator`` in its ``Library``, or a module name containing
   ``chaining``), with ``Options`` ``Primary`` (else the first ``Key``), ``Key`` and
@@ -61,7 +64,7 @@ from ..model.values import JSONObject
 
 CHAINING_LIBRARY = "libamps_id_chaining_key_generator"
 TRANSLATED = {"Name", "Key", "KeyDomain", "MessageType", "Expiration", "HashIndex",
-              "KeyGenerator", "Durability", "RecoveryPoint", "Index"}
+              "KeyGenerator", "Durability", "RecoveryPoint", "Index", "History"}
 CHAIN_OPTIONS = {"Key", "Primary", "Secondary", "Validation"}
 _AMPS_UNITS_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 10**9, "m": 60 * 10**9,
                   "h": 3600 * 10**9, "d": 86_400 * 10**9, "w": 7 * 86_400 * 10**9}
@@ -296,6 +299,7 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
         except ValueError as exc:
             out.skipped.append(f"{where}/Expiration: not translated: {exc}")
     _durability(topic, t, where, out)
+    _history(topic, t, where, out)
     indexes = _hash_indexes(topic, where, out)
     if indexes:
         t["hash_index"] = indexes
@@ -339,6 +343,33 @@ def _durability(topic: ET.Element, t: JSONObject, where: str, out: Imported) -> 
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
     t["recovery_point"] = at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _history(topic: ET.Element, t: JSONObject, where: str, out: Imported) -> None:
+    """``History`` (``Window``, ``Granularity``) into ``t`` as ``history``; what cannot be
+    translated is appended to ``out.skipped``."""
+    history = topic.find("History")
+    if history is None:
+        return
+    for child in history:
+        if child.tag not in ("Window", "Granularity"):
+            out.skipped.append(f"{where}/History/{child.tag}: not translated")
+    window, granularity = _text(history.find("Window")), _text(history.find("Granularity"))
+    if not window:
+        out.skipped.append(f"{where}/History: not translated: no Window")
+        return
+    try:
+        value = {"window": amps_interval(window)}
+        if granularity:
+            value["granularity"] = amps_interval(granularity)
+    except ValueError as exc:
+        out.skipped.append(f"{where}/History: not translated: {exc}")
+        return
+    if {"enabled", "disabled"} & set(value.values()):
+        out.skipped.append(f"{where}/History: not translated: Window and Granularity are "
+                           "durations")
+        return
+    t["history"] = value
 
 
 def _hash_indexes(topic: ET.Element, where: str, out: Imported) -> list[list[str]]:
