@@ -53,10 +53,10 @@ EXPECTED = {
     "004-2": ([("ORDERS", ("/55", "/109"), "fix", "enabled", (), None)],
               ["SOW/Topic[ORDERS]/FileName"]),
     "004-3": ([("ORDERS", ("/invoice", "/customerId"), "json", "disabled", (("/region",),),
-                None)],
+                None),
+               ("ALERTS", ("/alert/id",), "xml", "disabled", (), None)],
               ["SOW/Topic[ORDERS]/FileName", "SOW/Topic[ORDERS]/SlabSize",
-               "SOW/Topic[ALERTS]/FileName",
-               "SOW/Topic[ALERTS]: MessageType 'xml' is not supported"]),
+               "SOW/Topic[ALERTS]/FileName"]),
 }
 
 
@@ -214,7 +214,7 @@ def test_untranslatable_topics_and_elements_are_listed_one_line_each():
     imported = import_amps(_config(
         "<Topic><Name>A</Name><FileName>sow/%n.sow</FileName><Key>/id</Key>"
         "<SlabSize>1MB</SlabSize><Durability>persistent</Durability></Topic>",
-        "<Topic><Name>X</Name><Key>/id</Key><MessageType>xml</MessageType></Topic>",
+        "<Topic><Name>X</Name><Key>/id</Key><MessageType>bson</MessageType></Topic>",
         "<Topic><Name>Custom</Name><KeyGenerator><Module>mine</Module></KeyGenerator></Topic>",
         "<Topic><Name>Lonely</Name><KeyGenerator><Module>chain</Module><Options>"
         "<Key>/1</Key></Options></KeyGenerator></Topic>",
@@ -233,7 +233,8 @@ def test_untranslatable_topics_and_elements_are_listed_one_line_each():
     rest = skipped[3:]
     for needle in ("SOW/Topic[A]/FileName: not translated",
                    "SOW/Topic[A]/SlabSize: not translated",
-                   "SOW/Topic[X]: MessageType 'xml' is not supported (json, fix): topic skipped",
+                   "SOW/Topic[X]: MessageType 'bson' is not supported (json, fix, xml): "
+                   "topic skipped",
                    "SOW/Topic[Custom]: KeyGenerator module 'mine' is not the chaining key "
                    "generator: topic skipped",
                    "SOW/Topic[Lonely]: 'key_generator': the chaining key generator needs a "
@@ -266,7 +267,7 @@ def test_bad_input_is_one_clear_error(tmp_path, url):
     with pytest.raises(ConfigError, match="DOCTYPE or ENTITY"):
         import_amps('<!DOCTYPE x [<!ENTITY a "b">]><SOW></SOW>')
     for content, message in (("<SOW><Topic>", b"not well-formed"),
-                             ("<SOW><Topic><Name>x</Name><MessageType>xml</MessageType>"
+                             ("<SOW><Topic><Name>x</Name><MessageType>bson</MessageType>"
                               "</Topic></SOW>", b"no SOW topic could be translated")):
         f = tmp_path / "bad.xml"
         f.write_text(content)

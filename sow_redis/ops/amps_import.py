@@ -5,7 +5,7 @@ Translated, per ``<SOW><Topic>`` (AMPS User Guide ch. 7 "SOW Configuration", see
 chaining key generator of seeds/003; expiration of seeds/000 and 004):
 
 * ``Name`` → ``name``; ``Key`` (one or more) → ``key``; ``KeyDomain`` → ``key_domain``;
-* ``MessageType`` ``json`` / ``fix`` (any case) → ``message_type`` (other types: the topic is
+* ``MessageType`` ``json`` / ``fix`` / ``xml`` (any case) → ``message_type`` (other types: the topic is
   skipped);
 * ``Expiration`` → ``expiration``: ``enabled`` / ``disabled`` as they are, a duration with an
   AMPS interval unit (``ns``, ``us``, ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``; no unit =
@@ -286,10 +286,10 @@ def _topic(topic: ET.Element, n: int, chaining: set[str], out: Imported
     if _text(topic.find("KeyDomain")):
         t["key_domain"] = _text(topic.find("KeyDomain"))
     mtype = _text(topic.find("MessageType")).lower()
-    if mtype in ("json", "fix"):
+    if mtype in ("json", "fix", "xml"):
         t["message_type"] = mtype
     elif mtype:
-        out.skipped.append(f"{where}: MessageType {mtype!r} is not supported (json, fix): "
+        out.skipped.append(f"{where}: MessageType {mtype!r} is not supported (json, fix, xml): "
                            "topic skipped")
         return None
     exp = _text(topic.find("Expiration"))
