@@ -5,8 +5,8 @@ Translated, per ``<SOW><Topic>`` (AMPS User Guide ch. 7 "SOW Configuration", see
 chaining key generator of seeds/003; expiration of seeds/000 and 004):
 
 * ``Name`` → ``name``; ``Key`` (one or more) → ``key``; ``KeyDomain`` → ``key_domain``;
-* ``MessageType`` ``json`` / ``fix`` / ``xml`` (any case) → ``message_type`` (other types: the topic is
-  skipped);
+* ``MessageType`` ``json`` / ``fix`` / ``xml`` (any case) → ``message_type`` (other types:
+  the topic is skipped);
 * ``Expiration`` → ``expiration``: ``enabled`` / ``disabled`` as they are, a duration with an
   AMPS interval unit (``ns``, ``us``, ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``; no unit =
   seconds) in the units of :func:`sow_redis.config.parse_duration_ms` (``1w`` → ``7d``,

@@ -345,8 +345,8 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
             are read, and ``top_n`` stops reading once it has them.
         select: the field paths each record is returned with (a select list; AMPS
             ``select``), as a list or comma-separated (``"/id,/o/b"``; see
-            :func:`~sow_redis.model.values.select_paths`): every other field is left out, nested paths keep their
-            objects; ``None`` the whole record.
+            :func:`~sow_redis.model.values.select_paths`): every other field is left out,
+            nested paths keep their objects; ``None`` the whole record.
         source: the records to query instead of the topic's current ones (e.g. the SOW as
             of a point in time, :func:`sow_redis.feed.history.records_as_of`); they are
             taken as they are (no record is left out as due).
