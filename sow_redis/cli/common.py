@@ -205,6 +205,20 @@ def split_keys(keys: str | None) -> list[str] | None:
     return [k for k in keys.split(",") if k] if keys else None
 
 
+def select_list(select: tuple[str, ...]) -> list[str] | None:
+    """The --select values (repeated, each possibly comma-separated) as the API takes them,
+    checked before anything is read: a path that is no field path is one error line."""
+    if not select:
+        return None
+    from ..model.values import select_paths  # start-up time: only with --select
+
+    try:
+        select_paths(list(select))
+    except ValueError as exc:
+        raise click.ClickException(f"--select: {exc}") from None
+    return list(select)
+
+
 def console_for(table: Table) -> Console:
     """A rich Console for ``table``: the terminal's width on a terminal; else (a pipe, a
     file) as wide as the table needs, so that no cell is cut to ``…``."""

@@ -11,7 +11,7 @@ import orjson
 from .. import keys
 from ..model.fix import encode
 from ..model.records import Record
-from .common import console_for, friendly, parse_separator, sow_of, split_keys
+from .common import console_for, friendly, parse_separator, select_list, sow_of, split_keys
 
 if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
     from ..client import Sow
@@ -59,6 +59,7 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights --order-by /tailnum --skip-n 20 --top-n 10 --select /tailnum,/carrier
       sow-redis --redis-url redis://127.0.0.1:6390/0 sow -t flights -f "/dep_delay > 60" --explain
     """
+    selected = select_list(select)
     client = sow_of(ctx)
     if explain:
         for name in client.resolve_topics(topic, topic_regex):
@@ -74,37 +75,29 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
         out = sys.stdout.buffer
         for name in names:  # a pattern: every line names its topic, as below
             label = b'{"topic":%s,"data":' % orjson.dumps(name) if names != [topic] else b""
-            try:
-                for batch in client.sow_batches(name, batch_size, filter_, split_keys(keys),
-                                                top_n, order_by, skip_n,
-                                                list(select) if select else None):
-                    out.write(b"".join(label + rec.data + (b"}\n" if label else b"\n")
-                                       for rec in batch))
-                    out.flush()
-            except ValueError as exc:  # a --select path that is no field path
-                raise click.ClickException(f"--select: {exc}") from None
+            for batch in client.sow_batches(name, batch_size, filter_, split_keys(keys), top_n,
+                                            order_by, skip_n, selected):
+                out.write(b"".join(label + rec.data + (b"}\n" if label else b"\n")
+                                   for rec in batch))
+                out.flush()
         return
     names = client.resolve_topics(topic, topic_regex)
     if names != [topic]:  # a pattern: each topic's records, every line naming its topic
         for name in names:
-            _print_records(client, name, filter_, keys, top_n, order_by, skip_n, select, as_of,
-                           with_key, fmt, separator, labelled=True)
+            _print_records(client, name, filter_, keys, top_n, order_by, skip_n, selected,
+                           as_of, with_key, fmt, separator, labelled=True)
         return
-    _print_records(client, topic, filter_, keys, top_n, order_by, skip_n, select, as_of,
+    _print_records(client, topic, filter_, keys, top_n, order_by, skip_n, selected, as_of,
                    with_key, fmt, separator, labelled=False)
 
 
 def _print_records(sow: Sow, topic: str, filter_: str | None, keys: str | None,
                    top_n: int | None, order_by: str | None, skip_n: int | None,
-                   select: tuple[str, ...], as_of: str | None, with_key: bool, fmt: str,
+                   select: list[str] | None, as_of: str | None, with_key: bool, fmt: str,
                    separator: str | None, labelled: bool) -> None:
     """Print one topic's query result (``labelled``: JSON lines carry ``topic``)."""
-    try:
-        records = sow.sow(topic, filter_, split_keys(keys), top_n, order_by,
-                             skip_n=skip_n, select=list(select) if select else None,
-                             as_of=as_of)
-    except ValueError as exc:  # a --select path that is no field path
-        raise click.ClickException(f"--select: {exc}") from None
+    records = sow.sow(topic, filter_, split_keys(keys), top_n, order_by, skip_n=skip_n,
+                      select=select, as_of=as_of)
     if fmt == "table":
         _print_table(topic, records, with_key)
         return

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 import orjson
 
-from .common import friendly, sow_of, split_keys
+from .common import friendly, select_list, sow_of, split_keys
 
 if TYPE_CHECKING:  # annotations only (start-up time: see the functions' imports)
     from ..feed.aggregate import AggregatedSubscriber
@@ -66,19 +66,12 @@ def _select_option(fn: F) -> F:
 
 
 def _select_list(select: tuple[str, ...], delta: bool) -> list[str] | None:
-    """The --select values as the API takes them, checked (one usage line when not)."""
-    if not select:
-        return None
-    from ..model.values import select_paths
-
-    if delta:
+    """The --select values as the API takes them (:func:`select_list`), refused with
+    --delta."""
+    if select and delta:
         raise click.UsageError("--select does not go with --delta (an update carries only "
                                "the fields that changed)")
-    try:
-        select_paths(list(select))
-    except ValueError as exc:
-        raise click.UsageError(f"--select: {exc}") from None
-    return list(select)
+    return select_list(select)
 
 
 def _message_limits(fn: F) -> F:
