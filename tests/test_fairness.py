@@ -112,6 +112,8 @@ def test_a_quiet_topic_is_served_while_another_keeps_both_workers_busy(own_url):
     assert max(queue_lengths) <= 9
 
 
+@pytest.mark.serial  # a bound in lease times: at the idle priority beside 6 busy xdist workers
+# the unknown job's two sweeps took 3.3 s once (CI, stop 43)
 @pytest.mark.parametrize("forged", ["no_ttl", "long_ttl", "unknown_job"])
 def test_a_forged_job_marker_never_stalls_a_partition(own_url, forged):
     """A job marker that stands for no job (set by any client allowed to set markers: without
