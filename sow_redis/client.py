@@ -22,9 +22,10 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, overload
 
 import orjson
 import re2
@@ -427,10 +428,26 @@ class Sow:
                              separator)
 
     # reading -------------------------------------------------------------------------
+    @overload
     def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
             top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
-            select: str | list[str] | None = None, as_of: str | None = None) -> list[Record]:
+            select: str | list[str] | None = None, as_of: str | None = None,
+            batch_size: None = None) -> list[Record]: ...
+
+    @overload
+    def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
+            top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
+            select: str | list[str] | None = None, as_of: str | None = None, *,
+            batch_size: int) -> Iterator[Record]: ...
+
+    def sow(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
+            top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
+            select: str | list[str] | None = None, as_of: str | None = None,
+            batch_size: int | None = None) -> list[Record] | Iterator[Record]:
         """SOW query (seeds/004 "Queries"): records matching an AMPS content filter.
+
+        Returns:
+            The matching records as a list; with ``batch_size``, an iterator of them.
 
         Args:
             top_n / skip_n: a page: at most ``top_n`` records after leaving out the first
@@ -442,27 +459,42 @@ class Sow:
             as_of: the SOW as it was at this point (an ISO-8601 time, a bookmark string or
                 ``EPOCH``) on a topic with ``history`` (:mod:`sow_redis.feed.history`):
                 records deleted or expired since included.
+            batch_size: read the records ``batch_size`` at a time (AMPS ``batch_size``) and
+                return an iterator: without ``order_by`` and ``skip_n`` a result of any
+                size takes the memory of one batch (:meth:`sow_batches`, whose batches it
+                flattens). The arguments are checked here, before a record is asked for.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, KeyListError (more than
             :data:`~sow_redis.model.sowkey.MAX_KEYS` keys, or a key no record can have),
             ValueError (a negative ``top_n`` or ``skip_n``, a ``select`` path that is no
             field path), BookmarkError (``as_of`` on a topic without history, malformed, or
-            older than the history window: the message names the oldest point kept).
+            older than the history window: the message names the oldest point kept),
+            ValueError (``batch_size`` below 1).
         """
+        if batch_size is not None:
+            return itertools.chain.from_iterable(self.sow_batches(
+                topic, batch_size, filter, keys, top_n, order_by, skip_n, select, as_of))
+        t, source = self._query_source(topic, keys, as_of)
+        return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select,
+                     source=source)
+
+    def _query_source(self, topic: str, keys: list[str] | None,
+                      as_of: str | None) -> tuple[TopicConfig, Iterable[Record] | None]:
+        """The topic of a query and, ``as_of`` given, the records as of then (read as the
+        query goes: a batched query keeps the memory of one batch); None: the current SOW."""
         if keys is not None:
             check_key_list(keys)
         t = self.topic(topic)
         if t.idle_ms:
             touch(self.r, t.name)
-        source = None
-        if as_of is not None:
-            source = self._as_of(t, as_of)[1]
-            if keys is not None:
-                wanted = set(keys)
-                source = [rec for rec in source if rec.sow_key in wanted]
-        return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select,
-                     source=source)
+        if as_of is None:
+            return t, None
+        source = records_as_of(self.r, t, as_of_position(self.r, t, as_of), iso_ms(as_of))
+        if keys is not None:
+            wanted = set(keys)
+            source = (rec for rec in source if rec.sow_key in wanted)
+        return t, source
 
     def explain(self, topic: str, filter: str | None = None,
                 keys: list[str] | None = None) -> Plan:
@@ -479,21 +511,19 @@ class Sow:
     def sow_batches(self, topic: str, batch_size: int, filter: str | None = None,
                     keys: list[str] | None = None, top_n: int | None = None,
                     order_by: str | None = None, skip_n: int | None = None,
-                    select: str | list[str] | None = None) -> Iterator[list[Record]]:
+                    select: str | list[str] | None = None,
+                    as_of: str | None = None) -> Iterator[list[Record]]:
         """:meth:`sow` in batches of at most ``batch_size`` records (AMPS ``batch_size``):
         without ``order_by`` and ``skip_n`` a result of any size is read and handed over one
-        batch at a time (:func:`sow_redis.query.sow.query_batches`).
+        batch at a time (:func:`sow_redis.query.sow.query_batches`). The arguments are
+        checked here, before the first batch is asked for.
 
         Raises:
             as :meth:`sow`; ValueError: ``batch_size`` below 1.
         """
-        if keys is not None:
-            check_key_list(keys)
-        t = self.topic(topic)
-        if t.idle_ms:
-            touch(self.r, t.name)
+        t, source = self._query_source(topic, keys, as_of)
         return query_batches(self.r, t, batch_size, filter, keys, top_n, order_by, skip_n,
-                             select)
+                             select, source)
 
     def _as_of(self, t: TopicConfig, when: str) -> tuple[list[int], list[Record]]:
         """The per-partition position of ``when`` and the records as they were there."""

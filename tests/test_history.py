@@ -72,6 +72,11 @@ def test_as_of_queries_equal_a_model_at_every_point(sow, topic_name):
                                           top_n=3, as_of=when)]
     assert got == sorted((i for i, r in expected.items() if r["g"] == "a"), reverse=True)[:3]
     assert _state(sow, topic_name, as_of="EPOCH") == {}
+    # read in batches (an iterator), the past is the same
+    for when, expected in points[::4]:
+        batched = sow.sow(topic_name, as_of=when, batch_size=3)
+        assert not isinstance(batched, list)
+        assert {r.obj()["id"]: r.obj() for r in batched} == expected, when
     print(f"\n{len(points)} points checked; {len(model)} records now")
 
 

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from sow_redis.client import Sow
+from sow_redis.errors import FilterSyntaxError
 from conftest import run_cli
 
 
@@ -123,7 +124,50 @@ def test_batches_hand_over_every_match_once(sow, topic_name):
     assert ordered == list(range(94, 69, -1))
     assert sum(len(b) for b in sow.sow_batches(topic_name, 7, skip_n=90, top_n=20)) == 10
     with pytest.raises(ValueError, match="batch_size"):
-        next(sow.sow_batches(topic_name, 0))
+        sow.sow_batches(topic_name, 0)
+
+
+def test_sow_with_a_batch_size_is_an_iterator_checked_before_it_reads(sow, topic_name):
+    """``Sow.sow(..., batch_size=B)`` returns an iterator of the same records as the list;
+    bad arguments raise at the call, before a record is asked for."""
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": i, "px": i % 7, "o": {"a": i}} for i in range(100)])
+    it = sow.sow(topic_name, "/px > 2", batch_size=16)
+    assert iter(it) is it and not isinstance(it, list)
+    assert sorted(r.sow_key for r in it) == sorted(
+        r.sow_key for r in sow.sow(topic_name, "/px > 2"))
+    assert list(it) == []  # one pass, as an AMPS message stream
+    assert len(list(sow.sow(topic_name, top_n=5, batch_size=2))) == 5
+    assert [r.obj() for r in sow.sow(topic_name, "/id < 3", order_by="/id DESC",
+                                     select="/o/a", batch_size=2)] == [
+        {"o": {"a": 2}}, {"o": {"a": 1}}, {"o": {"a": 0}}]
+    for kw, err in (({"batch_size": 0}, ValueError), ({"top_n": -1, "batch_size": 5}, ValueError),
+                    ({"filter": "/px >", "batch_size": 5}, FilterSyntaxError),
+                    ({"select": "px", "batch_size": 5}, ValueError)):
+        with pytest.raises(err):
+            sow.sow(topic_name, **kw)
+
+
+def test_sow_with_a_batch_size_reads_as_it_is_iterated(url, plane, topic_name):
+    """The first record of a batched query of 3,000 records takes one HSCAN page, not the
+    whole topic (Redis's command statistics count the HSCAN calls)."""
+    if plane == "cluster":
+        pytest.skip("the command statistics of one server: on the server plane")
+    sow = Sow(url, inline=True)
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": i} for i in range(3000)], wait=True)
+
+    def hscans() -> int:
+        return int(sow.r.info("commandstats").get("cmdstat_hscan", {}).get("calls", 0))
+
+    before = hscans()
+    it = sow.sow(topic_name, batch_size=10)
+    next(it)
+    first = hscans() - before
+    rest = sum(1 for _ in it)
+    every = hscans() - before
+    print(f"\nHSCAN calls: {first} for the first record, {every} for all {rest + 1}")
+    assert rest + 1 == 3000 and first == 1 and every > 3
 
 
 def test_cli_batches_of_a_topic_pattern_name_their_topic(url, topic_name):

@@ -33,8 +33,8 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
 @click.option("--as-of", "as_of", help="The SOW as it was at this point: an ISO-8601 time, a "
               "bookmark or EPOCH (a topic with history).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Read and print N records at a "
-              "time (JSON Lines; without --order-by a result of any size takes the memory of "
-              "one batch).")
+              "time (JSON Lines; without --order-by and --skip-n a result of any size takes "
+              "the memory of one batch).")
 @click.option("--order-by", help="e.g. \"/price DESC, /orderId\".")
 @click.option("--keys", help="Only these SOW keys (comma-separated).")
 @click.option("--with-key", is_flag=True, help="Print {\"sow_key\":…, \"data\":…} per record.")
@@ -68,15 +68,15 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
             click.echo(f"{name}: {text}")
         return
     if batch_size is not None:
-        if fmt != "jsonl" or as_of is not None or with_key:
-            raise click.UsageError("--batch-size prints JSON Lines of the current records: "
-                                   "no --format, --as-of or --with-key")
+        if fmt != "jsonl" or with_key:
+            raise click.UsageError("--batch-size prints JSON Lines of the records: no "
+                                   "--format or --with-key")
         names = client.resolve_topics(topic, topic_regex)
         out = sys.stdout.buffer
         for name in names:  # a pattern: every line names its topic, as below
             label = b'{"topic":%s,"data":' % orjson.dumps(name) if names != [topic] else b""
             for batch in client.sow_batches(name, batch_size, filter_, split_keys(keys), top_n,
-                                            order_by, skip_n, selected):
+                                            order_by, skip_n, selected, as_of):
                 out.write(b"".join(label + rec.data + (b"}\n" if label else b"\n")
                                    for rec in batch))
                 out.flush()

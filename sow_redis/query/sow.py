@@ -429,33 +429,45 @@ def _matching(topic: TopicConfig, records: Iterable[Record], pred: Filter | None
 def query_batches(r: Client, topic: TopicConfig, batch_size: int, filter: str | None = None,
                   sow_keys: list[str] | None = None, top_n: int | None = None,
                   order_by: str | None = None, skip_n: int | None = None,
-                  select: str | list[str] | None = None) -> Iterator[list[Record]]:
+                  select: str | list[str] | None = None,
+                  source: Iterable[Record] | None = None) -> Iterator[list[Record]]:
     """:func:`query` in batches of at most ``batch_size`` records (AMPS ``batch_size``):
     without ``order_by`` and ``skip_n`` the records are read, filtered and handed over as they
     come, so a result of any size takes the memory of one batch (and of Redis's HSCAN
     pages); with either the matches are sorted first (a page's stable order, see
-    :func:`query`), then handed over in batches.
+    :func:`query`), then handed over in batches. ``source`` as for :func:`query` (read as it
+    is iterated).
+
+    The arguments are checked (and the query counted) when this is called, before the first
+    batch is asked for.
 
     Raises:
         ValueError: ``batch_size`` below 1; as :func:`query` otherwise.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
+    if top_n is not None and top_n < 0:
+        raise ValueError(f"top_n must be 0 or more, got {top_n}")
     if order_by is not None or skip_n is not None:
-        rows = query(r, topic, filter, sow_keys, top_n, order_by, skip_n, select)
-        for i in range(0, len(rows), batch_size):
-            yield rows[i:i + batch_size]
-        return
+        rows = query(r, topic, filter, sow_keys, top_n, order_by, skip_n, select, source)
+        return (rows[i:i + batch_size] for i in range(0, len(rows), batch_size))
     # a query of no record checks the arguments and counts the query (n_query)
     query(r, topic, filter, sow_keys, 0, None, skip_n, select)
+    return _batches(r, topic, batch_size, filter, sow_keys, top_n, select, source)
+
+
+def _batches(r: Client, topic: TopicConfig, batch_size: int, filter: str | None,
+             sow_keys: list[str] | None, top_n: int | None, select: str | list[str] | None,
+             source: Iterable[Record] | None) -> Iterator[list[Record]]:
+    """The matches of an unordered :func:`query_batches`, read as they are asked for."""
     # start-up time: as in query()
     from .filter import compile_filter
 
     pred = compile_filter(filter) if filter else None
     selected = select_paths(select)
-    now_ms = server_ms(r) if topic.expiration_enabled else 0
-    matches = _matching(topic, _source(r, topic, pred, sow_keys), pred, False, now_ms)
-    picked = itertools.islice(matches, top_n)
+    now_ms = server_ms(r) if topic.expiration_enabled and source is None else 0
+    records = _source(r, topic, pred, sow_keys) if source is None else source
+    picked = itertools.islice(_matching(topic, records, pred, False, now_ms), top_n)
     batch: list[Record] = []
     for rec, _obj in picked:
         batch.append(rec if selected is None else _selected(rec, selected))
