@@ -660,7 +660,8 @@ class Sow:
                           report: Callable[[Message], None] | None = None,
                           delta: bool = False, as_of: str | None = None,
                           keys: list[str] | None = None, skip_n: int | None = None,
-                          select: str | list[str] | None = None) -> Subscriber:
+                          select: str | list[str] | None = None,
+                          batch_size: int | None = None) -> Subscriber:
         """AMPS ``sow_and_subscribe``: the query result (``sow`` messages, with ``top_n`` and
         ``order_by``), a ``group_end`` message (also when the result is empty), then the live
         changes as :meth:`subscribe` gives them, as if query and subscription were placed at
@@ -681,18 +682,28 @@ class Sow:
         the SOW keys'); ``select`` keeps only those fields in every message's ``data`` (see
         :meth:`subscribe`).
 
+        ``batch_size`` (AMPS ``batch_size``; not with ``as_of``): without ``order_by`` and
+        ``skip_n``, the query part is read one partition at a time as its messages are asked
+        for, and decoded ``batch_size`` records at a time, so it takes the memory of one
+        partition's records; its ``sow`` messages then carry no bookmark (``group_end`` does:
+        see :class:`~sow_redis.feed.subscriber.Subscriber`).
+
         Raises:
             UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without
             ``change_previous``), BookmarkError (``as_of``: see :meth:`sow`), KeyListError
             (``keys``: see :meth:`subscribe`), ValueError (``select`` or ``skip_n``: see
-            :meth:`sow`; ``select`` with ``delta``).
+            :meth:`sow`; ``select`` with ``delta``; ``batch_size`` below 1 or with
+            ``as_of``).
         """
         if keys is not None:
             check_key_list(keys)
         if as_of is None:
             return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
                                     order_by=order_by, report=report, delta=delta, keys=keys,
-                                    skip_n=skip_n, select=select)
+                                    skip_n=skip_n, select=select, batch_size=batch_size)
+        if batch_size is not None:
+            raise ValueError("batch_size does not go with as_of (the historical query part "
+                             "is read whole)")
         t = self.topic(topic)
         position, records = self._as_of(t, as_of)
         if keys is not None:

@@ -175,6 +175,9 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
 @click.option("--skip-n", type=click.IntRange(min=0), help="The query leaves out its first N "
               "matches (a page: in --order-by's order, else in SOW-key order).")
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Read the query part one "
+              "partition at a time and decode N records at a time (without --order-by and "
+              "--skip-n: the memory of one partition's records, not the topic's).")
 @click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
               "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("--delta", is_flag=True, help="AMPS sow_and_delta_subscribe: the records whole, "
@@ -191,7 +194,7 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
 @friendly
 def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | None,
                       oof: bool, top_n: int | None, skip_n: int | None,
-                      order_by: str | None, topic_regex: bool,
+                      order_by: str | None, batch_size: int | None, topic_regex: bool,
                       delta: bool, as_of: str | None, projection: tuple[str, ...],
                       grouping: tuple[str, ...], select: tuple[str, ...], count: int | None,
                       timeout: float | None) -> None:
@@ -213,10 +216,11 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys:
         if not (projection and grouping):
             raise click.UsageError("--projection and --grouping go together")
         if (delta or top_n is not None or order_by is not None or as_of is not None
-                or keys is not None or skip_n is not None or select):
+                or keys is not None or skip_n is not None or select
+                or batch_size is not None):
             raise click.UsageError("an aggregated subscription (--projection) takes no "
-                                   "--delta, --top-n, --skip-n, --order-by, --as-of, --keys "
-                                   "or --select")
+                                   "--delta, --top-n, --skip-n, --order-by, --as-of, --keys, "
+                                   "--select or --batch-size")
         client = sow_of(ctx)
         if client.resolve_topics(topic, topic_regex) != [topic]:
             raise click.UsageError("an aggregated subscription (--projection) reads one "
@@ -225,6 +229,9 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys:
                                            report=_report_recovery),
                           count, timeout)
         return
+    if batch_size is not None and as_of is not None:
+        raise click.UsageError("--batch-size does not go with --as-of (the historical query "
+                               "part is read whole)")
     selected = _select_list(select, delta)
     client = sow_of(ctx)
     names = client.resolve_topics(topic, topic_regex)
@@ -233,7 +240,7 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys:
         return client.sow_and_subscribe(name, filter_, oof=oof, top_n=top_n,
                                         order_by=order_by, report=_report_recovery,
                                         delta=delta, as_of=as_of, keys=split_keys(keys),
-                                        skip_n=skip_n, select=selected)
+                                        skip_n=skip_n, select=selected, batch_size=batch_size)
 
     _run_subscription(one(topic) if names == [topic] else _many(one, names), count, timeout)
 

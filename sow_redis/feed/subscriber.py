@@ -17,7 +17,8 @@ with no gap, no duplicate and no older state after a newer one.
 Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
 
 * ``sow``: a record of the query part (``sow_and_subscribe``): ``topic``, ``sow_key``,
-  ``partition``, ``seq``, ``bookmark`` (the position of the query), ``data``;
+  ``partition``, ``seq``, ``bookmark`` (the position of the query; none with
+  ``batch_size``), ``data``;
 * ``group_end``: the end of the query part (also when it is empty): ``topic``, ``count``,
   ``bookmark``;
 * ``publish``: a record published to the topic that matches the filter (the merged record of a
@@ -64,7 +65,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
 import orjson
@@ -134,6 +135,13 @@ class Subscriber(MessageReader):
         top_n / order_by / skip_n: of the query part: at most ``top_n`` records after
             leaving out the first ``skip_n``, in ``order_by``'s order, else (with
             ``skip_n``) the SOW keys' (as :func:`sow_redis.query.sow.query` pages).
+        batch_size: of the query part, without ``order_by`` and ``skip_n`` (AMPS
+            ``batch_size``): the partitions are read one after the other as the messages are
+            asked for, each in one MULTI/EXEC (as without it), and their records decoded
+            ``batch_size`` at a time, so the query part takes the memory of one partition's
+            records, not of the topic's (more partitions, less memory). Its ``sow`` messages
+            carry no ``bookmark``: the query's position is known once every partition is
+            read, and ``group_end`` carries it. None: the query is read whole at the start.
         select: a select list (AMPS ``select``; ``["/id", "/px"]`` or ``"/id,/px"``,
             :func:`~sow_redis.model.values.select_paths`): the ``data`` of every ``sow``,
             ``publish`` and ``oof`` message keeps only these fields; the filter still
@@ -172,8 +180,8 @@ class Subscriber(MessageReader):
 
     Raises:
         ConfigError: ``delta`` on a topic without ``change_previous``.
-        ValueError: a ``select`` path is no field path, ``select`` with ``delta``, or a
-            negative ``skip_n``.
+        ValueError: a ``select`` path is no field path, ``select`` with ``delta``, a
+            negative ``skip_n`` or a ``batch_size`` below 1.
         FilterSyntaxError: the filter or order-by does not parse.
         BookmarkError: the bookmark is malformed, ahead of the topic, or (without
             ``resync``) older than the change feed retains.
@@ -188,7 +196,8 @@ class Subscriber(MessageReader):
                  delta: bool = False, keys: list[str] | None = None,
                  bookmarks: bool = True, batches: bool = False,
                  decode: Callable[[str | bytes], Any] | None = None,
-                 skip_n: int | None = None, select: str | list[str] | None = None) -> None:
+                 skip_n: int | None = None, select: str | list[str] | None = None,
+                 batch_size: int | None = None) -> None:
         # start-up time: the filter grammar (lark, re2: ~0.13 s) loads only for a filter
         from ..query.filter import compile_filter
 
@@ -201,6 +210,8 @@ class Subscriber(MessageReader):
                                "true in its definition (sow-redis config apply)"])
         if skip_n is not None and skip_n < 0:
             raise ValueError(f"skip_n must be 0 or more, got {skip_n}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
         self._select = select_paths(select)
         if migration_holds(r, topic.name, range(topic.partitions)):
             topic = _after_migration(r, topic)  # started during a migration: its new layout
@@ -218,6 +229,7 @@ class Subscriber(MessageReader):
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
         self.resync, self.bookmarks = resync, bookmarks
         self._ready: deque[Message] = deque()
+        self._rest: Iterator[None] | None = None  # a batched query part still to read
         self._last: Message | None = None
         self._live: ShardListener | None = None
         # per partition, the keys of the records seen matching (kept with oof only)
@@ -235,7 +247,10 @@ class Subscriber(MessageReader):
             start = resolve(r, topic, bookmark, resync)
         else:
             start = None
-        if sow:
+        if sow and batch_size is not None and self._order is None and skip_n is None:
+            self.pos = [0] * topic.partitions  # each partition's as it is read
+            self._rest = self._query_in_batches(batch_size)
+        elif sow:
             self.pos = self._query()
         elif start is not None:
             self.pos = list(start.seqs)
@@ -286,6 +301,12 @@ class Subscriber(MessageReader):
     def _snapshot(self, p: int) -> tuple[int, list[tuple[JSON, JSONObject]]]:
         """Partition ``p``'s seq and its live records matching the filter, read in one
         MULTI/EXEC (the records exactly as of that seq)."""
+        seq, raw, now = self._read_partition(p)
+        return seq, list(self._matching(p, raw, now))
+
+    def _read_partition(self, p: int) -> tuple[int, dict[bytes, bytes], int]:
+        """Partition ``p``'s seq and its stored records (SOW key → encoded record), read in
+        one MULTI/EXEC, and the server's time in ms (0: the topic has no expiration)."""
         pipe = self.r.pipeline(transaction=True)
         pipe.hget(keys.state(self.topic.name, p), "seq")
         wanted = sorted(self._keys) if self._keys is not None else None
@@ -299,7 +320,13 @@ class Subscriber(MessageReader):
         else:  # only the subscribed keys: HMGET them instead of reading the partition
             raw = {k: v for k, v in zip(wanted, got[0] if got else []) if v is not None}
         now = server_ms(self.r) if self.topic.expiration_enabled else 0
-        out = []
+        return int(seq_raw or 0), raw, now
+
+    def _matching(self, p: int, raw: dict[Any, bytes],
+                  now: int) -> Iterator[tuple[JSON, JSONObject]]:
+        """The records of ``raw`` (partition ``p``'s) that match the filter and are not due at
+        ``now`` (ms; 0: no check), decoded as they are asked for; a record that cannot be
+        read is reported (an ``error`` message) and left out."""
         for k, v in raw.items():
             try:
                 rec = decode_record(k, v, lenient=True)
@@ -314,8 +341,7 @@ class Subscriber(MessageReader):
                 continue
             obj = cast("JSONObject", ev["data"])
             if self._match(obj):
-                out.append((rec, obj))
-        return int(seq_raw or 0), out
+                yield rec, obj
 
     def _query(self) -> list[int]:
         seqs: list[int] = []
@@ -345,6 +371,51 @@ class Subscriber(MessageReader):
         if self.tracker is not None:
             self.tracker.start(Bookmark(tuple(seqs)))
         return seqs
+
+    def _query_in_batches(self, size: int) -> Iterator[None]:
+        """The query part read as it is asked for (see ``batch_size``): each step adds up to
+        ``size`` ``sow`` messages to the ready queue (the last step, ``group_end``)."""
+        count, limit, name = 0, self._top_n, self.topic.name
+        for p in range(self.topic.partitions):
+            seq, raw, now = self._read_through_outage(p)
+            self.pos[p] = seq
+            view = self._view[p] if self.oof else None
+            for rec, obj in self._matching(p, raw, now):
+                if view is not None:  # the records seen matching, as _query keeps them
+                    view.add(rec.sow_key)
+                if limit is not None and count >= limit:
+                    continue
+                count += 1
+                self._ready.append({"kind": "sow", "topic": name, "sow_key": rec.sow_key,
+                                    "partition": p, "seq": rec.seq, "data": obj})
+                if len(self._ready) >= size:
+                    yield
+            del raw  # the partition's records: one partition's at a time
+        self._ready.append({"kind": "group_end", "topic": name, "count": count,
+                            "bookmark": self.bookmark})
+        if self.tracker is not None:
+            self.tracker.start(Bookmark(tuple(self.pos)))
+
+    def _read_through_outage(self, p: int) -> tuple[int, dict[bytes, bytes], int]:
+        """:meth:`_read_partition`, tried again while Redis is unreachable (nothing of the
+        partition is delivered before its read succeeds)."""
+        pause, warned = 0.05, False
+        while True:
+            try:
+                return self._read_partition(p)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if not warned:
+                    log.warning("subscriber of %s: Redis unreachable (%s); retrying",
+                                self.topic.name, exc)
+                    warned = True
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
+                refresh_topology(self.r)
+
+    def _more_query(self) -> None:
+        """The next step of a batched query part (:meth:`_query_in_batches`)."""
+        if self._rest is not None and next(self._rest, StopIteration) is StopIteration:
+            self._rest = None
 
     # -- replay --------------------------------------------------------------------------
     def _replay(self) -> None:
@@ -640,6 +711,9 @@ class Subscriber(MessageReader):
             return out if self._select is None else self._selected(out)
         deadline = time.monotonic() + timeout
         while not self._ready:
+            if self._rest is not None:  # a batched query part comes before anything live
+                self._more_query()
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
