@@ -684,9 +684,10 @@ class Sow:
 
         ``batch_size`` (AMPS ``batch_size``; not with ``as_of``): without ``order_by`` and
         ``skip_n``, the query part is read one partition at a time as its messages are asked
-        for, and decoded ``batch_size`` records at a time, so it takes the memory of one
-        partition's records; its ``sow`` messages then carry no bookmark (``group_end`` does:
-        see :class:`~sow_redis.feed.subscriber.Subscriber`).
+        for, from a copy of the partition's records made in Redis with its seq, ``batch_size``
+        records at a time: the client holds one batch, Redis a copy of one partition while it
+        is read. Its ``sow`` messages then carry no bookmark (``group_end`` does: see
+        :class:`~sow_redis.feed.subscriber.Subscriber`).
 
         Raises:
             UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without

@@ -105,6 +105,13 @@ def records(topic: str, p: int) -> str:
     return partition_tag(topic, p) + ":rec"
 
 
+def snapshot(topic: str, p: int, token: str) -> str:
+    """HASH: a copy of :func:`records` taken with the partition's seq in one MULTI/EXEC (``COPY``)
+    by a batched ``sow_and_subscribe``, which scans it and deletes it; ``token`` makes it that
+    subscription's. It has a lifetime, renewed at each page read, so an abandoned copy goes."""
+    return partition_tag(topic, p) + ":snap:" + token
+
+
 def expiry(topic: str, p: int) -> str:
     """ZSET SOW key → expiry time (ms since epoch, Redis server clock)."""
     return partition_tag(topic, p) + ":exp"

@@ -82,6 +82,14 @@ def test_each_role_does_its_job_and_nothing_else(acl_server, topic_name):
         # lives 2 s: long enough to be in the snapshot below on a busy machine
         pub.publish(topic_name, {"k": 50}, expiration=2.0, wait=True, timeout=30)
         assert len(reader.sow(topic_name)) == 11
+        admin = Redis.from_url(_url(port, "operator"))
+        copies = admin.info("commandstats").get("cmdstat_copy", {}).get("calls", 0)
+        with reader.sow_and_subscribe(topic_name, batch_size=3) as sub:  # copies, scans
+            batched = [sub.get(2) for _ in range(12)]
+        assert [m["kind"] for m in batched] == ["sow"] * 11 + ["group_end"]
+        # the reader may copy (not read each partition whole), and leaves no copy behind
+        assert admin.info("commandstats")["cmdstat_copy"]["calls"] - copies == 2  # partitions
+        assert list(admin.scan_iter(match="*:snap:*")) == []
         with reader.sow_and_subscribe(topic_name, oof=True) as sub:
             assert [sub.get(2)["kind"] for _ in range(12)][-1] == "group_end"
             (due,) = [x.expiry_ms for x in reader.sow(topic_name, "/k = 50")]
@@ -153,7 +161,7 @@ KEY_BUILDERS = {
     "dead_letters", "chain", "chain_conflicts", "index", "range_numbers", "changes",
     "change_times", "loads", "load_staged", "trusted", "definition",
     "errors", "partition_errors", "topic_stats", "REGISTRY", "REGISTRY_VERSION", "LAST_USED",
-    "SWEEP_LEASE", "derive_lease", "derive_state"}
+    "SWEEP_LEASE", "derive_lease", "derive_state", "snapshot"}
 """Every key template of keys.py (functions and constants), each checked below."""
 
 EXPECTED: dict[str, dict[str, str]] = {
@@ -161,7 +169,8 @@ EXPECTED: dict[str, dict[str, str]] = {
     "publisher": {"log": "W", "job_marker": "RW", "state": "R", "definition": "R",
                   "REGISTRY": "R",
                   "REGISTRY_VERSION": "R", "LAST_USED": "RW"},
-    "reader": {**{k: "R" for k in KEY_BUILDERS}, "topic_stats": "RW", "LAST_USED": "RW"},
+    "reader": {**{k: "R" for k in KEY_BUILDERS}, "topic_stats": "RW", "LAST_USED": "RW",
+               "snapshot": "RW"},
     "worker": {k: "RW" for k in KEY_BUILDERS},
     "operator": {k: "RW" for k in KEY_BUILDERS},
 }
@@ -221,6 +230,9 @@ def _built_keys() -> dict[str, list[str]]:
             out[name] = [obj]
             continue
         params = list(inspect.signature(obj).parameters)
+        if params == ["topic", "p", "token"]:  # a key of one subscription's own
+            out[name] = [obj(TOPIC, p, "0f3a9c") for p in (0, 7)]
+            continue
         args = [(TOPIC,), (TOPIC, 0), (TOPIC, 7)] if params != ["topic", "p", "n"] else [
             (TOPIC, 0, 0), (TOPIC, 7, 3)]
         out[name] = [obj(*a[:len(params)]) for a in args if len(a) == len(params)]

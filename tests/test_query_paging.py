@@ -280,27 +280,71 @@ def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_nam
 
 
 def test_sow_and_subscribe_in_batches_reads_one_partition_at_a_time(url, plane, topic_name):
-    """The first message of a batched query part has read one partition (Redis's command
-    statistics count the HGETALL calls); the whole query part reads the 8."""
+    """The first message of a batched query part has copied one partition (Redis's command
+    statistics count the COPY calls) and read one page of it; the whole query part copies
+    the 8 and reads none whole, and leaves no copy behind."""
     if plane == "cluster":
         pytest.skip("the command statistics of one server: on the server plane")
     sow = Sow(url, inline=True)
     sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 8\n')
-    sow.publish(topic_name, [{"id": i} for i in range(200)], wait=True)
+    sow.publish(topic_name, [{"id": i} for i in range(8000)], wait=True)  # hash tables
 
-    def hgetalls() -> int:
-        return int(sow.r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+    def calls() -> dict[str, int]:
+        stats = sow.r.info("commandstats")
+        return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
+                for c in ("copy", "hscan", "hgetall")}
 
-    before = hgetalls()
-    with sow.sow_and_subscribe(topic_name, batch_size=5) as sub:
+    def spent(before: dict[str, int]) -> dict[str, int]:
+        return {c: n - before[c] for c, n in calls().items()}
+
+    before = calls()
+    with sow.sow_and_subscribe(topic_name, batch_size=50) as sub:
         assert sub.get(timeout=10)["kind"] == "sow"
-        first = hgetalls() - before
-        msgs = [sub.get(timeout=10) for _ in range(200)]
-        every = hgetalls() - before
-    print(f"\nHGETALL calls: {first} for the first message, {every} for the query part")
-    assert first == 1 and every == 8
-    assert [m["kind"] for m in msgs] == ["sow"] * 199 + ["group_end"]
-    assert msgs[-1]["count"] == 200
+        first = spent(before)
+        msgs = [sub.get(timeout=10) for _ in range(8000)]
+        every = spent(before)
+    print(f"\nfor the first message {first}, for the query part {every}")
+    assert first == {"copy": 1, "hscan": 1, "hgetall": 0}
+    assert every["copy"] == 8 and every["hgetall"] == 0 and every["hscan"] >= 8000 // 50
+    assert [m["kind"] for m in msgs] == ["sow"] * 7999 + ["group_end"]
+    assert msgs[-1]["count"] == 8000 and len({m["sow_key"] for m in msgs[:-1]}) == 7999
+    assert list(sow.r.scan_iter(match="*:snap:*")) == []
+
+
+def test_sow_and_subscribe_in_batches_without_copy_or_losing_the_copy(url, plane, topic_name):
+    """An ACL user without COPY reads each partition whole (the same messages); a copy
+    deleted by another client while it is scanned gives a ``recovery`` message (cause
+    ``snapshot``) and the partition read again whole: every record still comes."""
+    if plane == "cluster":
+        pytest.skip("an ACL user of one server: on the server plane")
+    admin = Sow(url, inline=True)
+    admin.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 2\n')
+    admin.publish(topic_name, [{"id": i} for i in range(2000)], wait=True)  # hash tables
+    user = f"nocopy{topic_name}"
+    admin.r.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                        commands=["+@all", "-copy"])
+    try:
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        limited = Sow(f"redis://{user}:pw@127.0.0.1:{port}/0", inline=True)
+        with limited.sow_and_subscribe(topic_name, batch_size=10) as sub:
+            msgs = [sub.get(timeout=10) for _ in range(2001)]
+        assert [m["kind"] for m in msgs] == ["sow"] * 2000 + ["group_end"]
+        assert sorted(m["data"]["id"] for m in msgs[:-1]) == list(range(2000))
+    finally:
+        admin.r.acl_deluser(user)
+    with admin.sow_and_subscribe(topic_name, batch_size=10) as sub:
+        first = [sub.get(timeout=10) for _ in range(5)]
+        (copy,) = admin.r.scan_iter(match="*:snap:*")
+        admin.r.delete(copy)
+        rest = []
+        while (msg := sub.get(timeout=1)) is not None:
+            rest.append(msg)
+    kinds = [m["kind"] for m in first + rest]
+    recovery = [m for m in rest if m["kind"] == "recovery"]
+    print(f"\ncopy deleted while scanned: {len(kinds)} messages, {recovery}")
+    assert len(recovery) == 1 and recovery[0]["cause"] == "snapshot"
+    got = {m["data"]["id"] for m in first + rest if m["kind"] == "sow"}
+    assert got == set(range(2000)) and kinds[-1] == "group_end"
 
 
 def test_cli_batches_of_sow_and_subscribe_and_of_the_past(url, topic_name):

@@ -95,6 +95,11 @@ def _report_recovery(msg: Message) -> None:
         click.echo(f"topic {msg['topic']} was migrated to {msg['partitions']} partition(s): "
                    "following the new layout; its records were read again", err=True)
         return
+    if msg["cause"] == "snapshot":
+        click.echo(f"partition {msg['partition']} of {msg['topic']}: the copy of its records "
+                   "went before the query part was read; read again whole (records may come "
+                   "twice)", err=True)
+        return
     click.echo(f"recovered partition {msg['partition']} of {msg['topic']}: seq "
                f"{msg['after'] + 1}..{msg['to']} after a {msg['cause']} (from the "
                f"{'change feed' if msg['how'] == 'feed' else 'records'})", err=True)
@@ -175,9 +180,9 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
 @click.option("--skip-n", type=click.IntRange(min=0), help="The query leaves out its first N "
               "matches (a page: in --order-by's order, else in SOW-key order).")
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Read the query part one "
-              "partition at a time and decode N records at a time (without --order-by and "
-              "--skip-n: the memory of one partition's records, not the topic's).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Read the query part N "
+              "records at a time, from a copy of one partition at a time made in Redis "
+              "(without --order-by and --skip-n: the client holds one batch).")
 @click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
               "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("--delta", is_flag=True, help="AMPS sow_and_delta_subscribe: the records whole, "

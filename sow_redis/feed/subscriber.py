@@ -44,8 +44,10 @@ Messages are dicts (one JSON line each in the CLI), each with a ``kind``:
   feed could not give a bookmark replay's changes | ``resync``: the same, asked for with
   ``resync``, for a bookmark older than the feed | ``migration``: the topic was migrated to a
   new layout, ``config apply --migrate``, and every record was read again, ``partition``
-  None and ``partitions`` the new count), ``how`` (``feed`` | ``requery``),
-  ``after`` and ``to`` (the seqs the recovery covered).
+  None and ``partitions`` the new count | ``snapshot``: the copy a ``batch_size`` query
+  part scans went before it was read, and the partition was read again whole, ``after``
+  and ``to`` None), ``how`` (``feed`` | ``requery``), ``after`` and ``to`` (the seqs the
+  recovery covered).
 
 Nothing a subscriber receives stops it. A change it cannot decode or render (a SOW key or
 data that is not UTF-8, data that is no JSON object: NaN text, nesting deeper than the JSON
@@ -62,15 +64,17 @@ for out-of-focus notices.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
@@ -99,7 +103,13 @@ from .live import ShardListener, refresh_topology
 from .reader import Message, MessageReader
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
+
+SNAPSHOT_TTL_MS = 600_000
+"""Milliseconds the copy of a partition's records a batched ``sow_and_subscribe`` scans lives
+after its last page was read (``keys.snapshot``): a consumer that takes longer between two
+batches sees the partition read again (a ``recovery`` message, cause ``snapshot``)."""
 
 MIGRATION_WAIT_S = 600.0
 """Seconds a subscriber waits at most for a shape migration of its topic to end before it
@@ -137,11 +147,12 @@ class Subscriber(MessageReader):
             ``skip_n``) the SOW keys' (as :func:`sow_redis.query.sow.query` pages).
         batch_size: of the query part, without ``order_by`` and ``skip_n`` (AMPS
             ``batch_size``): the partitions are read one after the other as the messages are
-            asked for, each in one MULTI/EXEC (as without it), and their records decoded
-            ``batch_size`` at a time, so the query part takes the memory of one partition's
-            records, not of the topic's (more partitions, less memory). Its ``sow`` messages
-            carry no ``bookmark``: the query's position is known once every partition is
-            read, and ``group_end`` carries it. None: the query is read whole at the start.
+            asked for, each copied in Redis with its seq in one MULTI/EXEC and the copy read
+            ``batch_size`` records at a time (:meth:`_frozen_pages`), so the query part takes
+            the client the memory of one batch (Redis, a copy of one partition's records
+            while it is read). Its ``sow`` messages carry no ``bookmark``: the query's
+            position is known once every partition is read, and ``group_end`` carries it.
+            None: the query is read whole at the start.
         select: a select list (AMPS ``select``; ``["/id", "/px"]`` or ``"/id,/px"``,
             :func:`~sow_redis.model.values.select_paths`): the ``data`` of every ``sow``,
             ``publish`` and ``oof`` message keeps only these fields; the filter still
@@ -377,32 +388,110 @@ class Subscriber(MessageReader):
         ``size`` ``sow`` messages to the ready queue (the last step, ``group_end``)."""
         count, limit, name = 0, self._top_n, self.topic.name
         for p in range(self.topic.partitions):
-            seq, raw, now = self._read_through_outage(p)
-            self.pos[p] = seq
             view = self._view[p] if self.oof else None
-            for rec, obj in self._matching(p, raw, now):
-                if view is not None:  # the records seen matching, as _query keeps them
-                    view.add(rec.sow_key)
-                if limit is not None and count >= limit:
-                    continue
-                count += 1
-                self._ready.append({"kind": "sow", "topic": name, "sow_key": rec.sow_key,
-                                    "partition": p, "seq": rec.seq, "data": obj})
-                if len(self._ready) >= size:
-                    yield
-            del raw  # the partition's records: one partition's at a time
+            for page, now in self._frozen_pages(p, size):
+                for rec, obj in self._matching(p, page, now):
+                    if view is not None:  # the records seen matching, as _query keeps them
+                        view.add(rec.sow_key)
+                    if limit is not None and count >= limit:
+                        continue
+                    count += 1
+                    self._ready.append({"kind": "sow", "topic": name, "sow_key": rec.sow_key,
+                                        "partition": p, "seq": rec.seq, "data": obj})
+                    if len(self._ready) >= size:
+                        yield
         self._ready.append({"kind": "group_end", "topic": name, "count": count,
                             "bookmark": self.bookmark})
         if self.tracker is not None:
             self.tracker.start(Bookmark(tuple(self.pos)))
 
-    def _read_through_outage(self, p: int) -> tuple[int, dict[bytes, bytes], int]:
-        """:meth:`_read_partition`, tried again while Redis is unreachable (nothing of the
-        partition is delivered before its read succeeds)."""
+    def _frozen_pages(self, p: int, size: int) -> Iterator[tuple[dict[bytes, bytes], int]]:
+        """Partition ``p``'s records as of one seq (set as ``pos[p]``), in pages of about
+        ``size``, each with the server time (ms; 0: no expiration) its records are checked
+        against for being due. The records hash is copied (``COPY``) with the seq in one
+        MULTI/EXEC, and the copy scanned (``HSCAN``), renewing its lifetime
+        (:data:`SNAPSHOT_TTL_MS`) at each page, then deleted: the client holds one page, not
+        the partition. Where the copy cannot be made (SOW keys asked for, a Redis or ACL
+        user without ``COPY``, no memory for it) the partition is read whole, as without
+        ``batch_size``. A copy gone before its scan ends (deleted by another client, or
+        unread for its lifetime) is reported (a ``recovery`` message, cause ``snapshot``) and
+        the partition read whole again: records already given may come again."""
+        copy = None if self._keys is not None else keys.snapshot(self.topic.name, p,
+                                                                   uuid.uuid4().hex)
+        copied = self._retrying(lambda: self._copy(p, copy)) if copy is not None else None
+        if copy is None or copied is None:
+            yield self._whole(p)
+            return
+        self.pos[p], made = copied
+        if not made:  # no records hash: an empty partition
+            return
+        cursor = 0
+        try:
+            while True:
+                cursor, page, alive = self._retrying(functools.partial(self._page, copy, cursor,
+                                                                         size))
+                if not alive:  # the copy is gone: read the partition whole
+                    self._snapshot_lost(p)
+                    yield self._whole(p)
+                    return
+                yield page, server_ms(self.r) if self.topic.expiration_enabled and page else 0
+                if cursor == 0:
+                    return
+        finally:
+            try:
+                self.r.delete(copy)
+            except RedisError:
+                pass  # its lifetime removes it
+
+    def _whole(self, p: int) -> tuple[dict[bytes, bytes], int]:
+        """Partition ``p`` read whole (:meth:`_read_partition`), its seq set as ``pos[p]``."""
+        seq, raw, now = self._retrying(lambda: self._read_partition(p))
+        self.pos[p] = seq
+        return raw, now
+
+    def _copy(self, p: int, copy: str) -> tuple[int, bool] | None:
+        """Copy partition ``p``'s records hash to ``copy`` with the partition's seq, in one
+        MULTI/EXEC: the seq and whether there was a hash to copy (none: no records), or None
+        when Redis refuses the copy."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hget(keys.state(self.topic.name, p), "seq")
+        pipe.copy(keys.records(self.topic.name, p), copy)
+        pipe.pexpire(copy, SNAPSHOT_TTL_MS)
+        try:
+            seq_raw, made, _alive = pipe.execute()
+        except ResponseError as exc:  # no COPY (ACL, Redis before 6.2), no memory for it
+            log.info("subscriber of %s: partition %d read whole (its records cannot be "
+                     "copied: %s)", self.topic.name, p, exc)
+            return None
+        return int(seq_raw or 0), bool(made)
+
+    def _page(self, copy: str, cursor: int, size: int) -> tuple[int, dict[bytes, bytes], bool]:
+        """One ``HSCAN`` page of ``copy`` from ``cursor``, renewing the copy's lifetime:
+        ``(next cursor, page, whether the copy was still there)``."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.pexpire(copy, SNAPSHOT_TTL_MS)
+        pipe.hscan(copy, cursor, count=size)
+        alive, (cursor, page) = pipe.execute()
+        return int(cursor), page, bool(alive)
+
+    def _snapshot_lost(self, p: int) -> None:
+        """Report that the copy of partition ``p`` went before its scan ended."""
+        msg = {"kind": "recovery", "topic": self.topic.name, "partition": p,
+               "cause": "snapshot", "how": "requery", "after": None, "to": None}
+        log.warning("subscriber of %s: the copy of partition %d's records went before its "
+                    "query part was read; the partition is read again whole",
+                    self.topic.name, p)
+        if self.report is not None:
+            self.report(msg)
+        self._ready.append(msg)
+
+    def _retrying(self, read: Callable[[], _T]) -> _T:
+        """``read()``, tried again while Redis is unreachable (nothing of the partition is
+        delivered before a read succeeds)."""
         pause, warned = 0.05, False
         while True:
             try:
-                return self._read_partition(p)
+                return read()
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 if not warned:
                     log.warning("subscriber of %s: Redis unreachable (%s); retrying",

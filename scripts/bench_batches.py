@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""The client's memory for a query over N records, with and without a batch size (issue 25.5:
+"``--batch-size B`` streams results in batches so a query over 1,000,000 records keeps the
+client under 100 MB RSS (measure it)").
+
+Starts its own redis-server on a free port (no persistence; the machine's 6379 is never used),
+publishes N JSON records of about ``--size`` bytes to one topic of ``--partitions``
+partitions (write-through: each 1,000-message chunk applied by one apply.lua call), then runs
+each variant ``--runs`` times as a process of its own and takes its peak resident set size
+(``ru_maxrss`` from ``wait4``) and its wall time:
+
+* ``start-up``: ``sow-redis sow --top-n 0`` (the CLI's own imports and connection: the floor);
+* ``sow``: ``sow-redis sow -t T`` (the result built as one list) and ``sow --batch-size B``;
+* ``Sow.sow``: the Python API, ``Sow(url).sow(T)`` (a list) and ``Sow(url).sow(T,
+  batch_size=B)`` (an iterator), counting the records;
+* ``sow-and-subscribe``: ``--count N+1`` (the query part, then ``group_end``) without and
+  with ``--batch-size B`` (one partition read at a time).
+
+Every run's output is counted (N records, N + 1 messages) and a wrong count stops the script.
+The medians are printed as a table with the load average, and written as JSON (``--json``).
+Example (1,000,000 records, 3 runs each; about 10 minutes)::
+
+    .venv/bin/python scripts/bench_batches.py --n 1000000 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from benchlib import applied_counts, machine_info, private_redis, write_json
+from redis import Redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sow_redis.config import parse_topics  # noqa: E402
+from sow_redis.publish.append import append  # noqa: E402
+from sow_redis.registry import apply_topics  # noqa: E402
+from sow_redis.settings import Settings  # noqa: E402
+
+TOPIC = "batches"
+COUNT = "import sys; from sow_redis.client import Sow; n = 0\n" \
+        "for _r in Sow(sys.argv[1]).sow(sys.argv[2]{extra}):\n    n += 1\nprint(n)"
+"""The Python variants: count the records of a query (one line: the count)."""
+MEASURE = "import os, sys\npid = os.fork()\nif pid == 0:\n    os.execvp(sys.argv[2], sys.argv[2:])\n" \
+    "_pid, status, usage = os.wait4(pid, 0)\nopen(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n" \
+    "sys.exit(os.waitstatus_to_exitcode(status))"
+"""Runs a command as a child of this small process and writes the child's peak RSS (KiB) to a
+file: Linux keeps a process's peak RSS across ``exec``, so a command started straight from
+this script (hundreds of MiB once the records are generated) would report this script's."""
+
+
+def messages(n: int, size: int) -> Iterator[tuple[str, bytes, None]]:
+    """N publish commands of JSON records ``{"id", "px", "sym", "pad"}`` of about ``size``
+    bytes."""
+    for i in range(n):
+        obj = {"id": i, "px": (i * 7919) % 100_000 / 100, "sym": f"S{i % 500}", "pad": ""}
+        obj["pad"] = "x" * max(0, size - len(orjson.dumps(obj)))
+        yield "publish", orjson.dumps(obj), None
+
+
+def load(r: Redis, n: int, size: int, partitions: int) -> float:
+    """Publish the N records; returns the seconds it took. Raises SystemExit on a failed
+    check (records, change sequences, errors)."""
+    (t,) = parse_topics(f'[[topic]]\nname = "{TOPIC}"\nkey = ["/id"]\n'
+                        f"partitions = {partitions}\n")
+    apply_topics(r, [t])
+    t0 = time.perf_counter()
+    result = append(r, t, messages(n, size), jobs=Settings.from_env())
+    took = time.perf_counter() - t0
+    if (result.published, *applied_counts(r, t)) != (n, n, n, 0):
+        raise SystemExit(f"check failed: published {result.published}, "
+                         f"records/seq/errors {applied_counts(r, t)}")
+    return took
+
+
+def variants(url: str, n: int, batch: int) -> dict[str, tuple[list[str], int]]:
+    """Variant name → (command line, lines its output must have)."""
+    cli = [sys.executable, "-m", "sow_redis.cli"]
+    py = [sys.executable, "-c"]
+    return {
+        "start-up (sow --top-n 0)": ([*cli, "sow", "-t", TOPIC, "--top-n", "0"], 0),
+        "sow": ([*cli, "sow", "-t", TOPIC], n),
+        f"sow --batch-size {batch}": ([*cli, "sow", "-t", TOPIC, "--batch-size", str(batch)], n),
+        "Sow.sow() (a list)": ([*py, COUNT.format(extra=""), url, TOPIC], 1),
+        f"Sow.sow(batch_size={batch})": (
+            [*py, COUNT.format(extra=f", batch_size={batch}"), url, TOPIC], 1),
+        "sow-and-subscribe": ([*cli, "sow-and-subscribe", "-t", TOPIC, "--count",
+                               str(n + 1)], n + 1),
+        f"sow-and-subscribe --batch-size {batch}": (
+            [*cli, "sow-and-subscribe", "-t", TOPIC, "--count", str(n + 1), "--batch-size",
+             str(batch)], n + 1),
+    }
+
+
+def run_once(cmd: list[str], want_lines: int, url: str, n: int) -> dict[str, float]:
+    """Run ``cmd`` with its output counted as it comes; its peak RSS (MiB) and wall time (s).
+    Raises SystemExit when it fails or prints a wrong number of lines."""
+    env = dict(os.environ, SOW_REDIS_URL=url, PYTHONPATH=str(ROOT))
+    with tempfile.NamedTemporaryFile(prefix="bench-batches-rss-") as peak:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", MEASURE, peak.name, *cmd],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+        assert proc.stdout is not None and proc.stderr is not None
+        lines, last = 0, b""
+        while chunk := proc.stdout.read(1 << 20):
+            lines += chunk.count(b"\n")
+            last = (last + chunk)[-64:]
+        err = proc.stderr.read()
+        proc.wait()
+        took = time.perf_counter() - t0
+        rss_kib = int(Path(peak.name).read_text() or 0)
+    if proc.returncode != 0 or lines != want_lines:
+        raise SystemExit(f"{' '.join(cmd[2:])}: exit status {proc.returncode}, {lines} lines "
+                         f"(want {want_lines}): {err.decode()[-500:]}")
+    if want_lines == 1 and int(last.strip()) != n:  # a Python variant prints its count
+        raise SystemExit(f"{cmd[-2:]}: counted {last.strip()!r} records, want {n}")
+    return {"rss_mib": rss_kib / 1024, "seconds": took}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1_000_000, help="records")
+    ap.add_argument("--size", type=int, default=150, help="approximate record bytes")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=1000)
+    ap.add_argument("--runs", type=int, default=3, help="runs per variant (medians reported)")
+    ap.add_argument("--json", default="bench-results/bench_batches.json")
+    args = ap.parse_args()
+    with private_redis("bench-batches-") as server:
+        r = Redis.from_url(server.url)
+        load_s = load(r, args.n, args.size, args.partitions)
+        used = int(r.info("memory")["used_memory"])
+        print(f"{args.n:,} records of ~{args.size} bytes in {args.partitions} partitions "
+              f"loaded in {load_s:.1f} s (Redis used_memory {used / 2**20:.0f} MiB)")
+        table = variants(server.url, args.n, args.batch_size)
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in table}
+        loads = []
+        for _round in range(args.runs):
+            loads.append(os.getloadavg()[0])
+            for name, (cmd, want) in table.items():
+                runs[name].append(run_once(cmd, want, server.url, args.n))
+        info = machine_info(r)
+    medians = {name: {k: statistics.median(x[k] for x in rs) for k in ("rss_mib", "seconds")}
+               for name, rs in runs.items()}
+    print(f"\npeak RSS of the client process, median of {args.runs} (load average at the "
+          f"rounds' starts: {', '.join(f'{x:.1f}' for x in loads)})")
+    print(f"{'variant':<40} {'RSS MiB':>9} {'range':>13} {'seconds':>8}")
+    for name, m in medians.items():
+        rss = [x["rss_mib"] for x in runs[name]]
+        print(f"{name:<40} {m['rss_mib']:>9.0f} {min(rss):>6.0f}–{max(rss):<6.0f} "
+              f"{m['seconds']:>8.1f}")
+    path = write_json(args.json, {
+        "n": args.n, "size": args.size, "partitions": args.partitions,
+        "batch_size": args.batch_size, "runs": args.runs, "load_seconds": load_s,
+        "redis_used_memory": used, "load_average": loads, "medians": medians,
+        "all_runs": runs, "machine": info})
+    print(f"\nwritten: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
