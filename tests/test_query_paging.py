@@ -222,7 +222,7 @@ def test_cli_sow_and_subscribe_pages_and_selects(url, topic_name):
     assert bad.returncode == 2 and "--select does not go with --delta" in err[-1], err
 
 
-def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_name):
+def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_name, caplog):
     """``batch_size``: the query part is read one partition at a time as it is asked for
     while a publisher updates every record; the messages give each record's states in order
     (no duplicate, no older state after a newer one, no gap between the query and the live
@@ -233,6 +233,7 @@ def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_nam
         sow.sow_and_subscribe(topic_name, batch_size=0)
     with pytest.raises(ValueError, match="batch_size does not go with as_of"):
         sow.sow_and_subscribe(topic_name, batch_size=5, as_of="EPOCH")
+    caplog.set_level("INFO", logger="sow_redis.feed.subscriber")
     sub = sow.sow_and_subscribe(topic_name, "/v < 3", oof=True, batch_size=7)
     held: dict[str, dict] = {}
     seen: dict[str, int] = {}
@@ -277,6 +278,7 @@ def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_nam
     assert order_errors == 0 and kinds["group_end"] == 1
     assert group_end["count"] == kinds["sow"] and group_end["bookmark"]
     assert kinds["oof"] >= 1 and kinds["sow"] >= 266
+    assert "cannot be copied" not in caplog.text  # every partition read from its copy
 
 
 def test_sow_and_subscribe_in_batches_reads_one_partition_at_a_time(url, plane, topic_name):
