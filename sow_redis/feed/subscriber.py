@@ -286,24 +286,17 @@ class Subscriber(MessageReader):
         if self._live is not None:
             self._live.close()
         self._live = None
-        pause = 0.05
-        warned = False
-        while True:
-            try:
-                if self._layout_changed():  # migrated while this subscriber was away
-                    self._follow_migration()
-                    return
-                self._subscribe()
-                cur = current_seqs(self.r, self.topic)
-                break
-            except RedisError as exc:
-                if not warned:
-                    log.warning("subscriber of %s: Redis unreachable (%s); retrying",
-                                self.topic.name, exc)
-                    warned = True
-                time.sleep(pause)
-                pause = min(1.0, pause * 2)
-                refresh_topology(self.r)
+
+        def attempt() -> list[int] | None:
+            if self._layout_changed():  # migrated while this subscriber was away
+                self._follow_migration()
+                return None
+            self._subscribe()
+            return current_seqs(self.r, self.topic)
+
+        cur = self._retrying(attempt, (RedisError,))
+        if cur is None:
+            return
         for p, seq in enumerate(cur):
             if seq > self.pos[p]:
                 self._recover(p, seq, "reconnect")
@@ -485,14 +478,17 @@ class Subscriber(MessageReader):
             self.report(msg)
         self._ready.append(msg)
 
-    def _retrying(self, read: Callable[[], _T]) -> _T:
-        """``read()``, tried again while Redis is unreachable (nothing of the partition is
-        delivered before a read succeeds)."""
+    def _retrying(self, read: Callable[[], _T],
+                  errors: tuple[type[Exception], ...] = (RedisConnectionError,
+                                                         RedisTimeoutError)) -> _T:
+        """``read()``, tried again (after a pause growing to 1 s, warning once) while it
+        raises one of ``errors``, Redis being unreachable: nothing it reads is delivered
+        before it succeeds."""
         pause, warned = 0.05, False
         while True:
             try:
                 return read()
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except errors as exc:
                 if not warned:
                     log.warning("subscriber of %s: Redis unreachable (%s); retrying",
                                 self.topic.name, exc)
