@@ -311,6 +311,11 @@ def test_sow_and_subscribe_in_batches_reads_one_partition_at_a_time(url, plane, 
     assert [m["kind"] for m in msgs] == ["sow"] * 7999 + ["group_end"]
     assert msgs[-1]["count"] == 8000 and len({m["sow_key"] for m in msgs[:-1]}) == 7999
     assert list(sow.r.scan_iter(match="*:snap:*")) == []
+    with sow.sow_and_subscribe(topic_name, batch_size=50) as sub:  # closed half-way
+        assert sub.get(timeout=10)["kind"] == "sow"
+        (copy,) = sow.r.scan_iter(match="*:snap:*")
+        assert 0 < sow.r.pttl(copy) <= 600_000
+    assert list(sow.r.scan_iter(match="*:snap:*")) == []  # deleted at close
 
 
 def test_sow_and_subscribe_in_batches_without_copy_or_losing_the_copy(url, plane, topic_name):

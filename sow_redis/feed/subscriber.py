@@ -69,7 +69,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, Protocol, TypeVar, cast
 
 import orjson
@@ -240,7 +240,7 @@ class Subscriber(MessageReader):
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
         self.resync, self.bookmarks = resync, bookmarks
         self._ready: deque[Message] = deque()
-        self._rest: Iterator[None] | None = None  # a batched query part still to read
+        self._rest: Generator[None, None, None] | None = None  # a batched query part to read
         self._last: Message | None = None
         self._live: ShardListener | None = None
         # per partition, the keys of the records seen matching (kept with oof only)
@@ -376,7 +376,7 @@ class Subscriber(MessageReader):
             self.tracker.start(Bookmark(tuple(seqs)))
         return seqs
 
-    def _query_in_batches(self, size: int) -> Iterator[None]:
+    def _query_in_batches(self, size: int) -> Generator[None, None, None]:
         """The query part read as it is asked for (see ``batch_size``): each step adds up to
         ``size`` ``sow`` messages to the ready queue (the last step, ``group_end``)."""
         count, limit, name = 0, self._top_n, self.topic.name
@@ -882,8 +882,12 @@ class Subscriber(MessageReader):
             self.tracker.processed(msg["partition"], msg["seq"])
 
     def close(self) -> None:
-        """Stop listening (the last message counts as processed), then run :attr:`on_close`."""
+        """Stop listening (the last message counts as processed), then run :attr:`on_close`.
+        A batched query part not read to its end deletes the copy it was reading."""
         self._settle_last()
+        rest, self._rest = self._rest, None
+        if rest is not None:
+            rest.close()  # its copy's finally: DEL
         hooks, self.on_close = self.on_close, []
         for hook in hooks:
             hook()
