@@ -379,3 +379,19 @@ def test_cli_batches_of_sow_and_subscribe_and_of_the_past(url, topic_name):
     Sow(url).publish(f"{topic_name}_h", [{"id": 1, "v": 2}, {"id": 2, "v": 2}], wait=True)
     past = run_cli(url, "sow", "-t", f"{topic_name}_h", "--as-of", bookmark, "--batch-size", "1")
     assert [orjson.loads(x) for x in past.stdout.splitlines()] == [{"id": 1, "v": 1}]
+
+
+def test_cli_batches_in_every_format_but_a_table(url, topic_name):
+    """``sow --batch-size`` prints what the same query prints without it, in JSON Lines with
+    and without ``--with-key``, and as XML; ``--format table`` is one usage line."""
+    Sow(url).apply_config(_config(topic_name))
+    Sow(url).publish(topic_name, [{"id": i, "px": i % 4} for i in range(30)], wait=True)
+    for extra in ((), ("--with-key",), ("--format", "xml"), ("-f", "/px = 2", "--top-n", "3")):
+        whole = run_cli(url, "sow", "-t", topic_name, *extra).stdout.splitlines()
+        batched = run_cli(url, "sow", "-t", topic_name, "--batch-size", "4", *extra)
+        assert sorted(batched.stdout.splitlines()) == sorted(whole) and whole, extra
+    assert len(whole) == 3
+    bad = run_cli(url, "sow", "-t", topic_name, "--batch-size", "4", "--format", "table",
+                  check=False)
+    err = bad.stderr.decode().strip().splitlines()
+    assert bad.returncode == 2 and "does not go with --format table" in err[-1], err

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, BinaryIO
 
 import click
 import orjson
@@ -33,8 +34,8 @@ if TYPE_CHECKING:  # annotations only (start-up time: the client loads redis-py)
 @click.option("--as-of", "as_of", help="The SOW as it was at this point: an ISO-8601 time, a "
               "bookmark or EPOCH (a topic with history).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Read and print N records at a "
-              "time (JSON Lines; without --order-by and --skip-n a result of any size takes "
-              "the memory of one batch).")
+              "time (any --format but table; without --order-by and --skip-n a result of any "
+              "size takes the memory of one batch).")
 @click.option("--order-by", help="e.g. \"/price DESC, /orderId\".")
 @click.option("--keys", help="Only these SOW keys (comma-separated).")
 @click.option("--with-key", is_flag=True, help="Print {\"sow_key\":…, \"data\":…} per record.")
@@ -67,41 +68,36 @@ def sow(ctx: click.Context, topic: str, topic_regex: bool, filter_: str | None,
             text = f"scan of the history as of {as_of}" if as_of is not None else plan.text
             click.echo(f"{name}: {text}")
         return
-    if batch_size is not None:
-        if fmt != "jsonl" or with_key:
-            raise click.UsageError("--batch-size prints JSON Lines of the records: no "
-                                   "--format or --with-key")
-        names = client.resolve_topics(topic, topic_regex)
-        out = sys.stdout.buffer
-        for name in names:  # a pattern: every line names its topic, as below
-            label = b'{"topic":%s,"data":' % orjson.dumps(name) if names != [topic] else b""
-            for batch in client.sow_batches(name, batch_size, filter_, split_keys(keys), top_n,
-                                            order_by, skip_n, selected, as_of):
-                out.write(b"".join(label + rec.data + (b"}\n" if label else b"\n")
-                                   for rec in batch))
-                out.flush()
-        return
+    if batch_size is not None and fmt == "table":
+        raise click.UsageError("--batch-size does not go with --format table (a table is laid "
+                               "out from every record)")
     names = client.resolve_topics(topic, topic_regex)
     if names != [topic]:  # a pattern: each topic's records, every line naming its topic
         for name in names:
             _print_records(client, name, filter_, keys, top_n, order_by, skip_n, selected,
-                           as_of, with_key, fmt, separator, labelled=True)
+                           as_of, batch_size, with_key, fmt, separator, labelled=True)
         return
     _print_records(client, topic, filter_, keys, top_n, order_by, skip_n, selected, as_of,
-                   with_key, fmt, separator, labelled=False)
+                   batch_size, with_key, fmt, separator, labelled=False)
 
 
 def _print_records(sow: Sow, topic: str, filter_: str | None, keys: str | None,
                    top_n: int | None, order_by: str | None, skip_n: int | None,
-                   select: list[str] | None, as_of: str | None, with_key: bool, fmt: str,
-                   separator: str | None, labelled: bool) -> None:
-    """Print one topic's query result (``labelled``: JSON lines carry ``topic``)."""
-    records = sow.sow(topic, filter_, split_keys(keys), top_n, order_by, skip_n=skip_n,
-                      select=select, as_of=as_of)
-    if fmt == "table":
-        _print_table(topic, records, with_key)
-        return
+                   select: list[str] | None, as_of: str | None, batch_size: int | None,
+                   with_key: bool, fmt: str, separator: str | None, labelled: bool) -> None:
+    """Print one topic's query result (``labelled``: JSON lines carry ``topic``); with
+    ``batch_size``, read and printed ``batch_size`` records at a time."""
     out = sys.stdout.buffer
+    if batch_size is None:
+        records: Iterable[Record] = sow.sow(topic, filter_, split_keys(keys), top_n, order_by,
+                                            skip_n=skip_n, select=select, as_of=as_of)
+    else:
+        records = _flushing(out, batch_size, sow.sow(
+            topic, filter_, split_keys(keys), top_n, order_by, skip_n=skip_n, select=select,
+            as_of=as_of, batch_size=batch_size))
+    if fmt == "table":
+        _print_table(topic, list(records), with_key)
+        return
     if fmt == "xml":
         from ..model.xml import encode as xml_encode  # start-up time: xml.sax
 
@@ -134,6 +130,14 @@ def _print_records(sow: Sow, topic: str, filter_: str | None, keys: str | None,
         else:
             out.write(rec.data + b"\n")
     out.flush()
+
+
+def _flushing(out: BinaryIO, every: int, records: Iterable[Record]) -> Iterator[Record]:
+    """``records``, flushing ``out`` after each ``every`` of them (a batch printed whole)."""
+    for i, rec in enumerate(records, 1):
+        yield rec
+        if i % every == 0:
+            out.flush()
 
 
 def _print_table(topic: str, records: list[Record], with_key: bool) -> None:
