@@ -14,7 +14,8 @@ each variant ``--runs`` times as a process of its own and takes its peak residen
 * ``Sow.sow``: the Python API, ``Sow(url).sow(T)`` (a list) and ``Sow(url).sow(T,
   batch_size=B)`` (an iterator), counting the records;
 * ``sow-and-subscribe``: ``--count N+1`` (the query part, then ``group_end``) without and
-  with ``--batch-size B`` (one partition read at a time).
+  with ``--batch-size B`` (one partition copied in Redis at a time: its records hash's
+  ``MEMORY USAGE`` is printed as what Redis holds in addition meanwhile).
 
 Every run's output is counted (N records, N + 1 messages) and a wrong count stops the script.
 The medians are printed as a table with the load average, and written as JSON (``--json``).
@@ -43,6 +44,7 @@ from redis import Redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sow_redis import keys  # noqa: E402
 from sow_redis.config import parse_topics  # noqa: E402
 from sow_redis.publish.append import append  # noqa: E402
 from sow_redis.registry import apply_topics  # noqa: E402
@@ -141,8 +143,12 @@ def main() -> int:
         r = Redis.from_url(server.url)
         load_s = load(r, args.n, args.size, args.partitions)
         used = int(r.info("memory")["used_memory"])
+        # what a batched sow-and-subscribe copies at a time: one partition's records hash
+        copy = int(r.memory_usage(keys.records(TOPIC, 0), samples=0) or 0)
         print(f"{args.n:,} records of ~{args.size} bytes in {args.partitions} partitions "
-              f"loaded in {load_s:.1f} s (Redis used_memory {used / 2**20:.0f} MiB)")
+              f"loaded in {load_s:.1f} s (Redis used_memory {used / 2**20:.0f} MiB; one "
+              f"partition's records hash, what a batched sow-and-subscribe copies at a time: "
+              f"{copy / 2**20:.0f} MiB)")
         table = variants(server.url, args.n, args.batch_size)
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in table}
         loads = []
@@ -163,7 +169,7 @@ def main() -> int:
     path = write_json(args.json, {
         "n": args.n, "size": args.size, "partitions": args.partitions,
         "batch_size": args.batch_size, "runs": args.runs, "load_seconds": load_s,
-        "redis_used_memory": used, "load_average": loads, "medians": medians,
+        "redis_used_memory": used, "partition_copy_bytes": copy, "load_average": loads, "medians": medians,
         "all_runs": runs, "machine": info})
     print(f"\nwritten: {path}")
     return 0

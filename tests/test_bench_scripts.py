@@ -315,3 +315,4 @@ def test_bench_batches_measures_the_client_memory_of_each_variant(tmp_path: Path
     assert all(len(runs) == 1 for runs in res["all_runs"].values())
     assert all(10 < m["rss_mib"] < 500 and m["seconds"] > 0 for m in medians.values())
     assert "peak RSS of the client process" in text and res["n"] == 3000
+    assert 3000 / 8 * 150 < res["partition_copy_bytes"] < 3000 * 1000  # one partition of 8

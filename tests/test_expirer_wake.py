@@ -61,7 +61,7 @@ def test_a_short_lifetime_published_while_it_sleeps_expires_on_time(expirer, top
     sow, _proc = expirer
     r = client(sow.url)
     lags = []
-    for i in range(5):
+    for i in range(8):
         time.sleep(1.2)  # the expirer is in its long sleep (nothing due)
         res = sow.publish(topic_name, {"id": i}, expiration=0.15)
         (sid,) = res.last_ids.values()
@@ -73,4 +73,7 @@ def test_a_short_lifetime_published_while_it_sleeps_expires_on_time(expirer, top
         wait_until(gone, 5, f"record {i} expired", step=0.002)
         lags.append(server_ms(r) - due_ms)
     print(f"expiry lag (ms, upper bounds: polled every 2 ms): {lags}")
-    assert max(lags) < 150  # without the wake-up: up to the 1 s sleep
+    # without the wake-up each lag is anywhere up to the 1 s sleep: 7 of 8 under 150 ms would
+    # then happen once in 80,000 runs; one late sample is the machine (CI, stop 44: 219 ms
+    # beside four of 1-8 ms)
+    assert sum(lag < 150 for lag in lags) >= 7, lags
