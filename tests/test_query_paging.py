@@ -222,6 +222,16 @@ def test_cli_sow_and_subscribe_pages_and_selects(url, topic_name):
     assert bad.returncode == 2 and "--select does not go with --delta" in err[-1], err
 
 
+def _query_part(sub) -> list[dict]:
+    """The messages up to ``group_end`` (included), or up to a 10 s wait for one."""
+    out = []
+    while (msg := sub.get(timeout=10)) is not None:
+        out.append(msg)
+        if msg["kind"] == "group_end":
+            break
+    return out
+
+
 def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_name, caplog):
     """``batch_size``: the query part is read one partition at a time as it is asked for
     while a publisher updates every record; the messages give each record's states in order
@@ -303,7 +313,7 @@ def test_sow_and_subscribe_in_batches_reads_one_partition_at_a_time(url, plane, 
     with sow.sow_and_subscribe(topic_name, batch_size=50) as sub:
         assert sub.get(timeout=10)["kind"] == "sow"
         first = spent(before)
-        msgs = [sub.get(timeout=10) for _ in range(8000)]
+        msgs = _query_part(sub)
         every = spent(before)
     print(f"\nfor the first message {first}, for the query part {every}")
     assert first == {"copy": 1, "hscan": 1, "hgetall": 0}
@@ -334,7 +344,7 @@ def test_sow_and_subscribe_in_batches_without_copy_or_losing_the_copy(url, plane
         port = url.rsplit(":", 1)[1].split("/")[0]
         limited = Sow(f"redis://{user}:pw@127.0.0.1:{port}/0", inline=True)
         with limited.sow_and_subscribe(topic_name, batch_size=10) as sub:
-            msgs = [sub.get(timeout=10) for _ in range(2001)]
+            msgs = _query_part(sub)
         assert [m["kind"] for m in msgs] == ["sow"] * 2000 + ["group_end"]
         assert sorted(m["data"]["id"] for m in msgs[:-1]) == list(range(2000))
     finally:
@@ -395,3 +405,23 @@ def test_cli_batches_in_every_format_but_a_table(url, topic_name):
                   check=False)
     err = bad.stderr.decode().strip().splitlines()
     assert bad.returncode == 2 and "does not go with --format table" in err[-1], err
+
+
+def test_sow_and_subscribe_in_batches_replaces_a_copy_left_at_its_name(sow, topic_name,
+                                                                      monkeypatch):
+    """A copy tried again after a reply lost in a disconnection finds the first try's copy at
+    its name (COPY ... REPLACE): here a stale hash of other records stands there, and the
+    query part still gives exactly the partition's records."""
+    import uuid
+
+    from sow_redis import keys
+
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 1\n')
+    sow.publish(topic_name, [{"id": i} for i in range(50)], wait=True)
+    token = uuid.UUID(int=7)
+    monkeypatch.setattr("sow_redis.feed.subscriber.uuid.uuid4", lambda: token)
+    sow.r.hset(keys.snapshot(topic_name, 0, token.hex), mapping={"stale": "0:0:0-1\n{}"})
+    with sow.sow_and_subscribe(topic_name, batch_size=8) as sub:
+        msgs = _query_part(sub)
+    assert [m["kind"] for m in msgs] == ["sow"] * 50 + ["group_end"]
+    assert sorted(m["data"]["id"] for m in msgs[:-1]) == list(range(50))

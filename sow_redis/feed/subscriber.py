@@ -448,7 +448,8 @@ class Subscriber(MessageReader):
         when Redis refuses the copy."""
         pipe = self.r.pipeline(transaction=True)
         pipe.hget(keys.state(self.topic.name, p), "seq")
-        pipe.copy(keys.records(self.topic.name, p), copy)
+        # REPLACE: a try again after a reply lost in a disconnection finds its own copy there
+        pipe.copy(keys.records(self.topic.name, p), copy, replace=True)
         pipe.pexpire(copy, SNAPSHOT_TTL_MS)
         try:
             seq_raw, made, _alive = pipe.execute()
