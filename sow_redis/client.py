@@ -461,8 +461,9 @@ class Sow:
                 records deleted or expired since included.
             batch_size: read the records ``batch_size`` at a time (AMPS ``batch_size``) and
                 return an iterator: without ``order_by`` and ``skip_n`` a result of any
-                size takes the memory of one batch (:meth:`sow_batches`, whose batches it
-                flattens). The arguments are checked here, before a record is asked for.
+                size takes the memory of one batch (with ``as_of``, of one partition;
+                :meth:`sow_batches`, whose batches it flattens). The arguments are checked
+                here, before a record is asked for.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, KeyListError (more than
@@ -481,8 +482,8 @@ class Sow:
 
     def _query_source(self, topic: str, keys: list[str] | None,
                       as_of: str | None) -> tuple[TopicConfig, Iterable[Record] | None]:
-        """The topic of a query and, ``as_of`` given, the records as of then (read as the
-        query goes: a batched query keeps the memory of one batch); None: the current SOW."""
+        """The topic of a query and, ``as_of`` given, the records as of then (read one
+        partition at a time as the query goes); None: the current SOW."""
         if keys is not None:
             check_key_list(keys)
         t = self.topic(topic)
