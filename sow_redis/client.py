@@ -491,11 +491,7 @@ class Sow:
             touch(self.r, t.name)
         if as_of is None:
             return t, None
-        source = records_as_of(self.r, t, as_of_position(self.r, t, as_of), iso_ms(as_of))
-        if keys is not None:
-            wanted = set(keys)
-            source = (rec for rec in source if rec.sow_key in wanted)
-        return t, source
+        return t, self._as_of(t, as_of, keys)[1]
 
     def explain(self, topic: str, filter: str | None = None,
                 keys: list[str] | None = None) -> Plan:
@@ -526,10 +522,17 @@ class Sow:
         return query_batches(self.r, t, batch_size, filter, keys, top_n, order_by, skip_n,
                              select, source)
 
-    def _as_of(self, t: TopicConfig, when: str) -> tuple[list[int], list[Record]]:
-        """The per-partition position of ``when`` and the records as they were there."""
+    def _as_of(self, t: TopicConfig, when: str,
+               keys: list[str] | None) -> tuple[list[int], Iterator[Record]]:
+        """The per-partition position of ``when`` (checked here) and the records as they were
+        there, only those of ``keys`` when given, read one partition at a time as they are
+        asked for."""
         position = as_of_position(self.r, t, when)
-        return position, list(records_as_of(self.r, t, position, iso_ms(when)))
+        records = records_as_of(self.r, t, position, iso_ms(when))
+        if keys is not None:
+            wanted = set(keys)
+            records = (rec for rec in records if rec.sow_key in wanted)
+        return position, records
 
     # deleting ------------------------------------------------------------------------
     def sow_delete(self, topic: str, filter: str | None = None, keys: list[str] | None = None,
@@ -707,10 +710,7 @@ class Sow:
             raise ValueError("batch_size does not go with as_of (the historical query part "
                              "is read whole)")
         t = self.topic(topic)
-        position, records = self._as_of(t, as_of)
-        if keys is not None:
-            wanted = set(keys)
-            records = [rec for rec in records if rec.sow_key in wanted]
+        position, records = self._as_of(t, as_of, keys)
         rows = query(self.r, t, filter, None, top_n, order_by, skip_n=skip_n, source=records)
         mark = str(Bookmark(tuple(position)))  # the query's position: the replay starts there
         sub = self._subscriber(topic, filter=filter, oof=oof, report=report, delta=delta,
