@@ -96,6 +96,7 @@ from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
 from ..model.values import JSON, JSONObject, select_fields, select_paths
 from ..query.orderby import parse_order_by, sort_records
+from ..query.sow import check_page
 from ..registry import await_migration, get_topic, migration_holds
 from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
@@ -219,10 +220,7 @@ class Subscriber(MessageReader):
             raise ConfigError([f"topic '{topic.name}' does not record the previous state of "
                                "its records: a delta subscription needs change_previous = "
                                "true in its definition (sow-redis config apply)"])
-        if skip_n is not None and skip_n < 0:
-            raise ValueError(f"skip_n must be 0 or more, got {skip_n}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
+        check_page(skip_n=skip_n, batch_size=batch_size)
         self._select = select_paths(select)
         if migration_holds(r, topic.name, range(topic.partitions)):
             topic = _after_migration(r, topic)  # started during a migration: its new layout
@@ -401,7 +399,7 @@ class Subscriber(MessageReader):
     def _frozen_pages(self, p: int, size: int) -> Iterator[tuple[dict[bytes, bytes], int]]:
         """Partition ``p``'s records as of one seq (set as ``pos[p]``), in pages of about
         ``size``, each with the server time (ms; 0: no expiration) its records are checked
-        against for being due. The records hash is copied (``COPY``) with the seq in one
+        against for being due, taken once, after the copy. The records hash is copied (``COPY``) with the seq in one
         MULTI/EXEC, and the copy scanned (``HSCAN``), renewing its lifetime
         (:data:`SNAPSHOT_TTL_MS`) at each page, then deleted: the client holds one page, not
         the partition. Where the copy cannot be made (SOW keys asked for, a Redis or ACL
@@ -409,15 +407,19 @@ class Subscriber(MessageReader):
         ``batch_size``. A copy gone before its scan ends (deleted by another client, or
         unread for its lifetime) is reported (a ``recovery`` message, cause ``snapshot``) and
         the partition read whole again: records already given may come again."""
-        copy = None if self._keys is not None else keys.snapshot(self.topic.name, p,
-                                                                   uuid.uuid4().hex)
-        copied = self._retrying(lambda: self._copy(p, copy)) if copy is not None else None
-        if copy is None or copied is None:
+        if self._keys is not None:  # only these SOW keys: an HMGET of them, as without
+            yield self._whole(p)
+            return
+        copy = keys.snapshot(self.topic.name, p, uuid.uuid4().hex)
+        copied = self._retrying(lambda: self._copy(p, copy))
+        if copied is None:
             yield self._whole(p)
             return
         self.pos[p], made = copied
         if not made:  # no records hash: an empty partition
             return
+        # the time due records are left out at: the copy's, as _read_partition takes it
+        now = self._retrying(lambda: server_ms(self.r)) if self.topic.expiration_enabled else 0
         cursor = 0
         try:
             while True:
@@ -427,7 +429,7 @@ class Subscriber(MessageReader):
                     self._snapshot_lost(p)
                     yield self._whole(p)
                     return
-                yield page, server_ms(self.r) if self.topic.expiration_enabled and page else 0
+                yield page, now
                 if cursor == 0:
                     return
         finally:

@@ -324,6 +324,21 @@ def explain(r: Client, topic: TopicConfig, filter: str | None = None,
     return plan_query(topic, compile_filter(filter) if filter else None, sow_keys, r)
 
 
+def check_page(top_n: int | None = None, skip_n: int | None = None,
+               batch_size: int | None = None) -> None:
+    """Check a query's page and batch arguments (None: not given).
+
+    Raises:
+        ValueError: ``top_n`` or ``skip_n`` below 0, ``batch_size`` below 1.
+    """
+    if top_n is not None and top_n < 0:
+        raise ValueError(f"top_n must be 0 or more, got {top_n}")
+    if skip_n is not None and skip_n < 0:
+        raise ValueError(f"skip_n must be 0 or more, got {skip_n}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
+
+
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
           sow_keys: list[str] | None = None,
           top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
@@ -367,10 +382,7 @@ def query(r: Client, topic: TopicConfig, filter: str | None = None,
     # command imports this module; only a query pays for them
     from .filter import compile_filter
 
-    if top_n is not None and top_n < 0:
-        raise ValueError(f"top_n must be 0 or more, got {top_n}")
-    if skip_n is not None and skip_n < 0:
-        raise ValueError(f"skip_n must be 0 or more, got {skip_n}")
+    check_page(top_n, skip_n)
     selected = select_paths(select)
     try:
         r.hincrby(keys.topic_stats(topic.name), "n_query", 1)
@@ -444,10 +456,7 @@ def query_batches(r: Client, topic: TopicConfig, batch_size: int, filter: str | 
     Raises:
         ValueError: ``batch_size`` below 1; as :func:`query` otherwise.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
-    if top_n is not None and top_n < 0:
-        raise ValueError(f"top_n must be 0 or more, got {top_n}")
+    check_page(top_n, skip_n, batch_size)
     if order_by is not None or skip_n is not None:
         rows = query(r, topic, filter, sow_keys, top_n, order_by, skip_n, select, source)
         return (rows[i:i + batch_size] for i in range(0, len(rows), batch_size))
