@@ -276,6 +276,10 @@ def _quiet_rq_outages() -> None:
         rq_log.addFilter(_RqOutageFilter())
 
 
+SWEEPER_JOIN_S = 10.0
+"""Seconds a stopping worker waits at most for its sweeper's sweep under way to end."""
+
+
 class Sweeper(threading.Thread):
     """Daemon thread: ``loop()`` sweeps once; ``run()`` repeats it until stopped. ``r``: the
     data client (carrying its control client, :func:`sow_redis.connection.connect_pair`)."""
@@ -389,5 +393,9 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
     finally:
         if sweeper is not None:
             sweeper.stopped.set()
+            # let a sweep under way end before the interpreter does: a daemon thread inside
+            # a Redis call while Python finalizes is a crash risk (a worker stopped by SIGTERM
+            # once ended with SIGSEGV, exit status -11, in CI on 2026-11-28)
+            sweeper.join(timeout=SWEEPER_JOIN_S)
         log.log(lifecycle, "worker %s stopped", wname, extra=fields("worker_stop", worker=wname))
     return worked
