@@ -315,8 +315,11 @@ def start_worker(url: str, *args: str, **extra: str) -> subprocess.Popen:
     """``sow-redis worker ARGS`` as a process. Its output (stdout and stderr) goes to a file,
     never a pipe: a worker whose output no test reads would block once a pipe's 64 KiB
     filled (a long test under load logs more); ``proc.stdout`` reads that file from its
-    start (after the worker ended: everything it printed)."""
+    start (after the worker ended: everything it printed). Python's fault handler is on, so
+    a crash leaves its threads' stacks there (a worker stopped by SIGTERM ended once with
+    SIGSEGV in CI, 2026-11-28)."""
     fd, path = tempfile.mkstemp(prefix="sow-worker-", suffix=".log")
+    extra.setdefault("PYTHONFAULTHANDLER", "1")
     try:
         with open(fd, "ab") as log:  # appends: the reader below has an offset of its own
             proc = subprocess.Popen([sys.executable, "-m", "sow_redis.cli", "worker", *args],

@@ -90,7 +90,7 @@ def test_control_plane_on_its_own_redis_data_spread_over_the_primaries(redis_clu
                    "the worker registered")
     finally:
         worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=60) == 0
+        assert worker.wait(timeout=60) == 0, worker.stdout.read().decode()[-4000:]
     control = Redis.from_url(curl)
     assert control.exists("rq:queue:sow") or control.keys("rq:*")  # rq lives here
     per_node = {}

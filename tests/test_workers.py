@@ -66,7 +66,7 @@ def test_publish_wait_is_read_your_writes_with_two_workers(url, r, topic_name):
         for w in workers:
             w.send_signal(signal.SIGTERM)
         for w in workers:
-            assert w.wait(timeout=30) == 0
+            assert w.wait(timeout=30) == 0, w.stdout.read().decode()[-4000:]
 
 
 def test_entries_from_any_redis_client_are_picked_up_by_sweep(url, r, topic_name):
