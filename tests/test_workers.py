@@ -246,3 +246,55 @@ def test_every_partition_job_names_its_backlog(url, topic_name):
     sow.r.delete(keys.job_marker(topic_name, 0))
     ensure_jobs(sow.r, topic_name, [0], sow.settings)
     assert described() == [f"ingest {topic_name}[0] (1,000+ entries behind)"]
+
+
+TEARDOWN_SIGNAL_WORKER = """
+import sys, time
+import redis
+from sow_redis.ops import worker as W
+from sow_redis.settings import Settings
+
+dequeue, register_death, calls = W.SowWorker.dequeue_job_and_maintain_ttl, \\
+    W.SowWorker.register_death, []
+
+def timing_out_once(self, *args, **kwargs):  # rq's loop ends by itself, as on a Redis timeout
+    calls.append(1)
+    if len(calls) == 1:
+        raise redis.exceptions.TimeoutError("the test's timeout")
+    return dequeue(self, *args, **kwargs)
+
+def slow_register_death(self):  # the test's SIGTERM comes while rq tears its loop down
+    print("TEARING DOWN", flush=True)
+    time.sleep(1.5)
+    register_death(self)
+    print("REGISTERED DEATH", flush=True)
+
+W.SowWorker.dequeue_job_and_maintain_ttl = timing_out_once
+W.SowWorker.register_death = slow_register_death
+W.run_worker(Settings.from_env())
+print("RETURNED", flush=True)
+"""
+
+
+def test_a_stop_signal_while_rq_tears_its_loop_down_stops_the_worker_cleanly(url, topic_name):
+    """rq's SIGTERM handler raises StopRequested wherever the main thread is when no job
+    runs; its teardown (after a loop that ended by itself, as on a Redis timeout) did not
+    catch it: the worker ended with a traceback, status 1, its registration left behind. A
+    worker must stop with status 0 and unregistered."""
+    make_topic(url, topic_name)
+    proc = subprocess.Popen([sys.executable, "-c", TEARDOWN_SIGNAL_WORKER], env=cli_env(url),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        line = proc.stdout.readline()
+        while line and line != b"TEARING DOWN\n":
+            line = proc.stdout.readline()
+        assert line == b"TEARING DOWN\n"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    print(out.decode())
+    assert proc.returncode == 0, out.decode()
+    assert b"REGISTERED DEATH" in out and b"RETURNED" in out
+    assert b"Traceback" not in out
+    assert control(url).smembers("rq:workers") == set()

@@ -171,6 +171,7 @@ class SowWorker(SimpleWorker):
 
     Attributes:
         lost_connection: set when the work loop quit because Redis did not answer.
+        tearing_down: set when rq's work loop is over and its teardown began.
     """
 
     max_connection_wait_time = BACKOFF_MAX_S
@@ -182,6 +183,7 @@ class SowWorker(SimpleWorker):
         super().__init__(*args, **kwargs)
         self.stop = stop
         self.lost_connection = False
+        self.tearing_down = False
 
     execute_job = _noting_redis_down("execute_job")
     run_maintenance_tasks = _noting_redis_down("run_maintenance_tasks")
@@ -206,6 +208,16 @@ class SowWorker(SimpleWorker):
         self.stop.request()
         super().request_stop(signum, frame)
 
+    def _shutdown(self) -> None:
+        # rq's handler raises StopRequested when no job runs, wherever the main thread is; its
+        # work loop catches it, but its teardown (in the loop's ``finally``, after the loop
+        # ended by itself: a Redis timeout) does not, and neither does run_worker: a SIGTERM
+        # there ended the worker with a traceback and status 1. Once the loop is over, the
+        # stop flag alone ends run_worker.
+        if self.tearing_down:
+            return
+        super()._shutdown()
+
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
@@ -227,7 +239,9 @@ class SowWorker(SimpleWorker):
             raise
 
     def teardown(self) -> None:
-        """Register death and stop the pub/sub thread, even when Redis is gone."""
+        """Register death and stop the pub/sub thread, even when Redis is gone; a stop signal
+        meanwhile only sets the stop flag (:meth:`_shutdown`)."""
+        self.tearing_down = True
         try:
             self.register_death()
         except REDIS_DOWN as exc:
@@ -372,6 +386,10 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
                 worker = SowWorker([sow_queue(r)], connection=r, name=wname, stop=stop)
                 worked = worker.work(burst=burst, logging_level="WARNING") or worked
                 down = worker.lost_connection
+            except StopRequested:
+                # a stop signal after rq installed its handler and before its loop's ``try``
+                # (SowWorker.request_stop has set the stop flag)
+                down = False
             except REDIS_DOWN as exc:
                 OUTAGE.failed(exc)
                 down = True
