@@ -15,7 +15,11 @@ each variant ``--runs`` times as a process of its own and takes its peak residen
   batch_size=B)`` (an iterator), counting the records;
 * ``sow-and-subscribe``: ``--count N+1`` (the query part, then ``group_end``) without and
   with ``--batch-size B`` (one partition copied in Redis at a time: its records hash's
-  ``MEMORY USAGE`` is printed as what Redis holds in addition meanwhile).
+  ``MEMORY USAGE`` is printed as what Redis holds in addition meanwhile);
+* with ``--as-of``, the same N records also published to a topic with ``history``, then an
+  update of every ``--updated``-th record after a point in time: ``sow --as-of T`` and
+  ``sow-and-subscribe --as-of T`` (its query part as of T, ``group_end``, the updates
+  replayed, ``completed``) without and with ``--batch-size B``.
 
 Every run's output is counted (N records, N + 1 messages) and a wrong count stops the script.
 The medians are printed as a table with the load average, and written as JSON (``--json``).
@@ -27,6 +31,7 @@ Example (1,000,000 records, 3 runs each; about 10 minutes)::
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import statistics
 import subprocess
@@ -35,7 +40,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 from benchlib import applied_counts, machine_info, private_redis, write_json
@@ -51,6 +55,7 @@ from sow_redis.registry import apply_topics  # noqa: E402
 from sow_redis.settings import Settings  # noqa: E402
 
 TOPIC = "batches"
+HISTORY_TOPIC = "batches_history"
 COUNT = "import sys; from sow_redis.client import Sow; n = 0\n" \
         "for _r in Sow(sys.argv[1]).sow(sys.argv[2]{extra}):\n    n += 1\nprint(n)"
 """The Python variants: count the records of a query (one line: the count)."""
@@ -71,11 +76,13 @@ def messages(n: int, size: int) -> Iterator[tuple[str, bytes, None]]:
         yield "publish", orjson.dumps(obj), None
 
 
-def load(r: Redis, n: int, size: int, partitions: int) -> float:
-    """Publish the N records; returns the seconds it took. Raises SystemExit on a failed
-    check (records, change sequences, errors)."""
-    (t,) = parse_topics(f'[[topic]]\nname = "{TOPIC}"\nkey = ["/id"]\n'
-                        f"partitions = {partitions}\n")
+def load(r: Redis, n: int, size: int, partitions: int, name: str = TOPIC,
+         extra: str = "") -> float:
+    """Publish the N records to topic ``name`` (``extra``: more lines of its definition);
+    returns the seconds it took. Raises SystemExit on a failed check (records, change
+    sequences, errors)."""
+    (t,) = parse_topics(f'[[topic]]\nname = "{name}"\nkey = ["/id"]\n'
+                        f"partitions = {partitions}\n{extra}")
     apply_topics(r, [t])
     t0 = time.perf_counter()
     result = append(r, t, messages(n, size), jobs=Settings.from_env())
@@ -86,10 +93,41 @@ def load(r: Redis, n: int, size: int, partitions: int) -> float:
     return took
 
 
-def variants(url: str, n: int, batch: int) -> dict[str, tuple[list[str], int]]:
-    """Variant name → (command line, lines its output must have)."""
+def load_history(r: Redis, n: int, size: int, partitions: int, every: int) -> tuple[str, int]:
+    """The N records on a topic with history, a point in time, then an update of every
+    ``every``-th record: the point (ISO-8601) and the number of updates."""
+    load(r, n, size, partitions, HISTORY_TOPIC, 'history = { window = "1h" }\n')
+    time.sleep(0.01)
+    ms = int(r.time()[0]) * 1000 + int(r.time()[1]) // 1000
+    point = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    time.sleep(0.01)
+    (t,) = parse_topics(f'[[topic]]\nname = "{HISTORY_TOPIC}"\nkey = ["/id"]\n'
+                        f'partitions = {partitions}\nhistory = {{ window = "1h" }}\n')
+    updates = [("publish", orjson.dumps({"id": i, "px": 0.0, "sym": "U", "pad": ""}), None)
+               for i in range(0, n, every)]
+    result = append(r, t, iter(updates), jobs=Settings.from_env())
+    if result.published != len(updates):
+        raise SystemExit(f"check failed: {result.published} updates of {len(updates)}")
+    return point, len(updates)
+
+
+def variants(url: str, n: int, batch: int,
+             as_of: tuple[str, int] | None = None) -> dict[str, tuple[list[str], int]]:
+    """Variant name → (command line, lines its output must have). ``as_of``: the point and
+    the number of updates after it on the history topic (adds the as-of variants)."""
     cli = [sys.executable, "-m", "sow_redis.cli"]
     py = [sys.executable, "-c"]
+    past: dict[str, tuple[list[str], int]] = {}
+    if as_of is not None:
+        point, updates = as_of
+        query = [*cli, "sow", "-t", HISTORY_TOPIC, "--as-of", point]
+        replay = [*cli, "sow-and-subscribe", "-t", HISTORY_TOPIC, "--as-of", point, "--count",
+                  str(n + updates + 2)]  # records, group_end, the updates, completed
+        past = {"sow --as-of": (query, n),
+                f"sow --as-of --batch-size {batch}": ([*query, "--batch-size", str(batch)], n),
+                "sow-and-subscribe --as-of": (replay, n + updates + 2),
+                f"sow-and-subscribe --as-of --batch-size {batch}": (
+                    [*replay, "--batch-size", str(batch)], n + updates + 2)}
     return {
         "start-up (sow --top-n 0)": ([*cli, "sow", "-t", TOPIC, "--top-n", "0"], 0),
         "sow": ([*cli, "sow", "-t", TOPIC], n),
@@ -102,6 +140,7 @@ def variants(url: str, n: int, batch: int) -> dict[str, tuple[list[str], int]]:
         f"sow-and-subscribe --batch-size {batch}": (
             [*cli, "sow-and-subscribe", "-t", TOPIC, "--count", str(n + 1), "--batch-size",
              str(batch)], n + 1),
+        **past,
     }
 
 
@@ -137,6 +176,10 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3, help="runs per variant (medians reported)")
+    ap.add_argument("--as-of", action="store_true", help="also the as-of variants (a second "
+                    "topic of N records, with history)")
+    ap.add_argument("--updated", type=int, default=100, help="with --as-of: every N-th record "
+                    "is updated after the point")
     ap.add_argument("--json", default="bench-results/bench_batches.json")
     args = ap.parse_args()
     with private_redis("bench-batches-") as server:
@@ -149,7 +192,11 @@ def main() -> int:
               f"loaded in {load_s:.1f} s (Redis used_memory {used / 2**20:.0f} MiB; one "
               f"partition's records hash, what a batched sow-and-subscribe copies at a time: "
               f"{copy / 2**20:.0f} MiB)")
-        table = variants(server.url, args.n, args.batch_size)
+        as_of = None
+        if args.as_of:
+            as_of = load_history(r, args.n, args.size, args.partitions, args.updated)
+            print(f"history topic: {args.n:,} records, {as_of[1]:,} updated after {as_of[0]}")
+        table = variants(server.url, args.n, args.batch_size, as_of)
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in table}
         loads = []
         for _round in range(args.runs):
@@ -161,10 +208,10 @@ def main() -> int:
                for name, rs in runs.items()}
     print(f"\npeak RSS of the client process, median of {args.runs} (load average at the "
           f"rounds' starts: {', '.join(f'{x:.1f}' for x in loads)})")
-    print(f"{'variant':<40} {'RSS MiB':>9} {'range':>13} {'seconds':>8}")
+    print(f"{'variant':<46} {'RSS MiB':>9} {'range':>13} {'seconds':>8}")
     for name, m in medians.items():
         rss = [x["rss_mib"] for x in runs[name]]
-        print(f"{name:<40} {m['rss_mib']:>9.0f} {min(rss):>6.0f}–{max(rss):<6.0f} "
+        print(f"{name:<46} {m['rss_mib']:>9.0f} {min(rss):>6.0f}–{max(rss):<6.0f} "
               f"{m['seconds']:>8.1f}")
     path = write_json(args.json, {
         "n": args.n, "size": args.size, "partitions": args.partitions,

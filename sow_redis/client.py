@@ -77,6 +77,19 @@ def _to_bytes(msg: object) -> bytes:
     return orjson.dumps(msg)
 
 
+def _query_messages(topic: str, batches: Iterable[list[Record]],
+                    bookmark: str) -> Iterator[Message]:
+    """The ``sow`` messages of a historical query's records, then its ``group_end`` (its
+    count), each with the query's ``bookmark``: built as they are taken."""
+    count = 0
+    for batch in batches:
+        for rec in batch:
+            count += 1
+            yield {"kind": "sow", "topic": topic, "sow_key": rec.sow_key, "seq": rec.seq,
+                   "bookmark": bookmark, "data": rec.obj()}
+    yield {"kind": "group_end", "topic": topic, "count": count, "bookmark": bookmark}
+
+
 TOPIC_KEEP_S = 0.05
 """Seconds a publisher uses a topic definition without reading the registry, counted from
 the last publish whose write found the registry version unchanged (see
@@ -461,8 +474,9 @@ class Sow:
                 records deleted or expired since included.
             batch_size: read the records ``batch_size`` at a time (AMPS ``batch_size``) and
                 return an iterator: without ``order_by`` and ``skip_n`` a result of any
-                size takes the memory of one batch (with ``as_of``, of one partition;
-                :meth:`sow_batches`, whose batches it flattens). The arguments are checked
+                size takes the memory of one batch (with ``as_of``, of one batch and of
+                the records changed since the point in the partition being read, from a
+                copy of it in Redis; :meth:`sow_batches`, whose batches it flattens). The arguments are checked
                 here, before a record is asked for.
 
         Raises:
@@ -480,10 +494,12 @@ class Sow:
         return query(self.r, t, filter, keys, top_n, order_by, skip_n=skip_n, select=select,
                      source=source)
 
-    def _query_source(self, topic: str, keys: list[str] | None,
-                      as_of: str | None) -> tuple[TopicConfig, Iterable[Record] | None]:
+    def _query_source(self, topic: str, keys: list[str] | None, as_of: str | None,
+                      page_size: int | None = None
+                      ) -> tuple[TopicConfig, Iterable[Record] | None]:
         """The topic of a query and, ``as_of`` given, the records as of then (read one
-        partition at a time as the query goes); None: the current SOW."""
+        partition at a time as the query goes, in pages of ``page_size`` when given); None:
+        the current SOW."""
         if keys is not None:
             check_key_list(keys)
         t = self.topic(topic)
@@ -491,7 +507,7 @@ class Sow:
             touch(self.r, t.name)
         if as_of is None:
             return t, None
-        return t, self._as_of(t, as_of, keys)[1]
+        return t, self._as_of(t, as_of, keys, page_size)[1]
 
     def explain(self, topic: str, filter: str | None = None,
                 keys: list[str] | None = None) -> Plan:
@@ -518,17 +534,19 @@ class Sow:
         Raises:
             as :meth:`sow`; ValueError: ``batch_size`` below 1.
         """
-        t, source = self._query_source(topic, keys, as_of)
+        t, source = self._query_source(topic, keys, as_of, batch_size)
         return query_batches(self.r, t, batch_size, filter, keys, top_n, order_by, skip_n,
                              select, source)
 
-    def _as_of(self, t: TopicConfig, when: str,
-               keys: list[str] | None) -> tuple[list[int], Iterator[Record]]:
+    def _as_of(self, t: TopicConfig, when: str, keys: list[str] | None,
+               page_size: int | None = None) -> tuple[list[int], Iterator[Record]]:
         """The per-partition position of ``when`` (checked here) and the records as they were
         there, only those of ``keys`` when given, read one partition at a time as they are
-        asked for."""
+        asked for (from a copy in pages of ``page_size`` records when given:
+        :func:`sow_redis.feed.history.records_as_of`)."""
         position = as_of_position(self.r, t, when)
-        records = records_as_of(self.r, t, position, iso_ms(when))
+        records = records_as_of(self.r, t, position, iso_ms(when),
+                                page_size if keys is None else None)
         if keys is not None:
             wanted = set(keys)
             records = (rec for rec in records if rec.sow_key in wanted)
@@ -686,19 +704,22 @@ class Sow:
         the SOW keys'); ``select`` keeps only those fields in every message's ``data`` (see
         :meth:`subscribe`).
 
-        ``batch_size`` (AMPS ``batch_size``; not with ``as_of``): without ``order_by`` and
-        ``skip_n``, the query part is read one partition at a time as its messages are asked
-        for, from a copy of the partition's records made in Redis with its seq, ``batch_size``
-        records at a time: the client holds one batch, Redis a copy of one partition while it
-        is read. Its ``sow`` messages then carry no bookmark (``group_end`` does: see
-        :class:`~sow_redis.feed.subscriber.Subscriber`).
+        ``batch_size`` (AMPS ``batch_size``): without ``order_by`` and ``skip_n``, the query
+        part is read one partition at a time as its messages are asked for, from a copy of
+        the partition's records made in Redis with its seq, ``batch_size`` records at a time:
+        the client holds one batch, Redis a copy of one partition while it is read. Its
+        ``sow`` messages then carry no bookmark (``group_end`` does: see
+        :class:`~sow_redis.feed.subscriber.Subscriber`). With ``as_of``, the historical query
+        is read as its messages are asked for, as :meth:`sow` with both reads it (one batch
+        and the records changed since the point in the partition being read), its messages
+        with the query's bookmark; the replay after it is read at the call, as without
+        ``batch_size``.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without
             ``change_previous``), BookmarkError (``as_of``: see :meth:`sow`), KeyListError
             (``keys``: see :meth:`subscribe`), ValueError (``select`` or ``skip_n``: see
-            :meth:`sow`; ``select`` with ``delta``; ``batch_size`` below 1 or with
-            ``as_of``).
+            :meth:`sow`; ``select`` with ``delta``; ``batch_size`` below 1).
         """
         if keys is not None:
             check_key_list(keys)
@@ -706,19 +727,19 @@ class Sow:
             return self._subscriber(topic, filter=filter, oof=oof, sow=True, top_n=top_n,
                                     order_by=order_by, report=report, delta=delta, keys=keys,
                                     skip_n=skip_n, select=select, batch_size=batch_size)
-        if batch_size is not None:
-            raise ValueError("batch_size does not go with as_of (the historical query part "
-                             "is read whole)")
         t = self.topic(topic)
-        position, records = self._as_of(t, as_of, keys)
-        rows = query(self.r, t, filter, None, top_n, order_by, skip_n=skip_n, source=records)
+        position, records = self._as_of(t, as_of, keys, batch_size)
+        batches: Iterable[list[Record]]
+        if batch_size is None:
+            batches = [query(self.r, t, filter, None, top_n, order_by, skip_n=skip_n,
+                             source=records)]
+        else:  # read as the messages are taken, from a copy of one partition at a time
+            batches = query_batches(self.r, t, batch_size, filter, None, top_n, order_by,
+                                    skip_n, source=records)
         mark = str(Bookmark(tuple(position)))  # the query's position: the replay starts there
         sub = self._subscriber(topic, filter=filter, oof=oof, report=report, delta=delta,
                                bookmark=mark, keys=keys, select=select)
-        sub.prepend([*({"kind": "sow", "topic": t.name, "sow_key": rec.sow_key,
-                        "seq": rec.seq, "bookmark": mark, "data": rec.obj()} for rec in rows),
-                     {"kind": "group_end", "topic": t.name, "count": len(rows),
-                      "bookmark": mark}])
+        sub.prepend(_query_messages(t.name, batches, mark))
         return sub
 
     def topics_matching(self, pattern: str) -> list[str]:

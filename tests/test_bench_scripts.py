@@ -307,11 +307,14 @@ def test_bench_batches_measures_the_client_memory_of_each_variant(tmp_path: Path
     lines); the peak RSS is the command's own, not the script's (a start-up of the CLI takes
     less than the script, which generated the records)."""
     res, text = _results("bench_batches.py", tmp_path / "batches.json", "--n", "3000",
-                         "--runs", "1", "--batch-size", "100")
+                         "--runs", "1", "--batch-size", "100", "--as-of")
     medians = res["medians"]
     assert list(medians) == [
         "start-up (sow --top-n 0)", "sow", "sow --batch-size 100", "Sow.sow() (a list)",
-        "Sow.sow(batch_size=100)", "sow-and-subscribe", "sow-and-subscribe --batch-size 100"]
+        "Sow.sow(batch_size=100)", "sow-and-subscribe", "sow-and-subscribe --batch-size 100",
+        "sow --as-of", "sow --as-of --batch-size 100", "sow-and-subscribe --as-of",
+        "sow-and-subscribe --as-of --batch-size 100"]
+    assert "30 updated after" in text  # every 100th of 3,000 records: replayed, counted
     assert all(len(runs) == 1 for runs in res["all_runs"].values())
     assert all(10 < m["rss_mib"] < 500 and m["seconds"] > 0 for m in medians.values())
     assert "peak RSS of the client process" in text and res["n"] == 3000

@@ -285,12 +285,14 @@ def test_a_record_due_at_the_point_is_not_in_the_sow_as_of_it(sow, topic_name):
     assert _state(sow, topic_name, as_of=due) == {2: {"id": 2, "v": 2}}
 
 
+@pytest.mark.parametrize("batch_size", [None, 4])
 def test_sow_and_subscribe_as_of_with_concurrent_publishers_has_no_gap_or_duplicate(
-        sow, topic_name):
+        sow, topic_name, batch_size):
     """Issue 25.1: a historical sow_and_subscribe started while another thread publishes,
     delta_publishes and sow_deletes: the query gives the SOW as of the point, then every change
     after it once, in order per partition (consecutive seqs: no gap, no duplicate), through
-    the replay into live; folding them gives the SOW at the end."""
+    the replay into live; folding them gives the SOW at the end. With ``batch_size`` (issue
+    25.5) the historical query is read as it is taken, while the publisher goes on."""
     import threading
 
     sow.apply_config(_config(topic_name))
@@ -325,7 +327,8 @@ def test_sow_and_subscribe_as_of_with_concurrent_publishers_has_no_gap_or_duplic
     seqs: dict[int, list[int]] = {}
     kinds: list[str] = []
     try:
-        with sow.sow_and_subscribe(topic_name, oof=True, as_of=when) as sub:
+        with sow.sow_and_subscribe(topic_name, oof=True, as_of=when,
+                                   batch_size=batch_size) as sub:
             deadline = time.monotonic() + 60
             while True:
                 msg = sub.get(1.0)
@@ -353,8 +356,95 @@ def test_sow_and_subscribe_as_of_with_concurrent_publishers_has_no_gap_or_duplic
         for t in threads:
             t.join()
     assert at_point == {i: {"id": i, "v": 0} for i in range(30)}
+    assert kinds.count("sow") == 30 and kinds.index("group_end") == 30
     assert "completed" in kinds and sum(map(len, seqs.values())) > 50
     for p, got in seqs.items():
         assert got == list(range(got[0], got[0] + len(got))), (p, got)
     assert mine == {rec.sow_key: rec.obj() for rec in sow.sow(topic_name)}
     print(f"\n{sum(map(len, seqs.values()))} changes after the point, in order, once each")
+
+
+def test_a_historical_query_in_batches_reads_a_partition_as_it_is_taken(url, topic_name, plane):
+    """``sow_and_subscribe(as_of=…, batch_size=…)`` and ``sow(as_of=…, batch_size=…)``
+    (issue 25.5): the first message reads one partition, from a copy (Redis's command
+    statistics: 1 ``COPY`` of 3, no ``HGETALL``), the query part all 3, and what comes is
+    the SOW as of the point, each message with the query's bookmark; a subscriber closed
+    half-way reads no more, and no copy is left behind."""
+    if plane == "cluster":
+        pytest.skip("Redis's command statistics: on the server plane")
+    sow = Sow(url, inline=True)
+    sow.apply_config(_config(topic_name))
+    sow.publish(topic_name, [{"id": i, "v": 0} for i in range(60)], wait=True)
+    time.sleep(0.005)
+    when = _iso(int(time.time() * 1000))
+    time.sleep(0.005)
+    sow.publish(topic_name, [{"id": i, "v": 1} for i in range(0, 60, 2)], wait=True)
+    sow.sow_delete(topic_name, "/id > 49")
+    sow.publish(topic_name, [{"id": i, "v": 2} for i in range(100, 110)], wait=True)
+
+    def calls() -> dict[str, int]:
+        stats = sow.r.info("commandstats")
+        return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
+                for c in ("copy", "hgetall", "hscan")}
+
+    def since(before: dict[str, int]) -> dict[str, int]:
+        return {c: n - before[c] for c, n in calls().items()}
+
+    before = calls()
+    with sow.sow_and_subscribe(topic_name, as_of=when, batch_size=5) as sub:
+        first = sub.get(5)
+        assert first is not None and first["kind"] == "sow"
+        assert since(before)["copy"] == 1
+        got = [first]
+        while got[-1]["kind"] != "group_end":
+            got.append(sub.get(5))
+        used = since(before)
+    assert used["copy"] == 3 and used["hgetall"] == 0 and used["hscan"] >= 3, used
+    marks = {m["bookmark"] for m in got}
+    assert len(marks) == 1 and marks != {None}
+    assert sorted(m["data"]["id"] for m in got[:-1]) == list(range(60))
+    assert all(m["data"]["v"] == 0 for m in got[:-1]) and got[-1]["count"] == 60
+    before = calls()
+    with sow.sow_and_subscribe(topic_name, as_of=when, batch_size=5) as sub:
+        assert sub.get(5)["kind"] == "sow"
+    assert since(before)["copy"] == 1  # closed half-way: the other partitions were never read
+    batched = sow.sow(topic_name, as_of=when, batch_size=4)
+    assert sorted((r.obj()["id"], r.obj()["v"]) for r in batched) == [(i, 0) for i in range(60)]
+    assert sow.r.keys("*:snap:*") == []
+    with pytest.raises(ValueError, match="batch_size must be 1 or more"):
+        sow.sow_and_subscribe(topic_name, as_of=when, batch_size=0)
+
+
+def test_a_historical_query_in_batches_survives_its_copy_going(url, topic_name, plane,
+                                                               monkeypatch):
+    """A copy deleted while a historical query in batches scans it (another client, or its
+    lifetime): the rest of that partition comes from the partition read whole, and the result
+    is still exactly the SOW as of the point, each record once, also when records changed
+    meanwhile."""
+    import sow_redis.feed.history as history
+
+    if plane == "cluster":
+        pytest.skip("deleting the copy by name: on the server plane")
+    sow = Sow(url, inline=True)
+    sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 1\n'
+                     'history = { window = "1h" }\n')
+    sow.publish(topic_name, [{"id": i, "v": 0, "pad": "x" * 100} for i in range(400)], wait=True)
+    time.sleep(0.005)
+    when = _iso(int(time.time() * 1000))
+    time.sleep(0.005)
+    sow.publish(topic_name, [{"id": i, "v": 1} for i in range(0, 400, 3)], wait=True)
+    real_scan, pages = history.scan_page, []
+
+    def scan_then_lose(r, copy, cursor, size):
+        pages.append(copy)
+        if len(pages) == 2:  # after the first page: the copy goes, then records change
+            r.delete(copy)
+            sow.publish(topic_name, [{"id": i, "v": 2} for i in range(1, 400, 3)], wait=True)
+            sow.sow_delete(topic_name, "/id < 20")
+        return real_scan(r, copy, cursor, size)
+
+    monkeypatch.setattr(history, "scan_page", scan_then_lose)
+    got = [(r.obj()["id"], r.obj()["v"]) for r in sow.sow(topic_name, as_of=when, batch_size=50)]
+    assert len(pages) >= 2
+    assert sorted(got) == [(i, 0) for i in range(400)]  # each once, as of the point
+    assert sow.r.keys("*:snap:*") == []

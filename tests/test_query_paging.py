@@ -241,8 +241,6 @@ def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_nam
     sow.publish(topic_name, [{"id": i, "v": 0} for i in range(400)], wait=True)
     with pytest.raises(ValueError, match="batch_size must be 1 or more"):
         sow.sow_and_subscribe(topic_name, batch_size=0)
-    with pytest.raises(ValueError, match="batch_size does not go with as_of"):
-        sow.sow_and_subscribe(topic_name, batch_size=5, as_of="EPOCH")
     caplog.set_level("INFO", logger="sow_redis.feed.subscriber")
     sub = sow.sow_and_subscribe(topic_name, "/v < 3", oof=True, batch_size=7)
     held: dict[str, dict] = {}
@@ -374,10 +372,6 @@ def test_cli_batches_of_sow_and_subscribe_and_of_the_past(url, topic_name):
     assert [m["kind"] for m in lines] == ["sow"] * 4 + ["group_end"]
     assert sorted(m["data"]["id"] for m in lines[:4]) == [2, 3, 4, 5]
     assert lines[-1]["count"] == 4
-    bad = run_cli(url, "sow-and-subscribe", "-t", topic_name, "--batch-size", "2", "--as-of",
-                  "EPOCH", check=False)
-    err = bad.stderr.decode().strip().splitlines()
-    assert bad.returncode == 2 and "--batch-size does not go with --as-of" in err[-1], err
     Sow(url).publish(f"{topic_name}_h", [{"id": 1, "v": 1}], wait=True)
     time.sleep(0.005)
     mark = Sow(url).sow_and_subscribe(f"{topic_name}_h", batch_size=1)
@@ -389,6 +383,15 @@ def test_cli_batches_of_sow_and_subscribe_and_of_the_past(url, topic_name):
     Sow(url).publish(f"{topic_name}_h", [{"id": 1, "v": 2}, {"id": 2, "v": 2}], wait=True)
     past = run_cli(url, "sow", "-t", f"{topic_name}_h", "--as-of", bookmark, "--batch-size", "1")
     assert [orjson.loads(x) for x in past.stdout.splitlines()] == [{"id": 1, "v": 1}]
+    # the historical query part in batches, then the change after the point, then live
+    out = run_cli(url, "sow-and-subscribe", "-t", f"{topic_name}_h", "--as-of", bookmark,
+                  "--batch-size", "1", "--count", "5")
+    lines = [orjson.loads(x) for x in out.stdout.splitlines()]
+    assert [m["kind"] for m in lines] == ["sow", "group_end", "publish", "publish",
+                                          "completed"], lines
+    assert lines[0]["data"] == {"id": 1, "v": 1} and lines[0]["bookmark"] == bookmark
+    assert lines[1]["count"] == 1 and lines[1]["bookmark"] == bookmark
+    assert sorted(m["data"]["id"] for m in lines[2:4]) == [1, 2]
 
 
 def test_cli_batches_in_every_format_but_a_table(url, topic_name):
@@ -419,7 +422,7 @@ def test_sow_and_subscribe_in_batches_replaces_a_copy_left_at_its_name(sow, topi
     sow.apply_config(f'[[topic]]\nname = "{topic_name}"\nkey = ["/id"]\npartitions = 1\n')
     sow.publish(topic_name, [{"id": i} for i in range(50)], wait=True)
     token = uuid.UUID(int=7)
-    monkeypatch.setattr("sow_redis.feed.subscriber.uuid.uuid4", lambda: token)
+    monkeypatch.setattr("sow_redis.feed.snapshot.uuid.uuid4", lambda: token)
     sow.r.hset(keys.snapshot(topic_name, 0, token.hex), mapping={"stale": "0:0:0-1\n{}"})
     with sow.sow_and_subscribe(topic_name, batch_size=8) as sub:
         msgs = _query_part(sub)

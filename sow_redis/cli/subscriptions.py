@@ -182,7 +182,8 @@ def subscribe(ctx: click.Context, topic: str, filter_: str | None, keys: str | N
 @click.option("--order-by", help="Order of the query part, e.g. \"/price DESC, /orderId\".")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Read the query part N "
               "records at a time, from a copy of one partition at a time made in Redis "
-              "(without --order-by and --skip-n: the client holds one batch).")
+              "(without --order-by and --skip-n: the client holds one batch; also with "
+              "--as-of).")
 @click.option("--topic-regex", is_flag=True, help="Read -t as a regular expression of topic "
               "names (it is one anyway when it is no defined topic and no valid name).")
 @click.option("--delta", is_flag=True, help="AMPS sow_and_delta_subscribe: the records whole, "
@@ -234,9 +235,6 @@ def sow_and_subscribe(ctx: click.Context, topic: str, filter_: str | None, keys:
                                            report=_report_recovery),
                           count, timeout)
         return
-    if batch_size is not None and as_of is not None:
-        raise click.UsageError("--batch-size does not go with --as-of (the historical query "
-                               "part is read whole)")
     selected = _select_list(select, delta)
     client = sow_of(ctx)
     names = client.resolve_topics(topic, topic_regex)

@@ -67,14 +67,13 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import uuid
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any, Protocol, TypeVar, cast
 
 import orjson
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import keys
@@ -102,15 +101,11 @@ from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
 from .live import ShardListener, refresh_topology
 from .reader import Message, MessageReader
+from .snapshot import copy_records, scan_page, snapshot_name
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-
-SNAPSHOT_TTL_MS = 600_000
-"""Milliseconds the copy of a partition's records a batched ``sow_and_subscribe`` scans lives
-after its last page was read (``keys.snapshot``): a consumer that takes longer between two
-batches sees the partition read again (a ``recovery`` message, cause ``snapshot``)."""
 
 MIGRATION_WAIT_S = 600.0
 """Seconds a subscriber waits at most for a shape migration of its topic to end before it
@@ -239,6 +234,7 @@ class Subscriber(MessageReader):
         self.resync, self.bookmarks = resync, bookmarks
         self._ready: deque[Message] = deque()
         self._rest: Generator[None, None, None] | None = None  # a batched query part to read
+        self._head: Iterator[Message] | None = None  # messages before any other (prepend)
         self._last: Message | None = None
         self._live: ShardListener | None = None
         # per partition, the keys of the records seen matching (kept with oof only)
@@ -399,10 +395,9 @@ class Subscriber(MessageReader):
     def _frozen_pages(self, p: int, size: int) -> Iterator[tuple[dict[bytes, bytes], int]]:
         """Partition ``p``'s records as of one seq (set as ``pos[p]``), in pages of about
         ``size``, each with the server time (ms; 0: no expiration) its records are checked
-        against for being due, taken once, after the copy. The records hash is copied (``COPY``) with the seq in one
-        MULTI/EXEC, and the copy scanned (``HSCAN``), renewing its lifetime
-        (:data:`SNAPSHOT_TTL_MS`) at each page, then deleted: the client holds one page, not
-        the partition. Where the copy cannot be made (SOW keys asked for, a Redis or ACL
+        against for being due, taken once, after the copy. The records hash is copied with
+        the seq and the copy scanned, then deleted (:mod:`sow_redis.feed.snapshot`): the
+        client holds one page, not the partition. Where the copy cannot be made (SOW keys asked for, a Redis or ACL
         user without ``COPY``, no memory for it) the partition is read whole, as without
         ``batch_size``. A copy gone before its scan ends (deleted by another client, or
         unread for its lifetime) is reported (a ``recovery`` message, cause ``snapshot``) and
@@ -410,9 +405,11 @@ class Subscriber(MessageReader):
         if self._keys is not None:  # only these SOW keys: an HMGET of them, as without
             yield self._whole(p)
             return
-        copy = keys.snapshot(self.topic.name, p, uuid.uuid4().hex)
-        copied = self._retrying(lambda: self._copy(p, copy))
+        copy = snapshot_name(self.topic.name, p)
+        copied = self._retrying(lambda: copy_records(self.r, self.topic.name, p, copy))
         if copied is None:
+            log.info("subscriber of %s: partition %d read whole (its records cannot be "
+                     "copied)", self.topic.name, p)
             yield self._whole(p)
             return
         self.pos[p], made = copied
@@ -423,8 +420,8 @@ class Subscriber(MessageReader):
         cursor = 0
         try:
             while True:
-                cursor, page, alive = self._retrying(functools.partial(self._page, copy, cursor,
-                                                                         size))
+                cursor, page, alive = self._retrying(
+                    functools.partial(scan_page, self.r, copy, cursor, size))
                 if not alive:  # the copy is gone: read the partition whole
                     self._snapshot_lost(p)
                     yield self._whole(p)
@@ -443,32 +440,6 @@ class Subscriber(MessageReader):
         seq, raw, now = self._retrying(lambda: self._read_partition(p))
         self.pos[p] = seq
         return raw, now
-
-    def _copy(self, p: int, copy: str) -> tuple[int, bool] | None:
-        """Copy partition ``p``'s records hash to ``copy`` with the partition's seq, in one
-        MULTI/EXEC: the seq and whether there was a hash to copy (none: no records), or None
-        when Redis refuses the copy."""
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hget(keys.state(self.topic.name, p), "seq")
-        # REPLACE: a try again after a reply lost in a disconnection finds its own copy there
-        pipe.copy(keys.records(self.topic.name, p), copy, replace=True)
-        pipe.pexpire(copy, SNAPSHOT_TTL_MS)
-        try:
-            seq_raw, made, _alive = pipe.execute()
-        except ResponseError as exc:  # no COPY (ACL, Redis before 6.2), no memory for it
-            log.info("subscriber of %s: partition %d read whole (its records cannot be "
-                     "copied: %s)", self.topic.name, p, exc)
-            return None
-        return int(seq_raw or 0), bool(made)
-
-    def _page(self, copy: str, cursor: int, size: int) -> tuple[int, dict[bytes, bytes], bool]:
-        """One ``HSCAN`` page of ``copy`` from ``cursor``, renewing the copy's lifetime:
-        ``(next cursor, page, whether the copy was still there)``."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.pexpire(copy, SNAPSHOT_TTL_MS)
-        pipe.hscan(copy, cursor, count=size)
-        alive, (cursor, page) = pipe.execute()
-        return int(cursor), page, bool(alive)
 
     def _snapshot_lost(self, p: int) -> None:
         """Report that the copy of partition ``p`` went before its scan ended."""
@@ -785,15 +756,23 @@ class Subscriber(MessageReader):
                 texts[p] = position_text(seq)
         return ",".join(texts)
 
-    def prepend(self, messages: list[Message]) -> None:
+    def prepend(self, messages: Iterable[Message]) -> None:
         """Deliver ``messages`` before any other (the historical query of a
-        ``sow_and_subscribe`` as of a point in time)."""
-        self._ready.extendleft(reversed(messages))
+        ``sow_and_subscribe`` as of a point in time), taken from it one at a time as they are
+        asked for (an iterator: a query part read in batches; closed by :meth:`close` when not
+        read to its end). Once per subscriber."""
+        self._head = iter(messages)
 
     def get(self, timeout: float = 1.0) -> Message | None:
         """The next message, or None after ``timeout`` seconds without one."""
         if self.tracker is not None:  # settling the last message tells the tracker only
             self._settle_last()
+        if self._head is not None:
+            first = next(self._head, None)
+            if first is not None:
+                self._last = first
+                return first if self._select is None else self._selected(first)
+            self._head = None
         if self._ready:  # the deriver's common case: taken one after the other
             out = self._last = self._ready.popleft()
             return out if self._select is None else self._selected(out)
@@ -891,6 +870,9 @@ class Subscriber(MessageReader):
         rest, self._rest = self._rest, None
         if rest is not None:
             rest.close()  # its copy's finally: DEL
+        head, self._head = self._head, None
+        if isinstance(head, Generator):
+            head.close()
         hooks, self.on_close = self.on_close, []
         for hook in hooks:
             hook()
