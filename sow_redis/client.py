@@ -474,10 +474,11 @@ class Sow:
                 records deleted or expired since included.
             batch_size: read the records ``batch_size`` at a time (AMPS ``batch_size``) and
                 return an iterator: without ``order_by`` and ``skip_n`` a result of any
-                size takes the memory of one batch (with ``as_of``, of one batch and of
-                the records changed since the point in the partition being read, from a
-                copy of it in Redis; :meth:`sow_batches`, whose batches it flattens). The arguments are checked
-                here, before a record is asked for.
+                size takes the memory of one batch (with ``as_of``, also of the records
+                changed since the point in the partition being read and its SOW keys given
+                so far, read from a copy of it in Redis; :meth:`sow_batches`, whose
+                batches it flattens). The arguments are checked here, before a record is
+                asked for.
 
         Raises:
             UnknownTopicError, FilterSyntaxError, KeyListError (more than
@@ -710,9 +711,8 @@ class Sow:
         the client holds one batch, Redis a copy of one partition while it is read. Its
         ``sow`` messages then carry no bookmark (``group_end`` does: see
         :class:`~sow_redis.feed.subscriber.Subscriber`). With ``as_of``, the historical query
-        is read as its messages are asked for, as :meth:`sow` with both reads it (one batch
-        and the records changed since the point in the partition being read), its messages
-        with the query's bookmark; the replay after it is read at the call, as without
+        is read as its messages are asked for, as :meth:`sow` with both reads it, its
+        messages with the query's bookmark; the replay after it is read at the call, as without
         ``batch_size``.
 
         Raises:

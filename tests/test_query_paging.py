@@ -241,7 +241,7 @@ def test_sow_and_subscribe_in_batches_meets_the_live_part_exactly(sow, topic_nam
     sow.publish(topic_name, [{"id": i, "v": 0} for i in range(400)], wait=True)
     with pytest.raises(ValueError, match="batch_size must be 1 or more"):
         sow.sow_and_subscribe(topic_name, batch_size=0)
-    caplog.set_level("INFO", logger="sow_redis.feed.subscriber")
+    caplog.set_level("INFO", logger="sow_redis.feed")
     sub = sow.sow_and_subscribe(topic_name, "/v < 3", oof=True, batch_size=7)
     held: dict[str, dict] = {}
     seen: dict[str, int] = {}

@@ -15,8 +15,9 @@ The cost is the current SOW plus the changes since ``P``: an as-of query near th
 reads about what a current query reads. Read in pages (``page_size``: a query in batches),
 each partition is copied in Redis with its seq and the copy scanned
 (:mod:`sow_redis.feed.snapshot`): the client then holds a page, the states before the
-partition's changes since ``P`` and the SOW keys given so far, not the partition. :func:`sow_redis.query.sow.query` filters, orders and
-pages the result like any query (``source``).
+partition's changes since ``P`` and the SOW keys given so far, not the partition.
+:func:`sow_redis.query.sow.query` filters, orders and pages the result like any query
+(``source``).
 """
 
 from __future__ import annotations

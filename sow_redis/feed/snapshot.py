@@ -13,6 +13,7 @@ whole instead.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import cast
 
@@ -20,6 +21,8 @@ from redis.exceptions import ResponseError
 
 from .. import keys
 from ..connection import Client
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_TTL_MS = 600_000
 """Milliseconds the copy of a partition's records lives after its last page was read
@@ -40,7 +43,7 @@ def copy_records(r: Client, topic: str, p: int, copy: str) -> tuple[int, bool] |
     Returns:
         ``(seq, made)``: the partition's change sequence and whether there was a hash to copy
         (none: no records); None when Redis refuses the copy (``ResponseError``: no ``COPY``
-        for this user, no memory for it).
+        for this user, no memory for it), which is logged (INFO) with Redis's reason.
 
     Raises:
         redis.exceptions.ConnectionError and other RedisError but ResponseError.
@@ -52,7 +55,9 @@ def copy_records(r: Client, topic: str, p: int, copy: str) -> tuple[int, bool] |
     pipe.pexpire(copy, SNAPSHOT_TTL_MS)
     try:
         seq_raw, made, _alive = pipe.execute()
-    except ResponseError:  # no COPY (ACL, Redis before 6.2), no memory for it
+    except ResponseError as exc:  # no COPY (ACL, Redis before 6.2), no memory for it
+        log.info("%s: partition %d read whole (its records cannot be copied: %s)", topic, p,
+                 exc)
         return None
     return int(seq_raw or 0), bool(made)
 

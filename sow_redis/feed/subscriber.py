@@ -407,9 +407,7 @@ class Subscriber(MessageReader):
             return
         copy = snapshot_name(self.topic.name, p)
         copied = self._retrying(lambda: copy_records(self.r, self.topic.name, p, copy))
-        if copied is None:
-            log.info("subscriber of %s: partition %d read whole (its records cannot be "
-                     "copied)", self.topic.name, p)
+        if copied is None:  # logged by copy_records
             yield self._whole(p)
             return
         self.pos[p], made = copied
