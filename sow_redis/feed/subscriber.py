@@ -106,6 +106,10 @@ from .snapshot import copy_records, scan_page, snapshot_name
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
+REPLAY_STEP = 1000
+"""Messages a replay from a bookmark reads ahead of the consumer, at least (one change block
+more at the most: up to 1,000 changes)."""
+
 
 MIGRATION_WAIT_S = 600.0
 """Seconds a subscriber waits at most for a shape migration of its topic to end before it
@@ -154,7 +158,10 @@ class Subscriber(MessageReader):
             ``publish`` and ``oof`` message keeps only these fields; the filter still
             reads the whole record. Not with ``delta``.
         bookmark: replay the change feed after this point (a bookmark string, ``EPOCH``,
-            ``NOW`` or an ISO-8601 time), then ``completed``, then live.
+            ``NOW`` or an ISO-8601 time), then ``completed``, then live. The replay is read
+            as its messages are taken, about :data:`REPLAY_STEP` at a time (a bookmark days
+            behind holds one step in the client, not every change since); the live changes
+            meanwhile wait in the subscription.
         resync: a bookmark older than the change feed retains is accepted: the partitions the
             feed cannot replay are re-read (each record changed since the bookmark, as a
             ``publish``; a ``recovery`` message with cause ``resync``), then live.
@@ -233,7 +240,8 @@ class Subscriber(MessageReader):
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
         self.resync, self.bookmarks = resync, bookmarks
         self._ready: deque[Message] = deque()
-        self._rest: Generator[None, None, None] | None = None  # a batched query part to read
+        # a batched query part or a replay, read as it is taken (see _more)
+        self._rest: Generator[None, None, None] | None = None
         self._head: Iterator[Message] | None = None  # messages before any other (prepend)
         self._last: Message | None = None
         self._live: ShardListener | None = None
@@ -259,7 +267,9 @@ class Subscriber(MessageReader):
             self.pos = self._query()
         elif start is not None:
             self.pos = list(start.seqs)
-            self._replay()
+            if tracker is not None:
+                tracker.start(Bookmark(tuple(self.pos)))
+            self._rest = self._replay(current_seqs(r, topic))
         else:
             self.pos = current_seqs(r, topic)
         if tracker is not None and not sow and start is None:
@@ -469,21 +479,31 @@ class Subscriber(MessageReader):
                 pause = min(1.0, pause * 2)
                 refresh_topology(self.r)
 
-    def _more_query(self) -> None:
-        """The next step of a batched query part (:meth:`_query_in_batches`)."""
+    def _more(self) -> None:
+        """The next step of a batched query part (:meth:`_query_in_batches`) or of a replay
+        (:meth:`_replay`)."""
         if self._rest is not None and next(self._rest, StopIteration) is StopIteration:
             self._rest = None
 
     # -- replay --------------------------------------------------------------------------
-    def _replay(self) -> None:
-        """The change feed from the bookmark to the current seqs, then ``completed``."""
-        if self.tracker is not None:
-            self.tracker.start(Bookmark(tuple(self.pos)))
-        for p, upto in enumerate(current_seqs(self.r, self.topic)):
-            if upto > self.pos[p]:
-                after = self.pos[p]
-                if self._catch_up(p, upto) == "requery":
-                    self._recovered(p, after, "resync" if self.resync else "replay", "requery")
+    def _replay(self, uptos: list[int]) -> Generator[None, None, None]:
+        """The change feed from the bookmark up to ``uptos`` (each partition's seq when the
+        subscription started), then ``completed``: each step adds the messages of the next
+        change blocks, at least :data:`REPLAY_STEP` unless the replay ends first. A feed
+        trimmed past the position before its changes are read: the partition is re-read
+        (each record changed since, a ``recovery`` message), as for a gap."""
+        for p, upto in enumerate(uptos):
+            if upto <= self.pos[p]:
+                continue
+            after = self.pos[p]
+            try:
+                for block in blocks_after(self.r, self.topic, p, self.pos[p], upto):
+                    self._events(block, upto)
+                    if len(self._ready) >= REPLAY_STEP:
+                        yield
+            except FeedGap:
+                self._requery(p)
+                self._recovered(p, after, "resync" if self.resync else "replay", "requery")
         self._ready.append({"kind": "completed", "topic": self.topic.name,
                             "bookmark": self.bookmark})
 
@@ -776,8 +796,8 @@ class Subscriber(MessageReader):
             return out if self._select is None else self._selected(out)
         deadline = time.monotonic() + timeout
         while not self._ready:
-            if self._rest is not None:  # a batched query part comes before anything live
-                self._more_query()
+            if self._rest is not None:  # a batched query part, a replay: before anything live
+                self._more()
                 continue
             left = deadline - time.monotonic()
             if left <= 0:

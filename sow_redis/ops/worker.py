@@ -331,6 +331,14 @@ class Sweeper(threading.Thread):
             except Exception:
                 log.exception("sweeper failed; retrying")
 
+    def stop(self) -> None:
+        """Tell the thread to stop and wait for a sweep under way to end (at most
+        :data:`SWEEPER_JOIN_S` seconds): a daemon thread inside a Redis call while Python
+        finalizes is a crash risk (a worker stopped by SIGTERM once ended with SIGSEGV, exit
+        status -11, in CI on 2026-11-28)."""
+        self.stopped.set()
+        self.join(timeout=SWEEPER_JOIN_S)
+
 
 
 
@@ -410,10 +418,6 @@ def run_worker(settings: Settings, burst: bool = False, name: str | None = None)
             recover = True
     finally:
         if sweeper is not None:
-            sweeper.stopped.set()
-            # let a sweep under way end before the interpreter does: a daemon thread inside
-            # a Redis call while Python finalizes is a crash risk (a worker stopped by SIGTERM
-            # once ended with SIGSEGV, exit status -11, in CI on 2026-11-28)
-            sweeper.join(timeout=SWEEPER_JOIN_S)
+            sweeper.stop()
         log.log(lifecycle, "worker %s stopped", wname, extra=fields("worker_stop", worker=wname))
     return worked
