@@ -712,8 +712,8 @@ class Sow:
         ``sow`` messages then carry no bookmark (``group_end`` does: see
         :class:`~sow_redis.feed.subscriber.Subscriber`). With ``as_of``, the historical query
         is read as its messages are asked for, as :meth:`sow` with both reads it, its
-        messages with the query's bookmark; the replay after it is read at the call, as without
-        ``batch_size``.
+        messages with the query's bookmark. The replay after it is read as it is taken in any
+        case (:class:`~sow_redis.feed.subscriber.Subscriber`, ``bookmark``).
 
         Raises:
             UnknownTopicError, FilterSyntaxError, ConfigError (``delta`` on a topic without

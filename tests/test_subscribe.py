@@ -141,6 +141,41 @@ def test_bookmark_replay_across_a_restart_then_live(sow, topic_name):
         assert [m["kind"] for m in _drain(now)] == ["completed"]
 
 
+def test_a_replay_from_a_bookmark_is_read_as_it_is_taken(url, plane, topic_name):
+    """A subscription from a bookmark 5,000 changes behind (500 change blocks) reads the
+    change feed as its messages are taken, about 1,000 ahead (``REPLAY_STEP``): Redis's
+    command statistics show at most 3 ``XRANGE`` calls for the first message (2 pages of 64
+    blocks, and the bookmark's resolving), 6 more for the rest of the feed; the messages are every change once, in order, then
+    ``completed``, then live."""
+    from sow_redis.feed.subscriber import REPLAY_STEP
+
+    if plane == "cluster":
+        pytest.skip("the command statistics of one server: on the server plane")
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, partitions=1)
+    for chunk in range(500):  # one change block per publish of 10
+        sow.publish(t.name, [{"k": chunk * 10 + i, "v": 1} for i in range(10)])
+
+    def xranges() -> int:
+        return int(sow.r.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0))
+
+    before = xranges()
+    with sow.subscribe(t.name, bookmark="EPOCH") as sub:
+        first = sub.get(5)
+        assert first is not None and first["seq"] == 1
+        early = xranges() - before
+        got = [first]
+        while got[-1]["kind"] != "completed":
+            got.append(sub.get(5))
+        late = xranges() - before
+        sow.publish(t.name, {"k": 0, "v": 2})
+        live = sub.get(5)
+    print(f"XRANGE calls: {early} for the first message, {late} for all 5,000")
+    assert REPLAY_STEP == 1000 and early <= 3 and late - early >= 6
+    assert [m["seq"] for m in got[:-1]] == list(range(1, 5001))
+    assert live is not None and (live["seq"], live["data"]) == (5001, {"k": 0, "v": 2})
+
+
 def test_bookmarks_sort_and_bad_or_trimmed_bookmarks_are_one_line_errors(url, topic_name):
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name, "change_retention = { count = 20 }\n", partitions=1)
