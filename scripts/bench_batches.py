@@ -19,7 +19,9 @@ each variant ``--runs`` times as a process of its own and takes its peak residen
 * with ``--as-of``, the same N records also published to a topic with ``history``, then an
   update of every ``--updated``-th record after a point in time: ``sow --as-of T`` and
   ``sow-and-subscribe --as-of T`` (its query part as of T, ``group_end``, the updates
-  replayed, ``completed``) without and with ``--batch-size B``.
+  replayed, ``completed``) without and with ``--batch-size B``; and ``subscribe --bookmark
+  EPOCH``, the replay of every change the history topic's feed holds (N + the updates), then
+  ``completed``.
 
 Every run's output is counted (N records, N + 1 messages) and a wrong count stops the script.
 The medians are printed as a table with the load average, and written as JSON (``--json``).
@@ -127,7 +129,10 @@ def variants(url: str, n: int, batch: int,
                 f"sow --as-of --batch-size {batch}": ([*query, "--batch-size", str(batch)], n),
                 "sow-and-subscribe --as-of": (replay, n + updates + 2),
                 f"sow-and-subscribe --as-of --batch-size {batch}": (
-                    [*replay, "--batch-size", str(batch)], n + updates + 2)}
+                    [*replay, "--batch-size", str(batch)], n + updates + 2),
+                "subscribe --bookmark EPOCH": (
+                    [*cli, "subscribe", "-t", HISTORY_TOPIC, "--bookmark", "EPOCH", "--count",
+                     str(n + updates + 1)], n + updates + 1)}
     return {
         "start-up (sow --top-n 0)": ([*cli, "sow", "-t", TOPIC, "--top-n", "0"], 0),
         "sow": ([*cli, "sow", "-t", TOPIC], n),
