@@ -535,7 +535,9 @@ class Sow:
         Raises:
             as :meth:`sow`; ValueError: ``batch_size`` below 1.
         """
-        t, source = self._query_source(topic, keys, as_of, batch_size)
+        # pages of a copy only where the result is handed over as it is read (not sorted)
+        unsorted = order_by is None and skip_n is None
+        t, source = self._query_source(topic, keys, as_of, batch_size if unsorted else None)
         return query_batches(self.r, t, batch_size, filter, keys, top_n, order_by, skip_n,
                              select, source)
 
@@ -728,7 +730,8 @@ class Sow:
                                     order_by=order_by, report=report, delta=delta, keys=keys,
                                     skip_n=skip_n, select=select, batch_size=batch_size)
         t = self.topic(topic)
-        position, records = self._as_of(t, as_of, keys, batch_size)
+        unsorted = order_by is None and skip_n is None
+        position, records = self._as_of(t, as_of, keys, batch_size if unsorted else None)
         batches: Iterable[list[Record]]
         if batch_size is None:
             batches = [query(self.r, t, filter, None, top_n, order_by, skip_n=skip_n,

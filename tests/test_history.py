@@ -410,6 +410,10 @@ def test_a_historical_query_in_batches_reads_a_partition_as_it_is_taken(url, top
     assert since(before)["copy"] == 1  # closed half-way: the other partitions were never read
     batched = sow.sow(topic_name, as_of=when, batch_size=4)
     assert sorted((r.obj()["id"], r.obj()["v"]) for r in batched) == [(i, 0) for i in range(60)]
+    before = calls()  # sorted before the first batch: read whole, no copy needed
+    ordered = sow.sow(topic_name, as_of=when, batch_size=4, order_by="/id DESC")
+    assert [r.obj()["id"] for r in ordered] == list(range(59, -1, -1))
+    assert since(before)["copy"] == 0
     assert sow.r.keys("*:snap:*") == []
     with pytest.raises(ValueError, match="batch_size must be 1 or more"):
         sow.sow_and_subscribe(topic_name, as_of=when, batch_size=0)
