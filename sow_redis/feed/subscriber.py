@@ -407,11 +407,12 @@ class Subscriber(MessageReader):
         ``size``, each with the server time (ms; 0: no expiration) its records are checked
         against for being due, taken once, after the copy. The records hash is copied with
         the seq and the copy scanned, then deleted (:mod:`sow_redis.feed.snapshot`): the
-        client holds one page, not the partition. Where the copy cannot be made (SOW keys asked for, a Redis or ACL
-        user without ``COPY``, no memory for it) the partition is read whole, as without
-        ``batch_size``. A copy gone before its scan ends (deleted by another client, or
-        unread for its lifetime) is reported (a ``recovery`` message, cause ``snapshot``) and
-        the partition read whole again: records already given may come again."""
+        client holds one page, not the partition. Where the copy cannot be made (SOW keys
+        asked for, a Redis or ACL user without ``COPY``, no memory for it) the partition is
+        read whole, as without ``batch_size``. A copy gone before its scan ends (deleted by
+        another client, or unread for its lifetime) is reported (a ``recovery`` message,
+        cause ``snapshot``) and the partition read whole again: records already given may
+        come again."""
         if self._keys is not None:  # only these SOW keys: an HMGET of them, as without
             yield self._whole(p)
             return
