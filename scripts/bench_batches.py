@@ -16,6 +16,8 @@ each variant ``--runs`` times as a process of its own and takes its peak residen
 * ``sow-and-subscribe``: ``--count N+1`` (the query part, then ``group_end``) without and
   with ``--batch-size B`` (one partition copied in Redis at a time: its records hash's
   ``MEMORY USAGE`` is printed as what Redis holds in addition meanwhile);
+* ``sow-and-subscribe --projection``: an aggregated subscription (the count of records per
+  ``/sym``, 500 groups): its rows and ``group_end`` (``--count 501``);
 * with ``--as-of``, the same N records also published to a topic with ``history``, then an
   update of every ``--updated``-th record after a point in time: ``sow --as-of T`` and
   ``sow-and-subscribe --as-of T`` (its query part as of T, ``group_end``, the updates
@@ -145,6 +147,10 @@ def variants(url: str, n: int, batch: int,
         f"sow-and-subscribe --batch-size {batch}": (
             [*cli, "sow-and-subscribe", "-t", TOPIC, "--count", str(n + 1), "--batch-size",
              str(batch)], n + 1),
+        "sow-and-subscribe --projection (500 groups)": (
+            [*cli, "sow-and-subscribe", "-t", TOPIC, "--projection", "/sym", "--projection",
+             "COUNT(/id) AS /n", "--grouping", "/sym", "--count", str(min(n, 500) + 1)],
+            min(n, 500) + 1),
         **past,
     }
 
@@ -185,6 +191,7 @@ def main() -> int:
                     "topic of N records, with history)")
     ap.add_argument("--updated", type=int, default=100, help="with --as-of: every N-th record "
                     "is updated after the point")
+    ap.add_argument("--only", help="only the variants whose name holds this text")
     ap.add_argument("--json", default="bench-results/bench_batches.json")
     args = ap.parse_args()
     with private_redis("bench-batches-") as server:
@@ -201,7 +208,9 @@ def main() -> int:
         if args.as_of:
             as_of = load_history(r, args.n, args.size, args.partitions, args.updated)
             print(f"history topic: {args.n:,} records, {as_of[1]:,} updated after {as_of[0]}")
-        table = variants(server.url, args.n, args.batch_size, as_of)
+        table = {name: v for name, v in variants(server.url, args.n, args.batch_size,
+                                                  as_of).items()
+                 if args.only is None or args.only in name}
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in table}
         loads = []
         for _round in range(args.runs):

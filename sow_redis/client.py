@@ -37,7 +37,7 @@ from .apply.scripts import scripts_of
 from .config import DERIVED_KINDS, TOPIC_NAME, load_file, parse_topics
 from .connection import Client, connect, connect_pair, is_cluster_url, is_memory, redact
 from .errors import BookmarkError, MessageError, UnknownTopicError
-from .feed.aggregate import AggregatedSubscriber
+from .feed.aggregate import QUERY_BATCH, AggregatedSubscriber
 from .feed.bookmark import Bookmark
 from .feed.bookmark_store import BookmarkStore
 from .feed.changes import iso_ms
@@ -789,7 +789,9 @@ class Sow:
         ``projection`` grouped by ``grouping`` over the records that match ``filter``, first
         as of now (``sow`` messages, ``group_end``), then kept current: a ``publish`` message
         for each row a change alters, an ``oof`` message for a group left empty
-        (:mod:`sow_redis.feed.aggregate`, :mod:`sow_redis.model.aggregate`).
+        (:mod:`sow_redis.feed.aggregate`, :mod:`sow_redis.model.aggregate`). The query part
+        is read :data:`~sow_redis.feed.aggregate.QUERY_BATCH` records at a time and folded
+        into the groups as it comes (see ``batch_size`` of :meth:`sow_and_subscribe`).
 
         Args:
             projection: grouping fields and aggregates, e.g. ``["/sym", "COUNT(/id) AS
@@ -802,7 +804,8 @@ class Sow:
             grouping that cannot be used; one line).
         """
         aggregation = Aggregation(projection, grouping, domain=f"{topic}:aggregate")
-        sub = self._subscriber(topic, filter=filter, oof=True, sow=True, report=report)
+        sub = self._subscriber(topic, filter=filter, oof=True, sow=True, report=report,
+                               batch_size=QUERY_BATCH)
         return AggregatedSubscriber(sub, aggregation)
 
     def _subscriber(self, topic: str, *, client_name: str | None = None,

@@ -114,9 +114,18 @@ def test_cli_aggregated_subscription(url, topic_name, plane):
     Sow(url).apply_config(_config(topic_name))
     run_cli(url, "publish", "-t", topic_name, "--wait",
             input=b'{"id":1,"sym":"A","px":2}\n{"id":2,"sym":"A","px":4}\n{"id":3,"sym":"B","px":1}\n')
+    stats = Sow(url).r.info  # the query part in batches: each partition copied, no HGETALL
+
+    def calls() -> dict[str, int]:
+        got = stats("commandstats")
+        return {c: int(got.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("copy", "hgetall")}
+
+    before = calls()
     out = run_cli(url, "sow-and-subscribe", "-t", topic_name, "--grouping", "/sym",
                   "--projection", "/sym", "--projection", "AVG(/px) AS /avg",
                   "--projection", "COUNT(/id) AS /n", "--count", "3", "--timeout", "5")
+    after = calls()
+    assert (after["copy"] - before["copy"], after["hgetall"] - before["hgetall"]) == (4, 0)
     import orjson
 
     lines = [orjson.loads(x) for x in out.stdout.splitlines()]

@@ -312,7 +312,7 @@ def test_bench_batches_measures_the_client_memory_of_each_variant(tmp_path: Path
     assert list(medians) == [
         "start-up (sow --top-n 0)", "sow", "sow --batch-size 100", "Sow.sow() (a list)",
         "Sow.sow(batch_size=100)", "sow-and-subscribe", "sow-and-subscribe --batch-size 100",
-        "sow --as-of", "sow --as-of --batch-size 100", "sow-and-subscribe --as-of",
+        "sow-and-subscribe --projection (500 groups)", "sow --as-of", "sow --as-of --batch-size 100", "sow-and-subscribe --as-of",
         "sow-and-subscribe --as-of --batch-size 100", "subscribe --bookmark EPOCH"]
     assert "30 updated after" in text  # every 100th of 3,000 records: replayed, counted
     assert all(len(runs) == 1 for runs in res["all_runs"].values())

@@ -20,13 +20,20 @@ from ..model.values import JSONObject
 from .reader import Message, MessageReader
 from .subscriber import Subscriber
 
+QUERY_BATCH = 1000
+"""Records the query part of an aggregated subscription reads at a time (``batch_size`` of
+its ``sow_and_subscribe``): the records are folded into their groups as they come, so the
+client holds the groups and one batch, not a decoded message per record (1,000,000 records
+read whole took 1.3 GiB before the first row)."""
+
 
 class AggregatedSubscriber(MessageReader):
     """The rows of ``aggregation`` over the records ``sub`` delivers.
 
     Args:
         sub: a ``sow_and_subscribe`` subscriber with out-of-focus notices (removals and
-            records leaving the filter take records out of their groups).
+            records leaving the filter take records out of their groups), its query part
+            best read in batches (:data:`QUERY_BATCH`).
         aggregation: the projection and grouping (:class:`~sow_redis.model.aggregate.Aggregation`).
     """
 
