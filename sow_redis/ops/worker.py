@@ -213,7 +213,8 @@ class SowWorker(SimpleWorker):
         # work loop catches it, but its teardown (in the loop's ``finally``, after the loop
         # ended by itself: a Redis timeout) does not, and neither does run_worker: a SIGTERM
         # there ended the worker with a traceback and status 1. Once the loop is over, the
-        # stop flag alone ends run_worker.
+        # stop flag alone ends run_worker. (rq's private method, as of rq 3.0: the test of
+        # tests/test_workers.py that signals during teardown fails if rq renames it.)
         if self.tearing_down:
             return
         super()._shutdown()
