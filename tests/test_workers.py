@@ -281,9 +281,13 @@ def test_a_stop_signal_while_rq_tears_its_loop_down_stops_the_worker_cleanly(url
     runs; its teardown (after a loop that ended by itself, as on a Redis timeout) did not
     catch it: the worker ended with a traceback, status 1, its registration left behind. A
     worker must stop with status 0 and unregistered."""
+    import threading
+
     make_topic(url, topic_name)
     proc = subprocess.Popen([sys.executable, "-c", TEARDOWN_SIGNAL_WORKER], env=cli_env(url),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watchdog = threading.Timer(90, proc.kill)  # bounds the reads below: a hung worker fails
+    watchdog.start()
     try:
         line = proc.stdout.readline()
         while line and line != b"TEARING DOWN\n":
@@ -292,6 +296,7 @@ def test_a_stop_signal_while_rq_tears_its_loop_down_stops_the_worker_cleanly(url
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:
+        watchdog.cancel()
         proc.kill()
     print(out.decode())
     assert proc.returncode == 0, out.decode()
