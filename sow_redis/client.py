@@ -60,7 +60,15 @@ from .publish.used import touch
 from .publish.validate import Item, prepare
 from .publish.wait import delete_counts, wait_applied
 from .query.filter import check_deterministic, compile_filter
-from .query.sow import Plan, explain, filter_partitions, key_partitions, query, query_batches
+from .query.sow import (
+    Plan,
+    explain,
+    filter_partitions,
+    key_partitions,
+    query,
+    query_batches,
+    unsorted,
+)
 from .registry import apply_topics, get_topic, load_topics
 from .settings import Settings
 from .streamids import parse as parse_id
@@ -536,8 +544,8 @@ class Sow:
             as :meth:`sow`; ValueError: ``batch_size`` below 1.
         """
         # pages of a copy only where the result is handed over as it is read (not sorted)
-        unsorted = order_by is None and skip_n is None
-        t, source = self._query_source(topic, keys, as_of, batch_size if unsorted else None)
+        pages = batch_size if unsorted(order_by, skip_n) else None
+        t, source = self._query_source(topic, keys, as_of, pages)
         return query_batches(self.r, t, batch_size, filter, keys, top_n, order_by, skip_n,
                              select, source)
 
@@ -730,8 +738,8 @@ class Sow:
                                     order_by=order_by, report=report, delta=delta, keys=keys,
                                     skip_n=skip_n, select=select, batch_size=batch_size)
         t = self.topic(topic)
-        unsorted = order_by is None and skip_n is None
-        position, records = self._as_of(t, as_of, keys, batch_size if unsorted else None)
+        pages = batch_size if unsorted(order_by, skip_n) else None
+        position, records = self._as_of(t, as_of, keys, pages)
         batches: Iterable[list[Record]]
         if batch_size is None:
             batches = [query(self.r, t, filter, None, top_n, order_by, skip_n=skip_n,

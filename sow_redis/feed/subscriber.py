@@ -95,7 +95,7 @@ from ..model.records import decode as decode_record
 from ..model.topic import TopicConfig
 from ..model.values import JSON, JSONObject, select_fields, select_paths
 from ..query.orderby import parse_order_by, sort_records
-from ..query.sow import check_page
+from ..query.sow import check_page, unsorted
 from ..registry import await_migration, get_topic, migration_holds
 from .bookmark import Bookmark, position_text
 from .changes import FeedGap, blocks_after, current_seqs, resolve
@@ -260,7 +260,7 @@ class Subscriber(MessageReader):
             start = resolve(r, topic, bookmark, resync)
         else:
             start = None
-        if sow and batch_size is not None and self._order is None and skip_n is None:
+        if sow and batch_size is not None and unsorted(order_by, skip_n):
             self.pos = [0] * topic.partitions  # each partition's as it is read
             self._rest = self._query_in_batches(batch_size)
         elif sow:
@@ -497,13 +497,7 @@ class Subscriber(MessageReader):
             if upto <= self.pos[p]:
                 continue
             after = self.pos[p]
-            try:
-                for block in blocks_after(self.r, self.topic, p, self.pos[p], upto):
-                    self._events(block, upto)
-                    if len(self._ready) >= REPLAY_STEP:
-                        yield
-            except FeedGap:
-                self._requery(p)
+            if (yield from self._catch_up(p, upto, REPLAY_STEP)) == "requery":
                 self._recovered(p, after, "resync" if self.resync else "replay", "requery")
         self._ready.append({"kind": "completed", "topic": self.topic.name,
                             "bookmark": self.bookmark})
@@ -629,15 +623,20 @@ class Subscriber(MessageReader):
         """Account for the changes of partition ``p`` after its position up to ``upto``: from
         the change feed, or (when the feed no longer holds them) by re-reading the records."""
         after = self.pos[p]
-        self._recovered(p, after, cause, self._catch_up(p, upto))
+        self._recovered(p, after, cause, _finished(self._catch_up(p, upto)))
 
-    def _catch_up(self, p: int, upto: int) -> str:
+    def _catch_up(self, p: int, upto: int,
+                  step: int | None = None) -> Generator[None, None, str]:
         """Account for partition ``p``'s changes after its position up to ``upto`` from the
-        change feed (``"feed"``) or, when the feed does not hold them all, by re-reading the
-        records (``"requery"``)."""
+        change feed (returns ``"feed"``) or, when the feed does not hold them all, by
+        re-reading the records (``"requery"``). With ``step``, yields after a change block
+        whenever ``step`` messages or more are ready (a replay read as it is taken); without,
+        never (:func:`_finished` runs it)."""
         try:
             for block in blocks_after(self.r, self.topic, p, self.pos[p], upto):
                 self._events(block, upto)
+                if step is not None and len(self._ready) >= step:
+                    yield
             return "feed"
         except FeedGap:
             self._requery(p)
@@ -899,6 +898,15 @@ class Subscriber(MessageReader):
             self._live.close()
             self._live = None
 
+
+
+def _finished(steps: Generator[None, None, _T]) -> _T:
+    """Run ``steps`` to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return cast("_T", done.value)
 
 
 def _after_migration(r: Client, topic: TopicConfig) -> TopicConfig:

@@ -339,6 +339,13 @@ def check_page(top_n: int | None = None, skip_n: int | None = None,
         raise ValueError(f"batch_size must be 1 or more, got {batch_size}")
 
 
+def unsorted(order_by: str | None, skip_n: int | None) -> bool:
+    """Whether a query in batches hands its records over as it reads them: with neither an
+    order (an empty ``order_by`` is none, as :func:`query` reads it) nor a page, which sort
+    every match before the first batch."""
+    return not order_by and skip_n is None
+
+
 def query(r: Client, topic: TopicConfig, filter: str | None = None,
           sow_keys: list[str] | None = None,
           top_n: int | None = None, order_by: str | None = None, skip_n: int | None = None,
@@ -457,7 +464,7 @@ def query_batches(r: Client, topic: TopicConfig, batch_size: int, filter: str | 
         ValueError: ``batch_size`` below 1; as :func:`query` otherwise.
     """
     check_page(top_n, skip_n, batch_size)
-    if order_by is not None or skip_n is not None:
+    if not unsorted(order_by, skip_n):
         rows = query(r, topic, filter, sow_keys, top_n, order_by, skip_n, select, source)
         return (rows[i:i + batch_size] for i in range(0, len(rows), batch_size))
     # a query of no record checks the arguments and counts the query (n_query)
