@@ -203,6 +203,13 @@ def client(url: str):
     return connect(url) if is_cluster_url(url) else Redis.from_url(url)
 
 
+def command_calls(r, *commands: str) -> dict[str, int]:
+    """How many times one server ran each of ``commands`` (lower case), from its command
+    statistics (``INFO commandstats``): what tests read to see which reads a path made."""
+    stats = r.info("commandstats")
+    return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in commands}
+
+
 def control(url: str):
     """A client of the control Redis (rq) of data URL ``url``: the cluster's control Redis,
     or the server itself."""

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from sow_redis.model.aggregate import Aggregation, ProjectionError, parse_projection
-from conftest import random_record, run_cli
+from conftest import command_calls, random_record, run_cli
 
 PROJECTION = ["/sym", "COUNT(/id) AS /orders", "SUM(/qty) AS /qty", "AVG(/px) AS /avg_px",
               "MIN(/px) AS /lo", "MAX(/px) AS /hi"]
@@ -114,11 +114,10 @@ def test_cli_aggregated_subscription(url, topic_name, plane):
     Sow(url).apply_config(_config(topic_name))
     run_cli(url, "publish", "-t", topic_name, "--wait",
             input=b'{"id":1,"sym":"A","px":2}\n{"id":2,"sym":"A","px":4}\n{"id":3,"sym":"B","px":1}\n')
-    stats = Sow(url).r.info  # the query part in batches: each partition copied, no HGETALL
+    server = Sow(url).r  # the query part in batches: each partition copied, no HGETALL
 
     def calls() -> dict[str, int]:
-        got = stats("commandstats")
-        return {c: int(got.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("copy", "hgetall")}
+        return command_calls(server, "copy", "hgetall")
 
     before = calls()
     out = run_cli(url, "sow-and-subscribe", "-t", topic_name, "--grouping", "/sym",

@@ -14,7 +14,7 @@ import pytest
 from sow_redis.client import Sow
 from sow_redis.config import parse_topics
 from sow_redis.errors import BookmarkError, ConfigError
-from conftest import run_cli, wait_until
+from conftest import command_calls, run_cli, wait_until
 
 
 def _config(name: str, history: bool = True) -> str:
@@ -383,9 +383,7 @@ def test_a_historical_query_in_batches_reads_a_partition_as_it_is_taken(url, top
     sow.publish(topic_name, [{"id": i, "v": 2} for i in range(100, 110)], wait=True)
 
     def calls() -> dict[str, int]:
-        stats = sow.r.info("commandstats")
-        return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
-                for c in ("copy", "hgetall", "hscan")}
+        return command_calls(sow.r, "copy", "hgetall", "hscan")
 
     def since(before: dict[str, int]) -> dict[str, int]:
         return {c: n - before[c] for c, n in calls().items()}

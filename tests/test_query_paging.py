@@ -12,7 +12,7 @@ import pytest
 
 from sow_redis.client import Sow
 from sow_redis.errors import FilterSyntaxError
-from conftest import run_cli
+from conftest import command_calls, run_cli
 
 
 def _config(name: str) -> str:
@@ -158,7 +158,7 @@ def test_sow_with_a_batch_size_reads_as_it_is_iterated(url, plane, topic_name):
     sow.publish(topic_name, [{"id": i} for i in range(3000)], wait=True)
 
     def hscans() -> int:
-        return int(sow.r.info("commandstats").get("cmdstat_hscan", {}).get("calls", 0))
+        return command_calls(sow.r, "hscan")["hscan"]
 
     before = hscans()
     it = sow.sow(topic_name, batch_size=10)
@@ -300,9 +300,7 @@ def test_sow_and_subscribe_in_batches_reads_one_partition_at_a_time(url, plane, 
     sow.publish(topic_name, [{"id": i} for i in range(8000)], wait=True)  # hash tables
 
     def calls() -> dict[str, int]:
-        stats = sow.r.info("commandstats")
-        return {c: int(stats.get(f"cmdstat_{c}", {}).get("calls", 0))
-                for c in ("copy", "hscan", "hgetall")}
+        return command_calls(sow.r, "copy", "hscan", "hgetall")
 
     def spent(before: dict[str, int]) -> dict[str, int]:
         return {c: n - before[c] for c, n in calls().items()}

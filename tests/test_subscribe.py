@@ -13,7 +13,7 @@ import time
 
 import orjson
 import pytest
-from conftest import ROOT, cli_env, client, run_cli, start_worker
+from conftest import ROOT, cli_env, client, command_calls, run_cli, start_worker
 
 from sow_redis import keys
 from sow_redis.client import Sow
@@ -157,7 +157,7 @@ def test_a_replay_from_a_bookmark_is_read_as_it_is_taken(url, plane, topic_name)
         sow.publish(t.name, [{"k": chunk * 10 + i, "v": 1} for i in range(10)])
 
     def xranges() -> int:
-        return int(sow.r.info("commandstats").get("cmdstat_xrange", {}).get("calls", 0))
+        return command_calls(sow.r, "xrange")["xrange"]
 
     before = xranges()
     with sow.subscribe(t.name, bookmark="EPOCH") as sub:
