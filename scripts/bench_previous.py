@@ -21,7 +21,9 @@ first (not timed), then the workers' code drains every partition in process
 ``SOW_BATCH_SIZE``), and only that is timed: the apply throughput of workers working off a
 backlog. Per variant it reports the medians over the rounds of:
 messages per second (wall), redis-server CPU µs per message (``INFO cpu``), and change-feed
-bytes per change (``MEMORY USAGE`` of the partitions' change streams over N). Every run is
+bytes per change (``MEMORY USAGE`` of the partitions' change streams over N); and the range
+of the rounds' own ratios (each round's rate against its base variant's in the same round),
+which shows how far one round moves on the machine. Every run is
 verified: records = distinct keys, the partitions' seq sum = N, no error entry.
 
 Output: a table and a JSON file (``--json``). Example::
@@ -139,17 +141,24 @@ def main() -> int:
                for v, rs in runs.items()}
     print(f"{args.n} messages of ~{args.size} B over {args.keys} keys, {args.partitions} "
           f"partitions, {args.path} path, median of {args.runs} runs (load average {load[0]:.2f} at start)")
-    print(f"{'variant':16} {'msgs/s':>10} {'vs off':>8} {'redis µs/msg':>13} {'vs off':>8} "
-          f"{'feed B/change':>14}")
+    print(f"{'variant':16} {'msgs/s':>10} {'vs off':>8} {'rounds':>11} {'redis µs/msg':>13} "
+          f"{'vs off':>8} {'feed B/change':>14}")
+    paired = {}
     for v, m in medians.items():
-        base = medians["off, expiring" if "expiring" in v else "off"]
+        base_name = "off, expiring" if "expiring" in v else "off"
+        base = medians[base_name]
+        # each round's rate against its base's in the same round: how far one round moves
+        paired[v] = [x["msgs_per_s"] / b["msgs_per_s"] for x, b in zip(runs[v], runs[base_name])]
+        spread = f"{min(paired[v]):.2f}–{max(paired[v]):.2f}"
         print(f"{v:16} {m['msgs_per_s']:10.0f} {m['msgs_per_s'] / base['msgs_per_s']:8.2f} "
-              f"{m['redis_us_per_msg']:13.2f} "
+              f"{spread:>11} {m['redis_us_per_msg']:13.2f} "
               f"{m['redis_us_per_msg'] / base['redis_us_per_msg']:8.2f} "
               f"{m['feed_bytes_per_change']:14.0f}")
+    print("rounds: the least and greatest of the rounds' own ratios (each round's rate against "
+          "its base's in the same round)")
     out = write_json(args.json, {"args": vars(args), "machine": machine,
                                  "loadavg_start": load, "loadavg_end": os.getloadavg(),
-                                 "runs": runs, "medians": medians})
+                                 "runs": runs, "medians": medians, "paired_ratios": paired})
     print(f"results: {out}")
     return 0
 

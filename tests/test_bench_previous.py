@@ -24,3 +24,9 @@ def test_bench_previous_measures_every_variant(tmp_path: Path) -> None:
     assert (result["medians"]["on"]["feed_bytes_per_change"]
             > result["medians"]["off"]["feed_bytes_per_change"] + 100)
     assert "vs off" in proc.stdout
+    # one ratio per round and variant, each against its base variant's in the same round
+    paired = result["paired_ratios"]
+    assert set(paired) == set(result["medians"]) and all(len(v) == 1 for v in paired.values())
+    assert paired["off"] == [1.0] and paired["off, expiring"] == [1.0]
+    assert paired["on"][0] == (result["runs"]["on"][0]["msgs_per_s"]
+                               / result["runs"]["off"][0]["msgs_per_s"])
