@@ -247,6 +247,44 @@ def test_a_lost_block_is_read_from_the_change_feed(url, topic_name):
     assert reports and reports[0]["how"] == "feed" and reports[0]["cause"] == "gap"
 
 
+def test_a_large_gap_is_recovered_from_the_feed_as_it_is_taken(url, plane, topic_name):
+    """A gap of 5,000 changes (500 change blocks lost while the subscriber was not
+    listening) is read from the change feed as its messages are taken, about 1,000 ahead
+    (``REPLAY_STEP``), not into memory at once: Redis's command statistics show at most 2
+    ``XRANGE`` calls (pages of 64 blocks) for the first message, 5 more for the rest; the
+    messages are every lost change once, in order, the ``recovery``, the block that showed
+    the gap, then live."""
+    if plane == "cluster":
+        pytest.skip("the command statistics of one server: on the server plane")
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, partitions=1)
+    with sow.subscribe(t.name) as sub:
+        sow.publish(t.name, {"k": -1, "v": 0})
+        assert sub.get(2)["seq"] == 1
+        sub._live.close()  # lose what is published now
+        for chunk in range(500):  # one change block per publish of 10
+            sow.publish(t.name, [{"k": chunk * 10 + i, "v": 1} for i in range(10)])
+        sub._live = ShardListener(sow.r, [keys.partition_channel(t.name, 0)])
+        sow.publish(t.name, {"k": 0, "v": 2})  # seq 5,002: shows the gap
+        before = command_calls(sow.r, "xrange")["xrange"]
+        got = [sub.get(5)]
+        early = command_calls(sow.r, "xrange")["xrange"] - before
+        while got[-1] is not None and got[-1].get("seq") != 5002:
+            got.append(sub.get(5))
+        late = command_calls(sow.r, "xrange")["xrange"] - before
+        sow.publish(t.name, {"k": 1, "v": 3})
+        live = sub.get(5)
+    print(f"XRANGE calls: {early} for the first message, {late} for all 5,000")
+    assert early <= 2 and late - early >= 5
+    kinds = [m["kind"] for m in got]
+    assert kinds == ["publish"] * 5000 + ["recovery", "publish"]
+    assert [m["seq"] for m in got[:5000]] == list(range(2, 5002))
+    assert (got[5000]["cause"], got[5000]["how"], got[5000]["after"], got[5000]["to"]) == (
+        "gap", "feed", 1, 5001)
+    assert got[5001]["data"] == {"k": 0, "v": 2}
+    assert live is not None and (live["seq"], live["data"]) == (5003, {"k": 1, "v": 3})
+
+
 def _subscribers(r, t):
     return topic_subscribers(r, [t.name])[t.name]
 

@@ -107,8 +107,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 REPLAY_STEP = 1000
-"""Messages a replay from a bookmark reads ahead of the consumer, at least (one change block
-more at the most: up to 1,000 changes)."""
+"""Messages a replay from a bookmark, or the recovery of a gap from the change feed, reads
+ahead of the consumer, at least (one change block more at the most: up to 1,000 changes)."""
 
 
 MIGRATION_WAIT_S = 600.0
@@ -240,7 +240,7 @@ class Subscriber(MessageReader):
         self.tracker, self.report, self.auto_processed = tracker, report, auto_processed
         self.resync, self.bookmarks = resync, bookmarks
         self._ready: deque[Message] = deque()
-        # a batched query part or a replay, read as it is taken (see _more)
+        # a batched query part, a replay or a recovery, read as it is taken (see _more)
         self._rest: Generator[None, None, None] | None = None
         self._head: Iterator[Message] | None = None  # messages before any other (prepend)
         self._last: Message | None = None
@@ -301,9 +301,9 @@ class Subscriber(MessageReader):
         cur = self._retrying(attempt, (RedisError,))
         if cur is None:
             return
-        for p, seq in enumerate(cur):
-            if seq > self.pos[p]:
-                self._recover(p, seq, "reconnect")
+        gaps = [(p, seq) for p, seq in enumerate(cur) if seq > self.pos[p]]
+        if gaps:  # live messages are read only once nothing is left to read first
+            self._rest = self._recovery(gaps, "reconnect")
 
     # -- the query part ------------------------------------------------------------------
     def _snapshot(self, p: int) -> tuple[int, list[tuple[JSON, JSONObject]]]:
@@ -481,8 +481,8 @@ class Subscriber(MessageReader):
                 refresh_topology(self.r)
 
     def _more(self) -> None:
-        """The next step of a batched query part (:meth:`_query_in_batches`) or of a replay
-        (:meth:`_replay`)."""
+        """The next step of a batched query part (:meth:`_query_in_batches`), a replay
+        (:meth:`_replay`) or a recovery (:meth:`_recovery`)."""
         if self._rest is not None and next(self._rest, StopIteration) is StopIteration:
             self._rest = None
 
@@ -515,8 +515,9 @@ class Subscriber(MessageReader):
         p = block["partition"]
         if not 0 <= p < self.topic.partitions or block["last"] <= self.pos[p]:
             return  # seen (the query or the replay covered it) or not this topic's layout
-        if block["first"] > self.pos[p] + 1:
-            self._recover(p, block["first"] - 1, "gap")
+        if block["first"] > self.pos[p] + 1:  # then this block, once the gap is recovered
+            self._rest = self._recovery([(p, block["first"] - 1)], "gap", block)
+            return
         self._events(block)
 
     def _events(self, block: ChangeBlock, upto: int | None = None) -> None:
@@ -619,23 +620,30 @@ class Subscriber(MessageReader):
             return {"kind": "oof", "op": ev["op"], "reason": "match", **base, "data": data}
         return None
 
-    def _recover(self, p: int, upto: int, cause: str) -> None:
-        """Account for the changes of partition ``p`` after its position up to ``upto``: from
-        the change feed, or (when the feed no longer holds them) by re-reading the records."""
-        after = self.pos[p]
-        self._recovered(p, after, cause, _finished(self._catch_up(p, upto)))
+    def _recovery(self, gaps: list[tuple[int, int]], cause: str,
+                  then: ChangeBlock | None = None) -> Generator[None, None, None]:
+        """Account for the changes of each partition ``p`` of ``gaps`` (``[(p, upto), …]``)
+        after its position up to ``upto``, as they are taken, about :data:`REPLAY_STEP`
+        ahead (a gap of 100,000 changes is not held in memory at once): from the change feed,
+        or (when the feed no longer holds them) by re-reading the records; a ``recovery``
+        message after each partition's; then the change block ``then`` that showed the gap.
+        Live messages wait meanwhile (:meth:`get` reads them only without a ``_rest``), as
+        they wait during a replay."""
+        for p, upto in gaps:
+            after = self.pos[p]
+            self._recovered(p, after, cause, (yield from self._catch_up(p, upto, REPLAY_STEP)))
+        if then is not None:
+            self._events(then)
 
-    def _catch_up(self, p: int, upto: int,
-                  step: int | None = None) -> Generator[None, None, str]:
+    def _catch_up(self, p: int, upto: int, step: int) -> Generator[None, None, str]:
         """Account for partition ``p``'s changes after its position up to ``upto`` from the
         change feed (returns ``"feed"``) or, when the feed does not hold them all, by
-        re-reading the records (``"requery"``). With ``step``, yields after a change block
-        whenever ``step`` messages or more are ready (a replay read as it is taken); without,
-        never (:func:`_finished` runs it)."""
+        re-reading the records (``"requery"``); yields after a change block whenever ``step``
+        messages or more are ready (a replay or a recovery read as it is taken)."""
         try:
             for block in blocks_after(self.r, self.topic, p, self.pos[p], upto):
                 self._events(block, upto)
-                if step is not None and len(self._ready) >= step:
+                if len(self._ready) >= step:
                     yield
             return "feed"
         except FeedGap:
@@ -796,7 +804,7 @@ class Subscriber(MessageReader):
             return out if self._select is None else self._selected(out)
         deadline = time.monotonic() + timeout
         while not self._ready:
-            if self._rest is not None:  # a batched query part, a replay: before anything live
+            if self._rest is not None:  # a query part, a replay, a recovery: before live
                 self._more()
                 continue
             left = deadline - time.monotonic()
@@ -898,15 +906,6 @@ class Subscriber(MessageReader):
             self._live.close()
             self._live = None
 
-
-
-def _finished(steps: Generator[None, None, _T]) -> _T:
-    """Run ``steps`` to its end; its return value."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return cast("_T", done.value)
 
 
 def _after_migration(r: Client, topic: TopicConfig) -> TopicConfig:
