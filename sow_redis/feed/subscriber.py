@@ -69,6 +69,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
+from operator import itemgetter
 from typing import Any, Protocol, TypeVar, cast
 
 import orjson
@@ -667,27 +668,32 @@ class Subscriber(MessageReader):
         current record of each one changed since the position (in change order; a bookmark
         store counts them as received, so its bookmark passes the gap once they are
         processed), and (``oof``) an out-of-focus notice for each record of the view that is
-        gone or no longer matches."""
-        seq, recs = self._snapshot(p)
+        gone or no longer matches. Only the records changed since are kept decoded (the
+        others are decoded to be filtered, then dropped), and with ``oof`` the SOW keys of
+        those matching."""
+        seq, raw, now = self._read_partition(p)
         after = self.pos[p]
-        now = {rec.sow_key: (rec, obj) for rec, obj in recs}
-        view = self._view[p]
-        out: list[Message] = []
-        for key in sorted(view - now.keys()):
+        matching: set[str] = set()
+        changed: list[tuple[int, Any, JSONObject]] = []
+        for rec, obj in self._matching(p, raw, now):
             if self.oof:
-                out.append({"kind": "oof", "reason": "resync", "topic": self.topic.name,
-                            "sow_key": key, "partition": p, "seq": seq, "data": None})
-        changed = sorted((rec.seq, key) for key, (rec, _obj) in now.items() if rec.seq > after)
-        for _seq, key in changed:
-            rec, obj = now[key]
-            out.append({"kind": "publish", "op": "publish", "topic": self.topic.name,
-                        "sow_key": key, "partition": p, "seq": rec.seq,
-                        "id": rec.stream_id, "data": obj})
+                matching.add(rec.sow_key)
+            if rec.seq > after:
+                changed.append((rec.seq, rec, obj))
+        del raw
+        changed.sort(key=itemgetter(0))  # change order: a partition's seqs are unique
+        out: list[Message] = []
         if self.oof:
-            self._view[p] = set(now)
+            out += [{"kind": "oof", "reason": "resync", "topic": self.topic.name,
+                     "sow_key": key, "partition": p, "seq": seq, "data": None}
+                    for key in sorted(self._view[p] - matching)]
+            self._view[p] = matching
+        out += [{"kind": "publish", "op": "publish", "topic": self.topic.name,
+                 "sow_key": rec.sow_key, "partition": p, "seq": rec_seq,
+                 "id": rec.stream_id, "data": obj} for rec_seq, rec, obj in changed]
         self.pos[p] = max(seq, after)
         if self.tracker is not None:  # the position moves once these are processed
-            for rec_seq, _key in changed:
+            for rec_seq, _rec, _obj in changed:
                 self.tracker.received(p, rec_seq)
             self.tracker.skip(p, self.pos[p])
         bm = self.bookmark
