@@ -176,6 +176,39 @@ def test_a_replay_from_a_bookmark_is_read_as_it_is_taken(url, plane, topic_name)
     assert live is not None and (live["seq"], live["data"]) == (5001, {"k": 0, "v": 2})
 
 
+def test_a_page_of_the_change_feed_holds_about_1000_changes_whatever_its_blocks(
+        url, topic_name):
+    """The feed is read a page at a time of the blocks that start within the next 1,000
+    changes (``PAGE_CHANGES``; a block's stream id is its first seq): 20 blocks of 1,000
+    changes take one block per ``XRANGE`` (the 19 after the first in one before), and
+    the changes 2,501 … 4,000 read the two blocks holding them and no later one (17 more
+    before)."""
+    from sow_redis.feed.changes import PAGE_CHANGES, blocks_after
+
+    sow = Sow(url, inline=True)
+    t = _topic(sow, topic_name, partitions=1)
+    for c in range(20):  # one change block per publish of 1,000
+        sow.publish(t.name, [{"k": c * 1000 + i, "v": 1} for i in range(1000)])
+    pages: list[list[int]] = []
+    xrange = sow.r.xrange
+
+    def spy(*args, **kwargs):
+        got = xrange(*args, **kwargs)
+        pages.append([int(sid.split(b"-")[0]) for sid, _fields in got])
+        return got
+
+    sow.r.xrange = spy
+    blocks = list(blocks_after(sow.r, t, 0, 0, 20_000))
+    assert [(b["first"], b["last"]) for b in blocks] == [
+        (1 + 1000 * i, 1000 * (i + 1)) for i in range(20)]
+    print(f"blocks per XRANGE: {[len(page) for page in pages]}")
+    # the first block comes by XREVRANGE (the one holding change 1), each other by an XRANGE
+    assert PAGE_CHANGES == 1000 and len(pages) == 19 and all(len(pg) == 1 for pg in pages)
+    pages.clear()
+    blocks = list(blocks_after(sow.r, t, 0, 2500, 4000))
+    assert [b["first"] for b in blocks] == [2001, 3001] and pages == [[3001]]
+
+
 def test_bookmarks_sort_and_bad_or_trimmed_bookmarks_are_one_line_errors(url, topic_name):
     sow = Sow(url, inline=True)
     t = _topic(sow, topic_name, "change_retention = { count = 20 }\n", partitions=1)

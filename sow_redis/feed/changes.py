@@ -18,7 +18,14 @@ from ..model.topic import TopicConfig
 from .bookmark import Bookmark
 
 PAGE = 64
-"""Blocks read per XRANGE."""
+"""Blocks read per XRANGE, at most."""
+
+PAGE_CHANGES = 1000
+"""Changes one XRANGE of :func:`blocks_after` reaches: it reads the blocks that start within
+the next ``PAGE_CHANGES`` changes (a block's stream id is its first seq), at most
+:data:`PAGE` of them, none that starts after the last change asked for. A page so holds
+about 1,000 changes (one block more at the most) whatever the blocks' size: a topic
+published 1,000 messages a call had 64,000 changes in a page of 64 blocks."""
 
 
 class FeedGap(Exception):
@@ -84,7 +91,9 @@ def blocks_after(r: Client, topic: TopicConfig, p: int, after: int, upto: int
                 return
             start = block["last"] + 1
     while True:
-        page = cast("list[StreamEntry]", r.xrange(stream, min=cursor, max="+", count=PAGE))
+        reach = min(start + PAGE_CHANGES - 1, upto)  # the block holding start begins by it
+        page = cast("list[StreamEntry]", r.xrange(stream, min=cursor, max=str(reach),
+                                                  count=PAGE))
         if not page:
             raise FeedGap(p, start - 1, oldest_retained(r, topic, p))
         for sid, fields in page:
